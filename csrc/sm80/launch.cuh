@@ -1,0 +1,62 @@
+// run_attention_sm80: picks the compile-time variant from runtime facts (is seqlen_k a multiple of the KV block?)
+// and launches it: grid, shared-memory opt-in, launch on XLA's stream, error check.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <atomic>
+#include <climits>
+#include <cstdint>
+#include <string>
+
+#include "sm80/api.h"
+#include "sm80/kernel.cuh"
+#include "sm80/traits.cuh"
+
+namespace jax_flash::sm80 {
+
+inline std::string cuda_failure(const char* what, cudaError_t err) {
+  return std::string(what) + " failed: " + cudaGetErrorName(err) + " (" + cudaGetErrorString(err) + ")";
+}
+
+template <class T, bool kEvenKV>
+std::string launch_sm80(const AttentionParams& p, cudaStream_t stream) {
+  auto kernel = attention_kernel<T, kEvenKV>;
+  // One 1-D grid of (batch * heads * query blocks): grid.x allows 2^31 - 1, so no axis can overflow the way a
+  // (q_blocks, heads, batch) grid's 65535-limited y/z axes would.
+  const int64_t num_blocks = static_cast<int64_t>(p.num_q_blocks) * p.heads_q * p.batch;
+  if (num_blocks > INT_MAX) {
+    return "grid of " + std::to_string(num_blocks) + " thread blocks exceeds 2^31-1; split the batch";
+  }
+  if constexpr (T::kSmemBytes > 48 * 1024) {
+    // Above 48 KB a kernel must opt in, once per device.
+    static std::atomic<uint64_t> opted_in_devices{0};
+    int device = 0;
+    if (cudaError_t err = cudaGetDevice(&device); err != cudaSuccess) return cuda_failure("cudaGetDevice", err);
+    const uint64_t bit = device < 64 ? (uint64_t{1} << device) : 0;
+    if (!(opted_in_devices.load(std::memory_order_relaxed) & bit)) {
+      cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, T::kSmemBytes);
+      if (err != cudaSuccess) {
+        return cuda_failure(("cudaFuncSetAttribute(MaxDynamicSharedMemorySize=" + std::to_string(T::kSmemBytes) +
+                             ")").c_str(),
+                            err);
+      }
+      opted_in_devices.fetch_or(bit, std::memory_order_relaxed);
+    }
+  }
+  kernel<<<static_cast<unsigned>(num_blocks), T::kNumThreads, T::kSmemBytes, stream>>>(p);
+  if (cudaError_t err = cudaGetLastError(); err != cudaSuccess) return cuda_failure("attention kernel launch", err);
+  return {};
+}
+
+template <KernelKey kKey>
+std::string run_attention_sm80(const AttentionParams& params, cudaStream_t stream) {
+  using T = Traits<kKey>;
+  AttentionParams p = params;
+  p.num_q_blocks = (p.seqlen_q + T::kBlockQ - 1) / T::kBlockQ;
+  p.num_kv_blocks = (p.seqlen_k + T::kBlockKV - 1) / T::kBlockKV;
+  if (p.seqlen_k % T::kBlockKV == 0) return launch_sm80<T, true>(p, stream);
+  return launch_sm80<T, false>(p, stream);
+}
+
+}  // namespace jax_flash::sm80

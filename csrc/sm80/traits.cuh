@@ -1,0 +1,63 @@
+// Compile-time shape of one sm80-family kernel, derived from its KernelKey. Every size the kernel uses comes
+// from here; divisibility assumptions are static_asserts.
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#include <type_traits>
+
+#include "common/kernel_key.h"
+
+namespace jax_flash::sm80 {
+
+inline constexpr int kWarpSize = 32;
+inline constexpr int kMmaM = 16, kMmaN = 8, kMmaK = 16;  // mma.sync.m16n8k16
+inline constexpr int kChunkElems = 8;                    // one 16-byte vector of 16-bit elements
+
+template <KernelKey kKey>
+struct Traits {
+  static constexpr KernelKey key = kKey;
+  using Element = std::conditional_t<kKey.dtype == static_cast<int>(DType::kBFloat16), __nv_bfloat16, __half>;
+
+  static constexpr int kHeadDim = kKey.head_dim;
+  static constexpr int kBlockQ = kKey.block_q;
+  static constexpr int kBlockKV = kKey.block_kv;
+  static constexpr int kNumWarps = kKey.num_warps;
+  static constexpr int kNumThreads = kNumWarps * kWarpSize;
+  static constexpr bool kAsyncCopy = kKey.async_copy;
+  static constexpr bool kEagerLoad = kKey.eager_load_blocks;
+  static constexpr bool kSwizzled = kKey.swizzled;
+  static constexpr bool kDoubleBuffer = kKey.mma_double_buffer_loads;
+  static constexpr bool kOptimizedSoftmax = kKey.optimized_softmax;
+
+  // Warp tiling: each warp owns kRowsPerWarp consecutive query rows and all kBlockKV keys of a block.
+  static constexpr int kRowsPerWarp = kBlockQ / kNumWarps;
+  static constexpr int kMTiles = kRowsPerWarp / kMmaM;  // m16 tiles per warp
+  static constexpr int kSTiles = kBlockKV / kMmaN;      // n8 tiles of S = Q K^T
+  static constexpr int kOTiles = kHeadDim / kMmaN;      // n8 tiles of O = P V
+  static constexpr int kDSteps = kHeadDim / kMmaK;      // k16 steps of Q K^T
+  static constexpr int kKVSteps = kBlockKV / kMmaK;     // k16 steps of P V
+
+  // Fragment-load chunks (0 in the config = everything at once). Q with 0 stays in registers for the whole kernel.
+  static constexpr bool kQInRegisters = kKey.q_mma_load_k_fragments == 0;
+  static constexpr int kQChunk = kQInRegisters ? kDSteps : kKey.q_mma_load_k_fragments;
+  static constexpr int kKChunk = kKey.k_mma_load_k_fragments == 0 ? kDSteps : kKey.k_mma_load_k_fragments;
+  static constexpr int kVChunk = kKey.v_mma_load_k_fragments == 0 ? kKVSteps : kKey.v_mma_load_k_fragments;
+
+  // Shared memory: sQ (kBlockQ, D), sK (kBlockKV, D), sV (kBlockKV, D), rows of kRowChunks 16-byte chunks.
+  static constexpr int kRowChunks = kHeadDim / kChunkElems;
+  static constexpr int kSmemQElems = kBlockQ * kHeadDim;
+  static constexpr int kSmemKVElems = kBlockKV * kHeadDim;
+  static constexpr int kSmemBytes = (kSmemQElems + 2 * kSmemKVElems) * static_cast<int>(sizeof(Element));
+
+  static_assert(kBlockQ % (kNumWarps * kMmaM) == 0, "each warp needs a multiple of 16 query rows");
+  static_assert(kBlockKV % kMmaK == 0, "block_kv must be a multiple of 16");
+  static_assert(kHeadDim % kMmaK == 0, "head_dim must be a multiple of 16");
+  static_assert(!kSwizzled || kRowChunks >= 8, "the XOR swizzle permutes 8 chunks: head_dim must be >= 64");
+  static_assert(kDSteps % kQChunk == 0 && kDSteps % kKChunk == 0, "q/k fragment chunks must divide head_dim/16");
+  static_assert(kKVSteps % kVChunk == 0, "v fragment chunk must divide block_kv/16");
+  static_assert(!kEagerLoad || kAsyncCopy, "eager loads need cp.async");
+};
+
+}  // namespace jax_flash::sm80

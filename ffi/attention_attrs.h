@@ -1,0 +1,40 @@
+// The FFI attributes of the jax_flash_attention custom call, decoded by XLA into one struct.
+// Member names equal the Python KernelConfig field names (jax_flash/config.py) and the lowering's keyword names.
+#pragma once
+
+#include <cstdint>
+
+#include "xla/ffi/api/ffi.h"
+
+namespace jax_flash {
+
+struct AttentionAttrs {
+  int64_t block_q;
+  int64_t block_kv;
+  int64_t num_warps;
+  int64_t async_copy;
+  int64_t eager_load_blocks;
+  int64_t swizzled;
+  int64_t q_mma_load_k_fragments;
+  int64_t k_mma_load_k_fragments;
+  int64_t v_mma_load_k_fragments;
+  int64_t mma_double_buffer_loads;
+  int64_t optimized_softmax;
+  float softmax_scale;
+};
+
+}  // namespace jax_flash
+
+XLA_FFI_REGISTER_STRUCT_ATTR_DECODING(jax_flash::AttentionAttrs,
+                                      ::xla::ffi::StructMember<int64_t>("block_q"),
+                                      ::xla::ffi::StructMember<int64_t>("block_kv"),
+                                      ::xla::ffi::StructMember<int64_t>("num_warps"),
+                                      ::xla::ffi::StructMember<int64_t>("async_copy"),
+                                      ::xla::ffi::StructMember<int64_t>("eager_load_blocks"),
+                                      ::xla::ffi::StructMember<int64_t>("swizzled"),
+                                      ::xla::ffi::StructMember<int64_t>("q_mma_load_k_fragments"),
+                                      ::xla::ffi::StructMember<int64_t>("k_mma_load_k_fragments"),
+                                      ::xla::ffi::StructMember<int64_t>("v_mma_load_k_fragments"),
+                                      ::xla::ffi::StructMember<int64_t>("mma_double_buffer_loads"),
+                                      ::xla::ffi::StructMember<int64_t>("optimized_softmax"),
+                                      ::xla::ffi::StructMember<float>("softmax_scale"));

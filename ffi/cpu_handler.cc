@@ -1,0 +1,46 @@
+// XLA FFI handler for the CPU platform: validates, then runs csrc/cpu/attention_cpu on the host threads.
+#include <algorithm>
+#include <cstring>
+#include <thread>
+
+#include "cpu/attention_cpu.h"
+#include "ffi/attention_attrs.h"
+#include "ffi/handlers.h"
+#include "ffi/validate.h"
+
+namespace jax_flash {
+
+static ffi::Error attention_cpu_impl(ffi::AnyBuffer q, ffi::AnyBuffer k, ffi::AnyBuffer v,
+                                     ffi::Result<ffi::AnyBuffer> o, AttentionAttrs attrs) {
+  if (auto err = check_buffers(q, k, v, *o, attrs.softmax_scale)) return std::move(*err);
+  CpuElement element;
+  switch (q.element_type()) {
+    case ffi::DataType::F16: element = CpuElement::kFloat16; break;
+    case ffi::DataType::BF16: element = CpuElement::kBFloat16; break;
+    case ffi::DataType::F32: element = CpuElement::kFloat32; break;
+    default: return invalid("the CPU handler supports float16, bfloat16 and float32 inputs");
+  }
+  if (attrs.block_q < 1 || attrs.block_kv < 1 || attrs.block_q > 4096 || attrs.block_kv > 4096) {
+    return invalid("block_q and block_kv must be in [1, 4096]; got " + std::to_string(attrs.block_q) + " and " +
+                   std::to_string(attrs.block_kv));
+  }
+  if (q.element_count() == 0) return ffi::Error::Success();
+  if (k.dimensions()[1] == 0) {  // no keys: every row sees nothing and is zero
+    std::memset(o->untyped_data(), 0, o->size_bytes());
+    return ffi::Error::Success();
+  }
+  const AttentionParams params = params_from_buffers(q, k, v, *o, attrs.softmax_scale);
+  const int threads = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  attention_cpu(params, element, static_cast<int>(attrs.block_q), static_cast<int>(attrs.block_kv), threads);
+  return ffi::Error::Success();
+}
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(AttentionCpu, attention_cpu_impl,
+                              ffi::Ffi::Bind()
+                                  .Arg<ffi::AnyBuffer>()  // q
+                                  .Arg<ffi::AnyBuffer>()  // k
+                                  .Arg<ffi::AnyBuffer>()  // v
+                                  .Ret<ffi::AnyBuffer>()  // o
+                                  .Attrs<AttentionAttrs>());
+
+}  // namespace jax_flash

@@ -1,0 +1,130 @@
+// XLA FFI handler for the CUDA platform: validates, looks the kernel up in the generated registry and runs it on
+// the stream XLA provides. Every failure comes back as an ffi::Error whose message reaches Python intact.
+#include <cuda_runtime_api.h>
+
+#include <array>
+#include <atomic>
+#include <string>
+
+#include "ffi/attention_attrs.h"
+#include "ffi/handlers.h"
+#include "ffi/validate.h"
+#include "sm80/api.h"
+
+namespace jax_flash {
+namespace {
+
+ffi::Error cuda_error(const std::string& what, cudaError_t err) {
+  return ffi::Error(ffi::ErrorCode::kInternal, "jax_flash: " + what + " failed: " + cudaGetErrorName(err) + " (" +
+                                                   cudaGetErrorString(err) + ")");
+}
+
+struct DeviceLimits {
+  int major = 0, minor = 0;
+  int max_smem_optin = 0;
+};
+
+// Compute capability and shared-memory limit of the current device, read once per device.
+ffi::Error current_device_limits(DeviceLimits& out) {
+  constexpr int kMaxDevices = 64;
+  static std::array<std::atomic<int>, kMaxDevices> cached_major{}, cached_minor{}, cached_smem{};
+  int device = 0;
+  if (cudaError_t err = cudaGetDevice(&device); err != cudaSuccess) return cuda_error("cudaGetDevice", err);
+  if (device < kMaxDevices && cached_major[device].load() != 0) {
+    out = {cached_major[device].load(), cached_minor[device].load(), cached_smem[device].load()};
+    return ffi::Error::Success();
+  }
+  DeviceLimits limits;
+  cudaError_t err = cudaDeviceGetAttribute(&limits.major, cudaDevAttrComputeCapabilityMajor, device);
+  if (err == cudaSuccess) err = cudaDeviceGetAttribute(&limits.minor, cudaDevAttrComputeCapabilityMinor, device);
+  if (err == cudaSuccess) {
+    err = cudaDeviceGetAttribute(&limits.max_smem_optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device);
+  }
+  if (err != cudaSuccess) return cuda_error("cudaDeviceGetAttribute", err);
+  if (device < kMaxDevices) {
+    cached_minor[device] = limits.minor;
+    cached_smem[device] = limits.max_smem_optin;
+    cached_major[device] = limits.major;
+  }
+  out = limits;
+  return ffi::Error::Success();
+}
+
+std::string available_for(int dtype, int head_dim) {
+  std::string list;
+  for (int i = 0; i < sm80::kRegistrySize; ++i) {
+    const KernelKey& key = sm80::kRegistry[i].key;
+    if (key.dtype == dtype && key.head_dim == head_dim) list += "\n  " + describe(key);
+  }
+  return list.empty() ? std::string(" none for this dtype and head_dim") : list;
+}
+
+ffi::Error attention_cuda_impl(cudaStream_t stream, ffi::AnyBuffer q, ffi::AnyBuffer k, ffi::AnyBuffer v,
+                               ffi::Result<ffi::AnyBuffer> o, AttentionAttrs attrs) {
+  if (auto err = check_buffers(q, k, v, *o, attrs.softmax_scale)) return std::move(*err);
+  int dtype;
+  switch (q.element_type()) {
+    case ffi::DataType::F16: dtype = static_cast<int>(DType::kFloat16); break;
+    case ffi::DataType::BF16: dtype = static_cast<int>(DType::kBFloat16); break;
+    default: return invalid("the GPU kernels support float16 and bfloat16 inputs (float32 runs on CPU only)");
+  }
+  const int head_dim = static_cast<int>(q.dimensions()[3]);
+  const KernelKey key{.dtype = dtype,
+                      .head_dim = head_dim,
+                      .block_q = static_cast<int>(attrs.block_q),
+                      .block_kv = static_cast<int>(attrs.block_kv),
+                      .num_warps = static_cast<int>(attrs.num_warps),
+                      .async_copy = attrs.async_copy != 0,
+                      .eager_load_blocks = attrs.eager_load_blocks != 0,
+                      .swizzled = attrs.swizzled != 0,
+                      .q_mma_load_k_fragments = static_cast<int>(attrs.q_mma_load_k_fragments),
+                      .k_mma_load_k_fragments = static_cast<int>(attrs.k_mma_load_k_fragments),
+                      .v_mma_load_k_fragments = static_cast<int>(attrs.v_mma_load_k_fragments),
+                      .mma_double_buffer_loads = attrs.mma_double_buffer_loads != 0,
+                      .optimized_softmax = attrs.optimized_softmax != 0};
+  const sm80::RegistryEntry* entry = sm80::find_kernel(key);
+  if (entry == nullptr) {
+    return ffi::Error(ffi::ErrorCode::kNotFound, "jax_flash: no compiled GPU kernel for " + describe(key) +
+                                                     "; compiled configs for this dtype and head_dim:" +
+                                                     available_for(dtype, head_dim));
+  }
+  if (q.element_count() == 0) return ffi::Error::Success();  // nothing to compute: no launch
+
+  DeviceLimits limits;
+  if (ffi::Error err = current_device_limits(limits); err.failure()) return err;
+  if (limits.major < 8) {
+    return ffi::Error(ffi::ErrorCode::kFailedPrecondition,
+                      "jax_flash: the GPU kernels need compute capability 8.0 or newer; this device is " +
+                          std::to_string(limits.major) + "." + std::to_string(limits.minor));
+  }
+  if (entry->smem_bytes > limits.max_smem_optin) {
+    return ffi::Error(ffi::ErrorCode::kFailedPrecondition,
+                      "jax_flash: kernel " + describe(key) + " needs " + std::to_string(entry->smem_bytes) +
+                          " bytes of shared memory per block; this device allows " +
+                          std::to_string(limits.max_smem_optin) + ". Choose a config with smaller blocks.");
+  }
+  if (k.dimensions()[1] == 0) {  // no keys: every row sees nothing and is zero
+    if (cudaError_t err = cudaMemsetAsync(o->untyped_data(), 0, o->size_bytes(), stream); err != cudaSuccess) {
+      return cuda_error("cudaMemsetAsync", err);
+    }
+    return ffi::Error::Success();
+  }
+  const AttentionParams params = params_from_buffers(q, k, v, *o, attrs.softmax_scale);
+  if (std::string failure = entry->run(params, stream); !failure.empty()) {
+    return ffi::Error(ffi::ErrorCode::kInternal, "jax_flash: " + failure);
+  }
+  return ffi::Error::Success();
+}
+
+}  // namespace
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(AttentionCuda, attention_cuda_impl,
+                              ffi::Ffi::Bind()
+                                  .Ctx<ffi::PlatformStream<cudaStream_t>>()
+                                  .Arg<ffi::AnyBuffer>()  // q
+                                  .Arg<ffi::AnyBuffer>()  // k
+                                  .Arg<ffi::AnyBuffer>()  // v
+                                  .Ret<ffi::AnyBuffer>()  // o
+                                  .Attrs<AttentionAttrs>());
+
+}  // namespace jax_flash

@@ -1,0 +1,50 @@
+"""Loads the native module, registers its FFI handlers with jax once, and reads the GPU kernel registry."""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+
+import jax
+
+from jax_flash import _jax_flash
+from jax_flash.config import KernelConfig, config_fields
+
+TARGET_NAME = "jax_flash_attention"
+
+for _platform, _capsule in _jax_flash.registrations().items():
+    jax.ffi.register_ffi_target(TARGET_NAME, _capsule, platform=_platform)
+
+BUILT_WITH_CUDA: bool = bool(_jax_flash.built_with_cuda)
+
+
+@dataclasses.dataclass(frozen=True)
+class CompiledKernel:
+    """One GPU kernel the compiled module contains."""
+
+    family: str
+    dtype: str
+    head_dim: int
+    config: KernelConfig
+    smem_bytes: int
+
+
+@functools.cache
+def supported_configs() -> tuple[CompiledKernel, ...]:
+    """The GPU kernels compiled into this build, read from the C++ registry (empty in a CPU-only build).
+
+    The CPU handler accepts any valid KernelConfig (it uses only block_q and block_kv as its tile sizes).
+    """
+    kernels = []
+    for entry in _jax_flash.gpu_kernels():
+        cfg = KernelConfig(**{name: entry[name] for name in config_fields()})
+        kernels.append(CompiledKernel(entry["family"], entry["dtype"], entry["head_dim"], cfg, entry["smem_bytes"]))
+    return tuple(kernels)
+
+
+def gpu_head_dims(dtype: str) -> list[int]:
+    return sorted({k.head_dim for k in supported_configs() if k.dtype == dtype})
+
+
+def compiled_configs_for(dtype: str, head_dim: int) -> list[KernelConfig]:
+    return [k.config for k in supported_configs() if k.dtype == dtype and k.head_dim == head_dim]

@@ -1,0 +1,121 @@
+"""The JAX plumbing of attention: one primitive with abstract evaluation, cpu and cuda lowerings to the same FFI
+target, a batching rule that folds vmapped axes into the batch, and a clear error under differentiation.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.extend.core import Primitive
+from jax.interpreters import ad, batching, mlir
+
+from jax_flash import _ffi
+from jax_flash.config import KernelConfig
+from jax_flash.defaults import CPU_DEFAULT, default_gpu_config
+
+attention_p = Primitive("jax_flash_attention")
+
+
+def _abstract_eval(q, k, v, *, cfg, softmax_scale):
+    del k, v, cfg, softmax_scale
+    return jax.core.ShapedArray(q.shape, q.dtype)
+
+
+attention_p.def_abstract_eval(_abstract_eval)
+
+
+def _eager_impl(q, k, v, *, cfg, softmax_scale):
+    # Eager calls run the same custom call through a cached jit.
+    return _jitted_bind(cfg, softmax_scale)(q, k, v)
+
+
+@functools.cache
+def _jitted_bind(cfg, softmax_scale):
+    return jax.jit(lambda q, k, v: attention_p.bind(q, k, v, cfg=cfg, softmax_scale=softmax_scale))
+
+
+attention_p.def_impl(_eager_impl)
+
+
+# ---- lowering ----------------------------------------------------------------------------------------------------
+def _attrs(cfg: KernelConfig, softmax_scale: float) -> dict:
+    attrs = {name: np.int64(value) for name, value in cfg.to_attrs().items()}
+    attrs["softmax_scale"] = np.float32(softmax_scale)
+    return attrs
+
+
+def _lower_cpu(ctx, q, k, v, *, cfg, softmax_scale):
+    cfg = CPU_DEFAULT if cfg is None else cfg
+    return jax.ffi.ffi_lowering(_ffi.TARGET_NAME)(ctx, q, k, v, **_attrs(cfg, softmax_scale))
+
+
+@functools.cache
+def _cuda_arch() -> int:
+    """Compute capability of the first CUDA device as 80, 90, ...; 90 when none is visible (cross-lowering)."""
+    try:
+        major, minor = str(jax.devices("cuda")[0].compute_capability).split(".")
+        return int(major) * 10 + int(minor)
+    except (RuntimeError, AttributeError, ValueError, IndexError):
+        return 90
+
+
+def resolve_gpu_config(cfg: KernelConfig | None, dtype, head_dim: int) -> KernelConfig:
+    """The compiled kernel config a GPU call runs, or a clear error saying what is compiled."""
+    dtype_name = jnp.dtype(dtype).name
+    if not _ffi.BUILT_WITH_CUDA:
+        raise RuntimeError("jax_flash was built without CUDA (no CUDA compiler at build time), so it cannot run on a "
+                           "GPU; rebuild on a machine with the CUDA toolkit (see README, 'Building on a GPU machine')")
+    if dtype_name not in ("float16", "bfloat16"):
+        raise TypeError(f"q, k and v have dtype {dtype_name}; the GPU kernels support float16 and bfloat16 "
+                        f"(float32 is accepted on CPU only)")
+    head_dims = _ffi.gpu_head_dims(dtype_name)
+    if head_dim not in head_dims:
+        raise ValueError(f"head_dim={head_dim} is not supported on GPU; supported head dims: {head_dims}")
+    compiled = _ffi.compiled_configs_for(dtype_name, head_dim)
+    if cfg is None:
+        return default_gpu_config(_cuda_arch(), dtype_name, head_dim, compiled)
+    if cfg not in compiled:
+        listing = "\n  ".join(repr(c) for c in compiled)
+        raise ValueError(f"cfg={cfg!r} is not compiled into this build for {dtype_name} head_dim={head_dim}. "
+                         f"Compiled configs:\n  {listing}\n(build with -DJAX_FLASH_ALL_CONFIGS=ON for the whole "
+                         f"tuning space)")
+    return cfg
+
+
+def _lower_cuda(ctx, q, k, v, *, cfg, softmax_scale):
+    q_aval = ctx.avals_in[0]
+    cfg = resolve_gpu_config(cfg, q_aval.dtype, q_aval.shape[3])
+    return jax.ffi.ffi_lowering(_ffi.TARGET_NAME)(ctx, q, k, v, **_attrs(cfg, softmax_scale))
+
+
+mlir.register_lowering(attention_p, _lower_cpu, platform="cpu")
+mlir.register_lowering(attention_p, _lower_cuda, platform="cuda")
+
+
+# ---- vmap: fold the mapped axis into the batch axis ---------------------------------------------------------------
+def _batch_rule(args, dims, *, cfg, softmax_scale):
+    size = next(x.shape[d] for x, d in zip(args, dims) if d is not None)
+
+    def fold(x, d):
+        x = jnp.broadcast_to(x, (size, *x.shape)) if d is None else jnp.moveaxis(x, d, 0)
+        return x.reshape((size * x.shape[1], *x.shape[2:]))  # (size * B, S, H, D)
+
+    q, k, v = (fold(x, d) for x, d in zip(args, dims))
+    out = attention_p.bind(q, k, v, cfg=cfg, softmax_scale=softmax_scale)
+    return out.reshape((size, -1, *out.shape[1:])), 0
+
+
+batching.primitive_batchers[attention_p] = _batch_rule
+
+
+# ---- differentiation: forward-only ---------------------------------------------------------------------------------
+def _no_jvp(primals, tangents, **params):
+    raise NotImplementedError(
+        "jax_flash.attention is forward-only: it has no gradient (no JVP/VJP rule). Use it for inference, or "
+        "differentiate through jax.nn.dot_product_attention instead.")
+
+
+ad.primitive_jvps[attention_p] = _no_jvp

@@ -1,0 +1,210 @@
+"""The kernel configuration: the seed project's tuning knobs, validated, and the config lists the build ships.
+
+This file is the single source of truth for the config space. `csrc/generate_instantiations.py` reads the lists at
+the bottom to write `csrc/instantiations/`; the compiled module reports back what it holds (`supported_configs()`).
+It imports nothing from jax so the generator can load it on its own.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Iterator
+
+# Element types the GPU kernels are built for; the integer is the C++ `DType` enum value (csrc/common/kernel_key.h).
+GPU_DTYPES = {"float16": 0, "bfloat16": 1}
+GPU_HEAD_DIMS = (64, 128)
+
+_BLOCK_Q = (64, 128)
+_BLOCK_KV = (32, 64, 128)
+_NUM_WARPS = (4, 8)
+_MMA_K = 16  # k extent of one mma.sync.m16n8k16 fragment
+_MAX_REGISTERS = 255  # per thread, sm_80 and sm_90
+_MAX_SMEM_BYTES = 227 * 1024  # opt-in dynamic shared memory per block on sm_90 (sm_80: 163 KB)
+_SM80_MAX_SMEM_BYTES = 163 * 1024
+
+
+@dataclasses.dataclass(frozen=True)
+class KernelConfig:
+    """Tuning knobs of the FlashAttention-2-style kernel family (names of the seed project in brackets).
+
+    block_q [B_r]: query rows per thread block.  block_kv [B_c]: keys per inner-loop step.
+    num_warps [n_warps]: warps per block; each warp owns block_q / num_warps query rows.
+    async_copy: global->shared copies with cp.async (else plain 16-byte loads through registers).
+    eager_load_blocks: prefetch the next K block while P V runs and the next V block while Q K^T runs.
+    swizzled: XOR-swizzled shared memory so ldmatrix hits 8 different bank groups.
+    q/k/v_mma_load_k_fragments: how many 16-wide k-fragments each shared->register load brings (0 = all at once;
+        q = 0 keeps Q in registers for the whole kernel).
+    mma_double_buffer_loads: load the next fragment chunk before the mma instructions of the current one.
+    optimized_softmax: exp2 with scale*log2(e) folded into one FFMA per score.
+
+    Data type and head dim come from the inputs. The CPU handler uses block_q and block_kv as its tile sizes.
+    """
+
+    block_q: int = 128
+    block_kv: int = 64
+    num_warps: int = 8
+    async_copy: bool = True
+    eager_load_blocks: bool = True
+    swizzled: bool = True
+    q_mma_load_k_fragments: int = 0
+    k_mma_load_k_fragments: int = 2
+    v_mma_load_k_fragments: int = 1
+    mma_double_buffer_loads: bool = True
+    optimized_softmax: bool = True
+
+    def __post_init__(self):
+        for name in ("block_q", "block_kv", "num_warps", "q_mma_load_k_fragments", "k_mma_load_k_fragments",
+                     "v_mma_load_k_fragments"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int):
+                raise TypeError(f"KernelConfig.{name} must be an int, got {value!r} of type {type(value).__name__}")
+        for name in ("async_copy", "eager_load_blocks", "swizzled", "mma_double_buffer_loads", "optimized_softmax"):
+            value = getattr(self, name)
+            if not isinstance(value, bool):
+                raise TypeError(f"KernelConfig.{name} must be a bool, got {value!r} of type {type(value).__name__}")
+        _require(self.block_q in _BLOCK_Q, f"KernelConfig.block_q={self.block_q} is not allowed; choose one of {_BLOCK_Q}")
+        _require(self.block_kv in _BLOCK_KV,
+                 f"KernelConfig.block_kv={self.block_kv} is not allowed; choose one of {_BLOCK_KV}")
+        _require(self.num_warps in _NUM_WARPS,
+                 f"KernelConfig.num_warps={self.num_warps} is not allowed; choose one of {_NUM_WARPS}")
+        _require(self.block_q % (16 * self.num_warps) == 0,
+                 f"KernelConfig.block_q={self.block_q} with num_warps={self.num_warps} gives "
+                 f"{self.block_q / self.num_warps:g} rows per warp; each warp needs a multiple of 16 rows")
+        _require(not self.eager_load_blocks or self.async_copy,
+                 "KernelConfig.eager_load_blocks=True needs async_copy=True (a synchronous copy cannot overlap math)")
+        # Fragment counts are checked against the head dims in fits(); here only the sign and the block_kv bound.
+        for name in ("q_mma_load_k_fragments", "k_mma_load_k_fragments", "v_mma_load_k_fragments"):
+            _require(getattr(self, name) >= 0, f"KernelConfig.{name}={getattr(self, name)} must be >= 0 (0 = all)")
+        _require(self.v_mma_load_k_fragments <= self.block_kv // _MMA_K and
+                 (self.block_kv // _MMA_K) % max(self.v_mma_load_k_fragments, 1) == 0,
+                 f"KernelConfig.v_mma_load_k_fragments={self.v_mma_load_k_fragments} must be 0 or divide "
+                 f"block_kv/16={self.block_kv // _MMA_K}")
+
+    # ---- derived numbers shared by the validator, the generator and the docs -------------------------------------
+    def rows_per_warp(self) -> int:
+        return self.block_q // self.num_warps
+
+    def smem_bytes(self, head_dim: int, elem_bytes: int = 2) -> int:
+        # sQ (block_q, D) + sK (block_kv, D) + sV (block_kv, D); csrc/sm80/traits.cuh derives the same number.
+        return (self.block_q + 2 * self.block_kv) * head_dim * elem_bytes
+
+    def estimated_registers(self, head_dim: int) -> int:
+        """Upper estimate of live 32-bit registers per thread at the busiest point of the loop.
+
+        Accumulators: O is (rows_per_warp x D) fp32 over 32 lanes, S is (rows_per_warp x block_kv). Fragments: an
+        A fragment (16x16) is 4 registers per lane, a B fragment (16x8) 2. Q K^T and P V do not overlap, so the peak
+        is O + the larger GEMM's live set + a fixed allowance for addresses, softmax state and loop counters.
+        """
+        m_tiles = self.rows_per_warp() // 16
+        acc_o = m_tiles * (head_dim // 8) * 4
+        acc_s = m_tiles * (self.block_kv // 8) * 4
+        buffers = 2 if self.mma_double_buffer_loads else 1
+        d_steps, kv_steps = head_dim // _MMA_K, self.block_kv // _MMA_K
+        q_regs = m_tiles * d_steps * 4 if self.q_mma_load_k_fragments == 0 else \
+            m_tiles * self.q_mma_load_k_fragments * 4 * buffers
+        k_chunk = self.k_mma_load_k_fragments or d_steps
+        v_chunk = self.v_mma_load_k_fragments or kv_steps
+        gemm_qk = acc_s + q_regs + k_chunk * (self.block_kv // 8) * 2 * min(buffers, d_steps // k_chunk)
+        gemm_pv = acc_s // 2 + v_chunk * (head_dim // 8) * 2 * min(buffers, kv_steps // v_chunk)
+        q_held = q_regs if self.q_mma_load_k_fragments == 0 else 0
+        return acc_o + max(gemm_qk, gemm_pv + q_held) + 32
+
+    def fits(self, head_dim: int, arch: int = 90) -> str | None:
+        """None if this config can be built for `head_dim`, else the reason it cannot (the seed's should_autotune)."""
+        d_steps = head_dim // _MMA_K
+        for name in ("q_mma_load_k_fragments", "k_mma_load_k_fragments"):
+            n = getattr(self, name)
+            if n > d_steps or (n and d_steps % n):
+                return f"{name}={n} must be 0 or divide head_dim/16={d_steps}"
+        smem_limit = _SM80_MAX_SMEM_BYTES if arch < 90 else _MAX_SMEM_BYTES
+        if self.smem_bytes(head_dim) > smem_limit:
+            return f"needs {self.smem_bytes(head_dim)} bytes of shared memory, more than {smem_limit} on sm_{arch}"
+        regs = self.estimated_registers(head_dim)
+        if regs > _MAX_REGISTERS:
+            return (f"needs about {regs} registers per thread at head_dim={head_dim} (limit {_MAX_REGISTERS}); "
+                    f"use more warps, a smaller block_q/block_kv or smaller fragment loads")
+        return None
+
+    def short_name(self) -> str:
+        """Compact name used in generated file names: q128_kv64_w8_a1e1s1_f0-2-1_d1o1."""
+        b = lambda x: int(x)  # noqa: E731
+        return (f"q{self.block_q}_kv{self.block_kv}_w{self.num_warps}_a{b(self.async_copy)}e{b(self.eager_load_blocks)}"
+                f"s{b(self.swizzled)}_f{self.q_mma_load_k_fragments}-{self.k_mma_load_k_fragments}-"
+                f"{self.v_mma_load_k_fragments}_d{b(self.mma_double_buffer_loads)}o{b(self.optimized_softmax)}")
+
+    def to_attrs(self) -> dict[str, int]:
+        """The FFI attributes (all int64) under the field names; ffi/attention_attrs.h decodes the same names."""
+        return {f.name: int(getattr(self, f.name)) for f in dataclasses.fields(self)}
+
+
+def _require(ok: bool, message: str) -> None:
+    if not ok:
+        raise ValueError(message)
+
+
+def config_fields() -> tuple[str, ...]:
+    return tuple(f.name for f in dataclasses.fields(KernelConfig))
+
+
+# ---- the config lists the build ships ---------------------------------------------------------------------------
+# The seed's optimisation progression (../shared/seeds/README.md), replayable with the benchmark's --configs option:
+# each step switches one more technique on. The last step is the tuned default.
+PROGRESSION_CONFIGS: tuple[KernelConfig, ...] = (
+    # 1. base: synchronous copies, unswizzled shared memory, all fragments per load, expf softmax
+    KernelConfig(block_q=128, block_kv=64, num_warps=8, async_copy=False, eager_load_blocks=False, swizzled=False,
+                 q_mma_load_k_fragments=0, k_mma_load_k_fragments=2, v_mma_load_k_fragments=1,
+                 mma_double_buffer_loads=False, optimized_softmax=False),
+    # 2. + swizzled shared memory (no ldmatrix bank conflicts)
+    KernelConfig(block_q=128, block_kv=64, num_warps=8, async_copy=False, eager_load_blocks=False, swizzled=True,
+                 q_mma_load_k_fragments=0, k_mma_load_k_fragments=2, v_mma_load_k_fragments=1,
+                 mma_double_buffer_loads=False, optimized_softmax=False),
+    # 3. + cp.async and eager K/V prefetch
+    KernelConfig(block_q=128, block_kv=64, num_warps=8, async_copy=True, eager_load_blocks=True, swizzled=True,
+                 q_mma_load_k_fragments=0, k_mma_load_k_fragments=2, v_mma_load_k_fragments=1,
+                 mma_double_buffer_loads=False, optimized_softmax=False),
+    # 4. + double-buffered fragment loads and the exp2/FMA softmax (= the default)
+    KernelConfig(),
+)
+
+# The tuned configs per (head_dim): the defaults table in jax_flash/defaults.py picks among these.
+TUNED_CONFIGS: dict[int, tuple[KernelConfig, ...]] = {
+    64: (KernelConfig(block_q=128, block_kv=64, num_warps=8, k_mma_load_k_fragments=0, v_mma_load_k_fragments=0),),
+    128: (KernelConfig(),),
+}
+
+
+def shipped_kernels() -> Iterator[tuple[str, int, KernelConfig]]:
+    """(dtype, head_dim, config) for every kernel the default build compiles, without duplicates, in a fixed order."""
+    seen = set()
+    for dtype in GPU_DTYPES:
+        for head_dim in GPU_HEAD_DIMS:
+            candidates = list(TUNED_CONFIGS[head_dim])
+            if head_dim == 128:
+                candidates += list(PROGRESSION_CONFIGS)
+            for cfg in candidates:
+                key = (dtype, head_dim, cfg)
+                if key in seen:
+                    continue
+                reason = cfg.fits(head_dim)
+                if reason is not None:
+                    raise ValueError(f"shipped config {cfg} does not fit head_dim={head_dim}: {reason}")
+                seen.add(key)
+                yield key
+
+
+def tuning_space() -> Iterator[KernelConfig]:
+    """Every valid combination of the knobs (the opt-in JAX_FLASH_ALL_CONFIGS build); filtered per head dim by fits()."""
+    frags = (0, 1, 2, 4)
+    for bq in _BLOCK_Q:
+        for bkv in _BLOCK_KV:
+            for warps in _NUM_WARPS:
+                for qf in frags:
+                    for kf in frags:
+                        for vf in frags:
+                            for db in (False, True):
+                                try:
+                                    yield KernelConfig(block_q=bq, block_kv=bkv, num_warps=warps,
+                                                       q_mma_load_k_fragments=qf, k_mma_load_k_fragments=kf,
+                                                       v_mma_load_k_fragments=vf, mma_double_buffer_loads=db)
+                                except ValueError:
+                                    continue

@@ -1,0 +1,31 @@
+"""Which compiled config `cfg=None` runs: one table per (GPU architecture, dtype, head dim), with the reason.
+
+Rule: look up (sm major*10+minor, dtype, head_dim) in DEFAULTS; if absent, fall back to the same key for the
+nearest older architecture in the table; if still absent (or not compiled in), the first compiled config for
+(dtype, head_dim) in registry order. On CPU, cfg=None uses CPU_DEFAULT (only its block sizes matter there).
+"""
+
+from __future__ import annotations
+
+from jax_flash.config import TUNED_CONFIGS, KernelConfig
+
+# The CPU handler tiles queries and keys by these block sizes; 64 x 64 fp32 tiles stay in L1/L2.
+CPU_DEFAULT = KernelConfig(block_q=64, block_kv=64, num_warps=4)
+
+# (arch, dtype, head_dim) -> config. Entries carry the measurement that put them there (benchmark, device, date).
+# Until the tuning issue measures the family, every entry is the tuned config from config.TUNED_CONFIGS.
+DEFAULTS: dict[tuple[int, str, int], KernelConfig] = {
+    (arch, dtype, head_dim): TUNED_CONFIGS[head_dim][0]
+    for arch in (80, 90)
+    for dtype in ("float16", "bfloat16")
+    for head_dim in (64, 128)
+}
+
+
+def default_gpu_config(arch: int, dtype: str, head_dim: int, compiled: list[KernelConfig]) -> KernelConfig | None:
+    """The config cfg=None runs on a GPU of compute capability `arch` (e.g. 90); None when nothing is compiled."""
+    for table_arch in sorted({a for a, _, _ in DEFAULTS if a <= arch}, reverse=True):
+        cfg = DEFAULTS.get((table_arch, dtype, head_dim))
+        if cfg is not None and cfg in compiled:
+            return cfg
+    return compiled[0] if compiled else None
