@@ -7,7 +7,13 @@ import functools
 
 import jax
 
-from jax_flash import _jax_flash
+try:
+    from jax_flash import _jax_flash
+except ImportError as error:  # the source tree shadows the installed package, or the build failed
+    raise ImportError(
+        f"jax_flash's native module _jax_flash could not be imported from {__file__.rsplit('/', 1)[0]}: {error}. "
+        "Install the package with `pip install .` and run from outside the source tree (plain `pytest` works; "
+        "`python -m pytest` in the repository root puts the unbuilt source first on sys.path).") from error
 from jax_flash.config import KernelConfig, config_fields
 
 TARGET_NAME = "jax_flash_attention"

@@ -12,6 +12,11 @@ import numpy as np
 from jax.extend.core import Primitive
 from jax.interpreters import ad, batching, mlir
 
+try:
+    from jax.core import ShapedArray
+except ImportError:  # moved out of the public jax.core in newer releases
+    from jax._src.core import ShapedArray
+
 from jax_flash import _ffi
 from jax_flash.config import KernelConfig
 from jax_flash.defaults import CPU_DEFAULT, default_gpu_config
@@ -21,7 +26,7 @@ attention_p = Primitive("jax_flash_attention")
 
 def _abstract_eval(q, k, v, *, cfg, softmax_scale):
     del k, v, cfg, softmax_scale
-    return jax.core.ShapedArray(q.shape, q.dtype)
+    return ShapedArray(q.shape, q.dtype)
 
 
 attention_p.def_abstract_eval(_abstract_eval)

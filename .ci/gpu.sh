@@ -1,0 +1,31 @@
+#!/usr/bin/env bash
+# One call on the GPU machine (the device tool): build, GPU tests, benchmark; a short table last.
+#   bash .ci/gpu.sh [pytest -k expression] [benchmark args...]
+# Writes build.log, pytest.log, bench.log, bench.json, bench.png under $OUT.
+set -uo pipefail
+OUT=${OUT:-/tmp/jax_flash_out}
+mkdir -p "$OUT"
+REPO=$(cd "$(dirname "$0")/.." && pwd)
+export PYTHONUNBUFFERED=1
+K_EXPR=${1:-}
+shift || true
+nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm --format=csv,noheader
+python3 -c "import jax; print('jax', jax.__version__, jax.devices())"
+
+start=$(date +%s)
+(cd "$REPO" && CMAKE_BUILD_PARALLEL_LEVEL=16 python3 -m pip install --no-build-isolation --no-deps -v . ) \
+  > "$OUT/build.log" 2>&1 || { tail -60 "$OUT/build.log"; exit 1; }
+echo "build: $(( $(date +%s) - start )) s"
+grep -E "registers|spill" "$OUT/build.log" | sort | uniq -c | sort -rn | head -5
+
+cd /tmp
+start=$(date +%s)
+python3 -m pytest -q --maxfail=20 -p no:cacheprovider ${K_EXPR:+-k "$K_EXPR"} "$REPO/tests" > "$OUT/pytest.log" 2>&1
+echo "pytest: exit $? in $(( $(date +%s) - start )) s"
+grep -E "^(FAILED|ERROR)" "$OUT/pytest.log" | head -20
+tail -3 "$OUT/pytest.log"
+
+python3 -m jax_flash.benchmark --json "$OUT/bench.json" --plot "$OUT/bench.png" "$@" > "$OUT/bench.log" 2>&1
+echo "benchmark: exit $?"
+grep "^#" "$OUT/bench.log" | head -5
+sed -n '/^TFLOP/,$p' "$OUT/bench.log"

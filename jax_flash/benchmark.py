@@ -1,0 +1,152 @@
+"""Benchmark: jax_flash against cuDNN, XLA and (on Hopper) Pallas Mosaic GPU attention, in one process, same inputs.
+
+    python -m jax_flash.benchmark                        # bf16+fp16, D 64/128, S 512..16384, non-causal
+    python -m jax_flash.benchmark --configs progression  # replay the seed's optimisation steps (D=128)
+    python -m jax_flash.benchmark --json out.json --plot out.png
+
+Sizes follow ../shared/docs/PERFORMANCE.md: batch * seq = --tokens (16384), heads * head_dim = --hidden (2048).
+FLOPs = 4 * B * H * S * S * D (halved for causal). On CPU it compares the CPU handler with XLA on smaller sizes.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import math
+import sys
+
+import jax
+import jax.numpy as jnp
+
+import jax_flash
+from jax_flash import config as config_module
+from jax_flash.timing import time_loop_ms
+
+DTYPES = {"bf16": jnp.bfloat16, "fp16": jnp.float16, "fp32": jnp.float32}
+
+
+def _implementations(platform: str, dtype, head_dim: int, configs: str):
+    """name -> fn(q, k, v) for everything that can run here."""
+    impls = {}
+    if configs == "default":
+        impls["jax_flash"] = lambda q, k, v: jax_flash.attention(q, k, v)
+    else:
+        chosen = (config_module.PROGRESSION_CONFIGS if configs == "progression"
+                  else [kc.config for kc in jax_flash.supported_configs()
+                        if kc.dtype == jnp.dtype(dtype).name and kc.head_dim == head_dim])
+        for i, cfg in enumerate(chosen):
+            impls[f"jax_flash[{i}:{cfg.short_name()}]"] = lambda q, k, v, cfg=cfg: jax_flash.attention(q, k, v, cfg=cfg)
+    if platform == "gpu":
+        impls["cudnn"] = lambda q, k, v: jax.nn.dot_product_attention(q, k, v, implementation="cudnn")
+    impls["xla"] = lambda q, k, v: jax.nn.dot_product_attention(q, k, v, implementation="xla")
+    if platform == "gpu" and jnp.dtype(dtype) == jnp.float16:
+        try:
+            from jax.experimental.pallas.ops.gpu import attention_mgpu
+
+            mosaic_cfg = attention_mgpu.TuningConfig(block_q=64, block_kv=64, max_concurrent_steps=2)
+            impls["mosaic"] = lambda q, k, v: attention_mgpu.attention(q, k, v, mosaic_cfg)
+        except Exception as error:  # not importable on this jax / not Hopper
+            print(f"# Pallas Mosaic GPU attention unavailable: {error}", file=sys.stderr)
+    return impls
+
+
+def run(args) -> list[dict]:
+    platform = jax.default_backend()
+    device = jax.devices()[0]
+    rows = []
+    cases = [(d, h, s) for d in args.dtypes for h in args.head_dims for s in args.seqs]
+    for index, (dtype_name, head_dim, seq) in enumerate(cases, 1):
+        dtype = DTYPES[dtype_name]
+        batch, heads = max(1, args.tokens // seq), max(1, args.hidden // head_dim)
+        kq, kk, kv = jax.random.split(jax.random.PRNGKey(index), 3)
+        q, k, v = (jax.random.normal(key, (batch, seq, heads, head_dim), jnp.float32).astype(dtype)
+                   for key in (kq, kk, kv))
+        flops = 4.0 * batch * heads * seq * seq * head_dim
+        print(f"[{index}/{len(cases)}] {dtype_name} D={head_dim} S={seq} B={batch} H={heads}", file=sys.stderr,
+              flush=True)
+        results = {}
+        for name, fn in _implementations(platform, dtype, head_dim, args.configs).items():
+            if name == "xla" and platform == "gpu" and seq > args.xla_max_seq:
+                continue  # materialises (S, S) scores: too slow and too large at long sequences
+            try:
+                ms = time_loop_ms(fn, q, k, v, iters=args.iters, reps=args.reps)
+                results[name] = {"ms": ms, "tflops": flops / ms / 1e9}
+            except Exception as error:
+                print(f"#   {name} failed: {type(error).__name__}: {str(error)[:200]}", file=sys.stderr)
+        rows.append({"dtype": dtype_name, "head_dim": head_dim, "seq": seq, "batch": batch, "heads": heads,
+                     "causal": False, "device": device.device_kind, "results": results})
+    return rows
+
+
+def print_table(rows: list[dict]) -> None:
+    names = []
+    for row in rows:
+        names += [n for n in row["results"] if n not in names]
+    base = "cudnn" if any("cudnn" in r["results"] for r in rows) else "xla"
+    print(f"\nTFLOP/s on {rows[0]['device'] if rows else '?'} ({datetime.date.today()}); ratio to {base} in brackets")
+    print(" | ".join(["dtype", "D", "S"] + names))
+    for row in rows:
+        ref = row["results"].get(base, {}).get("tflops")
+        cells = []
+        for name in names:
+            r = row["results"].get(name)
+            cells.append("-" if r is None else f"{r['tflops']:.0f}" + (f" ({r['tflops'] / ref:.2f}x)" if ref else ""))
+        print(" | ".join([row["dtype"], str(row["head_dim"]), str(row["seq"])] + cells))
+
+
+def plot(rows: list[dict], path: str) -> None:
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        print("# matplotlib not installed: no plot (pip install '.[examples]')", file=sys.stderr)
+        return
+    groups = sorted({(r["dtype"], r["head_dim"]) for r in rows})
+    fig, axes = plt.subplots(1, len(groups), figsize=(5 * len(groups), 4), squeeze=False)
+    for ax, (dtype, head_dim) in zip(axes[0], groups):
+        sel = [r for r in rows if r["dtype"] == dtype and r["head_dim"] == head_dim]
+        names = sorted({n for r in sel for n in r["results"]})
+        for name in names:
+            pts = [(r["seq"], r["results"][name]["tflops"]) for r in sel if name in r["results"]]
+            ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label=name)
+        ax.set_xscale("log", base=2)
+        ax.set_title(f"{dtype} D={head_dim} non-causal")
+        ax.set_xlabel("sequence length")
+        ax.set_ylabel("TFLOP/s")
+        ax.legend(fontsize=7)
+    fig.suptitle(f"{rows[0]['device']} {datetime.date.today()}")
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+
+
+def main(argv=None) -> int:
+    on_gpu = jax.default_backend() == "gpu"
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--dtypes", type=lambda s: s.split(","), default=["bf16", "fp16"] if on_gpu else ["fp32"])
+    parser.add_argument("--head-dims", type=lambda s: [int(x) for x in s.split(",")], default=[64, 128])
+    parser.add_argument("--seqs", type=lambda s: [int(x) for x in s.split(",")],
+                        default=[512, 1024, 2048, 4096, 8192, 16384] if on_gpu else [256, 512, 1024])
+    parser.add_argument("--tokens", type=int, default=16384 if on_gpu else 2048)
+    parser.add_argument("--hidden", type=int, default=2048 if on_gpu else 256)
+    parser.add_argument("--configs", choices=["default", "progression", "compiled"], default="default")
+    parser.add_argument("--iters", type=int, default=10 if on_gpu else 2)
+    parser.add_argument("--reps", type=int, default=5 if on_gpu else 3)
+    parser.add_argument("--xla-max-seq", type=int, default=4096)
+    parser.add_argument("--json", help="write the rows as JSON here")
+    parser.add_argument("--plot", help="write a PNG of TFLOP/s against sequence length here")
+    args = parser.parse_args(argv)
+    rows = run(args)
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"date": str(datetime.date.today()), "jax": jax.__version__, "rows": rows}, f, indent=1)
+    if args.plot and rows:
+        plot(rows, args.plot)
+    print_table(rows)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

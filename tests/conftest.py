@@ -1,0 +1,55 @@
+"""Shared fixtures: the platforms to test on, random inputs, and the one tolerance rule every test uses."""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import jax_flash
+
+
+def _gpu_devices():
+    try:
+        return jax.devices("gpu")
+    except RuntimeError:
+        return []
+
+
+GPU_DEVICES = _gpu_devices()
+requires_gpu = pytest.mark.skipif(not GPU_DEVICES, reason="no CUDA device visible to jax")
+
+
+@pytest.fixture(params=["cpu", pytest.param("gpu", marks=requires_gpu)])
+def device(request):
+    return jax.devices("cpu")[0] if request.param == "cpu" else GPU_DEVICES[0]
+
+
+def random_qkv(seed, batch, seq_q, seq_k, heads_q, heads_k, head_dim, dtype, device=None):
+    """Normal q, k, v (never zeros: they hide unwritten outputs), placed on `device`."""
+    kq, kk, kv = jax.random.split(jax.random.PRNGKey(seed), 3)
+    q = jax.random.normal(kq, (batch, seq_q, heads_q, head_dim), jnp.float32).astype(dtype)
+    k = jax.random.normal(kk, (batch, seq_k, heads_k, head_dim), jnp.float32).astype(dtype)
+    v = jax.random.normal(kv, (batch, seq_k, heads_k, head_dim), jnp.float32).astype(dtype)
+    if device is not None:
+        q, k, v = (jax.device_put(x, device) for x in (q, k, v))
+    return q, k, v
+
+
+ATOL = {jnp.dtype(jnp.float32): 1e-5, jnp.dtype(jnp.float16): 1e-4, jnp.dtype(jnp.bfloat16): 5e-4}
+
+
+def assert_flash_close(out, q, k, v, **reference_kwargs):
+    """The FlashAttention rule (../shared/docs/RELIABILITY.md): with inputs already rounded to their dtype,
+    max|out - ref32| <= 2 * max|out_lowp - ref32| + atol, where ref32 is an fp32 reference and out_lowp a plain
+    attention computed in the input dtype. NaN never passes."""
+    q, k, v = (jax.device_put(x, jax.devices("cpu")[0]) for x in (q, k, v))
+    out = np.asarray(jax.device_put(out, jax.devices("cpu")[0]).astype(jnp.float32))
+    assert np.isfinite(out).all(), "output has non-finite values"
+    ref32 = np.asarray(jax_flash.attention_reference(q, k, v, **reference_kwargs))
+    lowp = np.asarray(jax_flash.attention_reference(q, k, v, compute_dtype=q.dtype, **reference_kwargs)
+                      .astype(jnp.float32))
+    err = np.abs(out - ref32).max(initial=0.0)
+    bound = 2 * np.abs(lowp - ref32).max(initial=0.0) + ATOL[jnp.dtype(q.dtype)]
+    assert err <= bound, f"max error {err:.3g} exceeds 2 x low-precision error + atol = {bound:.3g}"

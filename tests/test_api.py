@@ -1,0 +1,158 @@
+"""API contract: clear errors for bad inputs and configs, the custom call in the HLO, forward-only, the registry."""
+
+from __future__ import annotations
+
+import dataclasses
+import pathlib
+import subprocess
+import sys
+
+import jax
+import jax.numpy as jnp
+import pytest
+
+import jax_flash
+from jax_flash import KernelConfig
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+
+
+def qkv(shape_q=(2, 16, 4, 64), shape_k=None, dtype=jnp.float16):
+    shape_k = shape_k or shape_q
+    return jnp.ones(shape_q, dtype), jnp.ones(shape_k, dtype), jnp.ones(shape_k, dtype)
+
+
+@pytest.mark.parametrize("shape_q,shape_k,message", [
+    ((2, 16, 4), None, "q has shape (2, 16, 4) (rank 3); expected rank 4"),
+    ((2, 16, 4, 64), (3, 16, 4, 64), "k has batch 3 but q has batch 2"),
+    ((2, 16, 4, 64), (2, 16, 4, 32), "k has head_dim 32 but q has head_dim 64"),
+    ((2, 16, 6, 64), (2, 16, 4, 64), "k has 4 heads but q has 6; q heads must be a multiple of k heads"),
+])
+def test_bad_shapes(shape_q, shape_k, message):
+    q, k, v = qkv(shape_q, shape_k)
+    with pytest.raises(ValueError, match=message.replace("(", r"\(").replace(")", r"\)")):
+        jax_flash.attention(q, k, v)
+
+
+def test_k_v_mismatch():
+    q, k, _ = qkv()
+    with pytest.raises(ValueError, match=r"k has shape \(2, 16, 4, 64\) but v has shape \(2, 8, 4, 64\)"):
+        jax_flash.attention(q, k, jnp.ones((2, 8, 4, 64), jnp.float16))
+
+
+@pytest.mark.parametrize("dtype", [jnp.int32, jnp.float64 if jax.config.jax_enable_x64 else jnp.int8, jnp.bool_])
+def test_bad_dtypes(dtype):
+    q, k, v = qkv(dtype=dtype)
+    with pytest.raises(TypeError, match="supported dtypes are float16 and bfloat16"):
+        jax_flash.attention(q, k, v)
+
+
+def test_mixed_dtypes():
+    q, k, v = qkv()
+    with pytest.raises(TypeError, match="q, k and v must share one dtype"):
+        jax_flash.attention(q, k.astype(jnp.bfloat16), v)
+
+
+def test_not_an_array():
+    _, k, v = qkv()
+    with pytest.raises(TypeError, match="q must be a jax or numpy array, got list"):
+        jax_flash.attention([[1.0]], k, v)
+
+
+@pytest.mark.parametrize("kwargs,error,message", [
+    ({"block_q": 96}, ValueError, r"KernelConfig.block_q=96 is not allowed; choose one of \(64, 128\)"),
+    ({"block_kv": 48}, ValueError, r"KernelConfig.block_kv=48 is not allowed; choose one of \(32, 64, 128\)"),
+    ({"num_warps": 2}, ValueError, r"KernelConfig.num_warps=2 is not allowed; choose one of \(4, 8\)"),
+    ({"block_q": 64, "num_warps": 8}, ValueError, "gives 8 rows per warp; each warp needs a multiple of 16"),
+    ({"async_copy": False}, ValueError, "eager_load_blocks=True needs async_copy=True"),
+    ({"swizzled": 1}, TypeError, "KernelConfig.swizzled must be a bool, got 1"),
+    ({"block_q": 128.0}, TypeError, "KernelConfig.block_q must be an int"),
+    ({"v_mma_load_k_fragments": 3}, ValueError, "v_mma_load_k_fragments=3 must be 0 or divide block_kv/16=4"),
+    ({"q_mma_load_k_fragments": -1}, ValueError, "q_mma_load_k_fragments=-1 must be >= 0"),
+])
+def test_config_validation(kwargs, error, message):
+    with pytest.raises(error, match=message):
+        KernelConfig(**kwargs)
+
+
+def test_config_fits_reports_reason():
+    assert KernelConfig().fits(128) is None
+    assert "registers" in KernelConfig(block_q=128, num_warps=4, k_mma_load_k_fragments=0,
+                                       v_mma_load_k_fragments=0).fits(128)
+    assert "must be 0 or divide head_dim/16=4" in KernelConfig(k_mma_load_k_fragments=8).fits(64)
+
+
+def test_cfg_must_be_kernel_config():
+    with pytest.raises(TypeError, match="cfg must be a jax_flash.KernelConfig or None, got dict"):
+        jax_flash.attention(*qkv(), cfg={"block_q": 64})
+
+
+def test_hlo_contains_custom_call():
+    text = jax.jit(jax_flash.attention).lower(*qkv()).as_text()
+    assert "stablehlo.custom_call @jax_flash_attention" in text
+
+
+def test_config_travels_as_ffi_attributes():
+    cfg = KernelConfig(block_q=64, block_kv=32, num_warps=4)
+    text = jax.jit(jax_flash.attention, static_argnames="cfg").lower(*qkv(), cfg=cfg).as_text()
+    assert "block_q = 64 : i64" in text and "block_kv = 32 : i64" in text and "num_warps = 4 : i64" in text
+
+
+def test_grad_is_a_clear_error():
+    q, k, v = qkv(dtype=jnp.float32)
+    with pytest.raises(NotImplementedError, match="jax_flash.attention is forward-only"):
+        jax.grad(lambda q: jax_flash.attention(q, k, v).sum())(q)
+
+
+# ---- the CUDA lowering, checked without a GPU by lowering for the cuda platform ---------------------------------
+def lower_for_cuda(q, k, v, cfg=None):
+    traced = jax.jit(jax_flash.attention, static_argnames="cfg").trace(q, k, v, cfg=cfg)
+    return traced.lower(lowering_platforms=("cuda",)).as_text()
+
+
+needs_cuda_build = pytest.mark.skipif(not jax_flash._ffi.BUILT_WITH_CUDA, reason="module built without CUDA")
+
+
+@needs_cuda_build
+def test_cuda_lowering_uses_default_config():
+    text = lower_for_cuda(*qkv(dtype=jnp.bfloat16))
+    assert "stablehlo.custom_call @jax_flash_attention" in text
+    assert "block_q = 128 : i64" in text
+
+
+@needs_cuda_build
+def test_cuda_rejects_float32_and_unsupported_head_dim():
+    with pytest.raises(TypeError, match="the GPU kernels support float16 and bfloat16"):
+        lower_for_cuda(*qkv(dtype=jnp.float32))
+    with pytest.raises(ValueError, match=r"head_dim=48 is not supported on GPU; supported head dims: \[64, 128\]"):
+        lower_for_cuda(*qkv((1, 8, 2, 48), dtype=jnp.float16))
+
+
+@needs_cuda_build
+def test_cuda_unknown_config_lists_compiled_ones():
+    cfg = KernelConfig(block_q=64, block_kv=32, num_warps=4)
+    with pytest.raises(ValueError, match="is not compiled into this build for float16 head_dim=64. Compiled configs"):
+        lower_for_cuda(*qkv(), cfg=cfg)
+
+
+@needs_cuda_build
+def test_supported_configs_come_from_the_registry():
+    kernels = jax_flash.supported_configs()
+    shipped = {(d, h, c) for d, h, c in jax_flash.config.shipped_kernels()}
+    assert {(k.dtype, k.head_dim, k.config) for k in kernels} == shipped
+    for k in kernels:
+        assert k.family == "sm80"
+        assert k.smem_bytes == k.config.smem_bytes(k.head_dim)
+
+
+def test_generated_instantiations_are_fresh():
+    result = subprocess.run([sys.executable, str(ROOT / "csrc" / "generate_instantiations.py"), "--check"],
+                            capture_output=True, text=True)
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_config_is_hashable_and_frozen():
+    cfg = KernelConfig()
+    assert hash(cfg) == hash(KernelConfig())
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        cfg.block_q = 64
