@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # One call on the GPU machine (the device tool): build, GPU tests, benchmark; a short table last.
 #   bash .ci/gpu.sh [pytest -k expression] [benchmark args...]
+#   BUILD_ARGS="-Ccmake.define.JAX_FLASH_CONFIG_SET=sweep" bash .ci/gpu.sh ...   (extra pip build arguments)
 # Writes build.log, pytest.log, bench.log, bench.json, bench.png under $OUT.
 set -uo pipefail
 OUT=${OUT:-/tmp/jax_flash_out}
@@ -13,7 +14,7 @@ nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm --format=c
 python3 -c "import jax; print('jax', jax.__version__, jax.devices())"
 
 start=$(date +%s)
-(cd "$REPO" && CMAKE_BUILD_PARALLEL_LEVEL=16 python3 -m pip install --no-build-isolation --no-deps -v . ) \
+(cd "$REPO" && CMAKE_BUILD_PARALLEL_LEVEL=16 python3 -m pip install --no-build-isolation --no-deps -v ${BUILD_ARGS:-} . ) \
   > "$OUT/build.log" 2>&1 || { tail -60 "$OUT/build.log"; exit 1; }
 echo "build: $(( $(date +%s) - start )) s"
 grep -E "registers|spill" "$OUT/build.log" | sort | uniq -c | sort -rn | head -5

@@ -2,7 +2,8 @@
 """Writes the sm80-family kernel instantiations and their registry from jax_flash/config.py.
 
     python csrc/generate_instantiations.py            # the shipped set -> csrc/instantiations/ (checked in)
-    python csrc/generate_instantiations.py --all --out build/gen   # the whole tuning space (opt-in build)
+    python csrc/generate_instantiations.py --set sweep --out build/gen   # shipped + tuning-sweep candidates
+    python csrc/generate_instantiations.py --set all --out build/gen     # the whole tuning space
     python csrc/generate_instantiations.py --check    # exit 1 if csrc/instantiations/ is stale
 
 One .cu file per (dtype, head dim, config), the full configuration in its name, so the build compiles them in
@@ -37,20 +38,10 @@ def key_literal(config_module, dtype: str, head_dim: int, cfg) -> str:
     return "KernelKey{" + ", ".join(parts) + "}"
 
 
-def kernel_list(config_module, everything: bool):
-    if not everything:
-        return list(config_module.shipped_kernels())
-    kernels = []
-    for dtype in config_module.GPU_DTYPES:
-        for head_dim in config_module.GPU_HEAD_DIMS:
-            kernels += [(dtype, head_dim, cfg) for cfg in config_module.tuning_space() if cfg.fits(head_dim) is None]
-    return kernels
-
-
-def render(config_module, everything: bool) -> dict[str, str]:
+def render(config_module, kernel_set: str) -> dict[str, str]:
     files = {}
     entries = []
-    for dtype, head_dim, cfg in kernel_list(config_module, everything):
+    for dtype, head_dim, cfg in config_module.kernel_set(kernel_set):
         key = key_literal(config_module, dtype, head_dim, cfg)
         name = f"sm80_{dtype}_hd{head_dim}_{cfg.short_name()}.cu"
         files[name] = (HEADER + '#include "sm80/launch.cuh"\n\nnamespace jax_flash::sm80 {\n'
@@ -59,18 +50,19 @@ def render(config_module, everything: bool) -> dict[str, str]:
         entries.append(f"    {{{key},\n     &run_attention_sm80<{key}>,\n     Traits<{key}>::kSmemBytes}},")
     files["registry.cu"] = (HEADER + '#include "sm80/api.h"\n#include "sm80/traits.cuh"\n\n'
                             "namespace jax_flash::sm80 {\n\nconst RegistryEntry kRegistry[] = {\n" + "\n".join(entries) +
-                            "\n};\nconst int kRegistrySize = sizeof(kRegistry) / sizeof(kRegistry[0]);\n\n"
+                            "\n};\nconst int kRegistrySize = sizeof(kRegistry) / sizeof(kRegistry[0]);\n"
+                            f'const char* const kKernelSet = "{kernel_set}";\n\n'
                             "}  // namespace jax_flash::sm80\n")
     return files
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--all", action="store_true", help="the whole tuning space instead of the shipped set")
+    parser.add_argument("--set", default="shipped", choices=["shipped", "sweep", "all"], help="which kernels")
     parser.add_argument("--out", type=pathlib.Path, default=DEFAULT_OUT)
     parser.add_argument("--check", action="store_true", help="compare with --out instead of writing")
     args = parser.parse_args()
-    files = render(load_config_module(), args.all)
+    files = render(load_config_module(), args.set)
     existing = {p.name for p in args.out.glob("*.cu")} if args.out.exists() else set()
     if args.check:
         stale = sorted(name for name, text in files.items()

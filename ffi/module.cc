@@ -24,8 +24,10 @@ NB_MODULE(_jax_flash, m) {
 
 #ifdef JAX_FLASH_WITH_CUDA
   m.attr("built_with_cuda") = true;
+  m.attr("kernel_set") = jax_flash::sm80::kKernelSet;
 #else
   m.attr("built_with_cuda") = false;
+  m.attr("kernel_set") = "none";
 #endif
 
   // One dict per compiled GPU kernel: the KernelKey fields plus the dynamic shared memory it needs.

@@ -22,6 +22,7 @@ for _platform, _capsule in _jax_flash.registrations().items():
     jax.ffi.register_ffi_target(TARGET_NAME, _capsule, platform=_platform)
 
 BUILT_WITH_CUDA: bool = bool(_jax_flash.built_with_cuda)
+KERNEL_SET: str = str(_jax_flash.kernel_set)  # "shipped", "sweep", "all" ("none" without CUDA)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -85,7 +85,7 @@ def resolve_gpu_config(cfg: KernelConfig | None, dtype, head_dim: int) -> Kernel
     if cfg not in compiled:
         listing = "\n  ".join(repr(c) for c in compiled)
         raise ValueError(f"cfg={cfg!r} is not compiled into this build for {dtype_name} head_dim={head_dim}. "
-                         f"Compiled configs:\n  {listing}\n(build with -DJAX_FLASH_ALL_CONFIGS=ON for the whole "
+                         f"Compiled configs:\n  {listing}\n(build with -DJAX_FLASH_CONFIG_SET=all for the whole "
                          f"tuning space)")
     return cfg
 

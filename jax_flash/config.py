@@ -192,8 +192,47 @@ def shipped_kernels() -> Iterator[tuple[str, int, KernelConfig]]:
                 yield key
 
 
+def _sweep(block_q, block_kv, num_warps, q, k, v, double_buffer=True) -> KernelConfig:
+    return KernelConfig(block_q=block_q, block_kv=block_kv, num_warps=num_warps, q_mma_load_k_fragments=q,
+                        k_mma_load_k_fragments=k, v_mma_load_k_fragments=v, mma_double_buffer_loads=double_buffer)
+
+
+# Candidates the tuning sweep times (build with -DJAX_FLASH_CONFIG_SET=sweep, then
+# `python -m jax_flash.benchmark --configs compiled`): tile shapes x where Q lives x fragment chunking.
+SWEEP_CONFIGS: dict[int, tuple[KernelConfig, ...]] = {
+    128: (_sweep(128, 64, 8, 0, 2, 1), _sweep(128, 64, 8, 2, 2, 1), _sweep(128, 64, 8, 0, 1, 1),
+          _sweep(128, 64, 8, 0, 2, 1, False), _sweep(128, 64, 8, 0, 4, 2, False), _sweep(128, 32, 8, 0, 2, 1),
+          _sweep(128, 32, 8, 2, 2, 1), _sweep(64, 64, 4, 0, 2, 1), _sweep(64, 64, 4, 2, 2, 1),
+          _sweep(64, 32, 4, 2, 2, 1), _sweep(128, 32, 4, 2, 1, 1), _sweep(128, 64, 8, 2, 1, 1, False)),
+    64: (_sweep(128, 64, 8, 0, 0, 0), _sweep(128, 64, 8, 0, 2, 1), _sweep(128, 128, 8, 0, 1, 1),
+         _sweep(128, 128, 8, 0, 1, 1, False), _sweep(64, 64, 4, 0, 0, 0), _sweep(64, 64, 4, 0, 2, 1),
+         _sweep(64, 128, 4, 0, 1, 1), _sweep(128, 32, 4, 0, 0, 0), _sweep(64, 32, 4, 0, 0, 0),
+         _sweep(128, 128, 8, 2, 1, 1)),
+}
+
+
+def kernel_set(name: str) -> list[tuple[str, int, KernelConfig]]:
+    """(dtype, head_dim, config) of a build's kernel set: "shipped" (default), "sweep" (shipped + SWEEP_CONFIGS for
+    bfloat16) or "all" (every config of tuning_space() that fits)."""
+    kernels = list(shipped_kernels())
+    if name == "sweep":
+        kernels += [("bfloat16", hd, cfg) for hd, cfgs in SWEEP_CONFIGS.items() for cfg in cfgs]
+    elif name == "all":
+        kernels = [(dtype, hd, cfg) for dtype in GPU_DTYPES for hd in GPU_HEAD_DIMS for cfg in tuning_space()
+                   if cfg.fits(hd) is None]
+    elif name != "shipped":
+        raise ValueError(f"unknown kernel set {name!r}; choose shipped, sweep or all")
+    unique = []
+    for kernel in kernels:
+        if kernel[2].fits(kernel[1]) is not None:
+            raise ValueError(f"{kernel} does not fit: {kernel[2].fits(kernel[1])}")
+        if kernel not in unique:
+            unique.append(kernel)
+    return unique
+
+
 def tuning_space() -> Iterator[KernelConfig]:
-    """Every valid combination of the knobs (the opt-in JAX_FLASH_ALL_CONFIGS build); filtered per head dim by fits()."""
+    """Every valid combination of the knobs (the opt-in JAX_FLASH_CONFIG_SET=all build); filtered per head dim by fits()."""
     frags = (0, 1, 2, 4)
     for bq in _BLOCK_Q:
         for bkv in _BLOCK_KV:

@@ -139,8 +139,8 @@ def test_cuda_unknown_config_lists_compiled_ones():
 @needs_cuda_build
 def test_supported_configs_come_from_the_registry():
     kernels = jax_flash.supported_configs()
-    shipped = {(d, h, c) for d, h, c in jax_flash.config.shipped_kernels()}
-    assert {(k.dtype, k.head_dim, k.config) for k in kernels} == shipped
+    expected = {(d, h, c) for d, h, c in jax_flash.config.kernel_set(jax_flash._ffi.KERNEL_SET)}
+    assert {(k.dtype, k.head_dim, k.config) for k in kernels} == expected
     for k in kernels:
         assert k.family == "sm80"
         assert k.smem_bytes == k.config.smem_bytes(k.head_dim)

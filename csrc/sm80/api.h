@@ -26,6 +26,7 @@ struct RegistryEntry {
 // The generated table.
 extern const RegistryEntry kRegistry[];
 extern const int kRegistrySize;
+extern const char* const kKernelSet;  // "shipped", "sweep" or "all": which list of jax_flash/config.py was built
 
 // nullptr when the key was not compiled in.
 inline const RegistryEntry* find_kernel(const KernelKey& key) {

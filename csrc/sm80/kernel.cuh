@@ -59,33 +59,33 @@ __global__ void __launch_bounds__(T::kNumThreads) attention_kernel(const __grid_
   uint32_t rK[T::kDSteps][T::kSTiles][2];                   // B of S = Q K^T
   uint32_t rP[T::kMTiles][T::kKVSteps][4];                  // A of O = P V (from the S accumulators)
   uint32_t rV[T::kKVSteps][T::kOTiles][2];                  // B of O = P V
-  auto load_q = [&](int step) {  // matrices: rows 0-7/8-15 x k 0-7/8-15 of each m16 tile
+  const int mat = lane / 8;  // which of the four 8x8 matrices of an ldmatrix.x4 this lane addresses
+  // Q: matrices (rows 0-7, k lo), (rows 8-15, k lo), (rows 0-7, k hi), (rows 8-15, k hi) of each m16 tile.
+  const LdmatrixAddresses<T> q_addr(sQ, warp_row0 + lane % 16, lane / 16);
+  // K: two n8 tiles per x4: (n 0-7, k lo), (n 0-7, k hi), (n 8-15, k lo), (n 8-15, k hi).
+  const LdmatrixAddresses<T> k_addr(sK, (mat / 2) * 8 + lane % 8, mat % 2);
+  // V, transposed: (kv lo, d 0-7), (kv hi, d 0-7), (kv lo, d 8-15), (kv hi, d 8-15).
+  const LdmatrixAddresses<T> v_addr(sV, (mat % 2) * 8 + lane % 8, mat / 2);
+  auto load_q = [&](int step) {
 #pragma unroll
-    for (int m = 0; m < T::kMTiles; ++m) {
-      const int row = warp_row0 + m * kMmaM + (lane % 16);
-      ldmatrix_x4(rQ[m][step], sQ + tile_offset<T>(row, 2 * step + lane / 16));
-    }
+    for (int m = 0; m < T::kMTiles; ++m) ldmatrix_x4(rQ[m][step], q_addr(m * kMmaM, 2 * step));
   };
-  auto load_k = [&](int step) {  // two n8 tiles per x4: (n 0-7, k lo), (n 0-7, k hi), (n 8-15, k lo), (n 8-15, k hi)
+  auto load_k = [&](int step) {
 #pragma unroll
     for (int np = 0; np < T::kSTiles / 2; ++np) {
-      const int mat = lane / 8;
-      const int row = np * 16 + (mat / 2) * 8 + (lane % 8);
       uint32_t r[4];
-      ldmatrix_x4(r, sK + tile_offset<T>(row, 2 * step + (mat % 2)));
+      ldmatrix_x4(r, k_addr(np * 16, 2 * step));
       rK[step][2 * np][0] = r[0];
       rK[step][2 * np][1] = r[1];
       rK[step][2 * np + 1][0] = r[2];
       rK[step][2 * np + 1][1] = r[3];
     }
   };
-  auto load_v = [&](int step) {  // transposed: (kv lo, d 0-7), (kv hi, d 0-7), (kv lo, d 8-15), (kv hi, d 8-15)
+  auto load_v = [&](int step) {
 #pragma unroll
     for (int np = 0; np < T::kOTiles / 2; ++np) {
-      const int mat = lane / 8;
-      const int row = step * kMmaK + (mat % 2) * 8 + (lane % 8);
       uint32_t r[4];
-      ldmatrix_x4_trans(r, sV + tile_offset<T>(row, 2 * np + mat / 2));
+      ldmatrix_x4_trans(r, v_addr(step * kMmaK, 2 * np));
       rV[step][2 * np][0] = r[0];
       rV[step][2 * np][1] = r[1];
       rV[step][2 * np + 1][0] = r[2];

@@ -17,6 +17,32 @@ __device__ __forceinline__ int tile_offset(int row, int chunk) {
   return row * T::kHeadDim + physical_chunk * kChunkElems;
 }
 
+// The ldmatrix row addresses of one lane over a tile, as 4 registers: lane_row / lane_chunk are this lane's part of
+// (row, chunk); callers add a row offset that is a multiple of 8 and an even chunk offset, both compile-time
+// constants. Under the swizzle (row % 8 is then fixed per lane) the physical chunk is
+//   (chunk0 & ~7) + ((chunk0 & 6) ^ lane_chunk ^ lane_row % 8)
+// so one base per value of chunk0 & 6 turns every address into base + immediate. Without this the compiler hoists
+// each of the dozens of loop-invariant addresses into its own register.
+template <class T>
+struct LdmatrixAddresses {
+  uint32_t base[4];
+
+  __device__ __forceinline__ LdmatrixAddresses(const void* tile, int lane_row, int lane_chunk) {
+    const uint32_t row_address = smem_address(tile) + lane_row * kRowBytes;
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      const int chunk = 2 * i + lane_chunk;
+      base[i] = row_address + (T::kSwizzled ? (chunk ^ (lane_row & 7)) : chunk) * 16;
+    }
+  }
+
+  __device__ __forceinline__ uint32_t operator()(int row0, int chunk0) const {
+    return base[(chunk0 & 7) >> 1] + row0 * kRowBytes + (chunk0 & ~7) * 16;
+  }
+
+  static constexpr int kRowBytes = T::kHeadDim * static_cast<int>(sizeof(typename T::Element));
+};
+
 // Copies rows [0, kRows) of a (rows, D) global tile into shared memory; rows >= rows_valid become zeros so masked
 // keys and padding query rows never carry garbage (or NaN) into the matrix products.
 template <class T, int kRows>
