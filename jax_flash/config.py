@@ -40,14 +40,15 @@ class KernelConfig:
     Data type and head dim come from the inputs. The CPU handler uses block_q and block_kv as its tile sizes.
     """
 
+    # Defaults: the best head-dim-128 config of the H200 sweep (docs/NOTES.md, docs/sweep_h200_1.json).
     block_q: int = 128
-    block_kv: int = 64
-    num_warps: int = 8
+    block_kv: int = 32
+    num_warps: int = 4
     async_copy: bool = True
     eager_load_blocks: bool = True
     swizzled: bool = True
-    q_mma_load_k_fragments: int = 0
-    k_mma_load_k_fragments: int = 2
+    q_mma_load_k_fragments: int = 2
+    k_mma_load_k_fragments: int = 1
     v_mma_load_k_fragments: int = 1
     mma_double_buffer_loads: bool = True
     optimized_softmax: bool = True
@@ -162,13 +163,20 @@ PROGRESSION_CONFIGS: tuple[KernelConfig, ...] = (
     KernelConfig(block_q=128, block_kv=64, num_warps=8, async_copy=True, eager_load_blocks=True, swizzled=True,
                  q_mma_load_k_fragments=0, k_mma_load_k_fragments=2, v_mma_load_k_fragments=1,
                  mma_double_buffer_loads=False, optimized_softmax=False),
-    # 4. + double-buffered fragment loads and the exp2/FMA softmax (= the default)
+    # 4. + double-buffered fragment loads and the exp2/FMA softmax
+    KernelConfig(block_q=128, block_kv=64, num_warps=8, async_copy=True, eager_load_blocks=True, swizzled=True,
+                 q_mma_load_k_fragments=0, k_mma_load_k_fragments=2, v_mma_load_k_fragments=1,
+                 mma_double_buffer_loads=True, optimized_softmax=True),
+    # 5. retiled from the sweep: 4 warps x 32 rows, so each K/V fragment read from shared memory feeds two m16 tiles;
+    #    Q re-read from shared memory in 2-fragment chunks to make room for the larger O accumulator (= the default)
     KernelConfig(),
 )
 
 # The tuned configs per (head_dim): the defaults table in jax_flash/defaults.py picks among these.
+# Measured in docs/sweep_h200_1.json (H200, bf16): see jax_flash/defaults.py for the numbers.
 TUNED_CONFIGS: dict[int, tuple[KernelConfig, ...]] = {
-    64: (KernelConfig(block_q=128, block_kv=64, num_warps=8, k_mma_load_k_fragments=0, v_mma_load_k_fragments=0),),
+    64: (KernelConfig(block_q=128, block_kv=32, num_warps=4, q_mma_load_k_fragments=0, k_mma_load_k_fragments=0,
+                      v_mma_load_k_fragments=0),),
     128: (KernelConfig(),),
 }
 

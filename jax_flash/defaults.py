@@ -13,7 +13,11 @@ from jax_flash.config import TUNED_CONFIGS, KernelConfig
 CPU_DEFAULT = KernelConfig(block_q=64, block_kv=64, num_warps=4)
 
 # (arch, dtype, head_dim) -> config. Entries carry the measurement that put them there (benchmark, device, date).
-# Until the tuning issue measures the family, every entry is the tuned config from config.TUNED_CONFIGS.
+# H200 sweep, bf16, 2026-11-22 (docs/sweep_h200_1.json; `.ci/gpu.sh` with JAX_FLASH_CONFIG_SET=sweep and
+# `--configs compiled --seqs 2048,16384`), TFLOP/s at S=2048 / S=16384 (cuDNN 525 / 594 at D=128, 400 / 451 at D=64):
+#   D=128: q128_kv32_w4 f2-1-1 296 / 343 (best of 15); q64_kv64_w4 f0-2-1 288 / 319; q128_kv64_w8 f0-2-1 272 / 318.
+#   D=64:  q128_kv32_w4 f0-0-0 239 / 292 (best at 16384); q64_kv128_w4 f0-1-1 257 / 287; q128_kv64_w8 200 / 235.
+# sm_80 has not been measured: it uses the same entries (the A100 numbers of the seed favour the same 4-warp tiles).
 DEFAULTS: dict[tuple[int, str, int], KernelConfig] = {
     (arch, dtype, head_dim): TUNED_CONFIGS[head_dim][0]
     for arch in (80, 90)
