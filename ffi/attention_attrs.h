@@ -21,6 +21,13 @@ struct AttentionAttrs {
   int64_t mma_double_buffer_loads;
   int64_t optimized_softmax;
   float softmax_scale;
+  int64_t causal;          // bottom-right aligned
+  int64_t window_left;     // -1 = unbounded
+  int64_t window_right;    // -1 = unbounded
+  float softcap;           // 0 = off
+  int64_t has_q_lengths;   // read the q_lengths operand (else every row is valid)
+  int64_t has_kv_lengths;  // read the kv_lengths operand (else every key is valid)
+  int64_t return_lse;      // write the lse result
 };
 
 }  // namespace jax_flash
@@ -37,4 +44,11 @@ XLA_FFI_REGISTER_STRUCT_ATTR_DECODING(jax_flash::AttentionAttrs,
                                       ::xla::ffi::StructMember<int64_t>("v_mma_load_k_fragments"),
                                       ::xla::ffi::StructMember<int64_t>("mma_double_buffer_loads"),
                                       ::xla::ffi::StructMember<int64_t>("optimized_softmax"),
-                                      ::xla::ffi::StructMember<float>("softmax_scale"));
+                                      ::xla::ffi::StructMember<float>("softmax_scale"),
+                                      ::xla::ffi::StructMember<int64_t>("causal"),
+                                      ::xla::ffi::StructMember<int64_t>("window_left"),
+                                      ::xla::ffi::StructMember<int64_t>("window_right"),
+                                      ::xla::ffi::StructMember<float>("softcap"),
+                                      ::xla::ffi::StructMember<int64_t>("has_q_lengths"),
+                                      ::xla::ffi::StructMember<int64_t>("has_kv_lengths"),
+                                      ::xla::ffi::StructMember<int64_t>("return_lse"));

@@ -1,6 +1,5 @@
 // XLA FFI handler for the CPU platform: validates, then runs csrc/cpu/attention_cpu on the host threads.
 #include <algorithm>
-#include <cstring>
 #include <thread>
 
 #include "cpu/attention_cpu.h"
@@ -10,9 +9,10 @@
 
 namespace jax_flash {
 
-static ffi::Error attention_cpu_impl(ffi::AnyBuffer q, ffi::AnyBuffer k, ffi::AnyBuffer v,
-                                     ffi::Result<ffi::AnyBuffer> o, AttentionAttrs attrs) {
-  if (auto err = check_buffers(q, k, v, *o, attrs.softmax_scale)) return std::move(*err);
+static ffi::Error attention_cpu_impl(ffi::AnyBuffer q, ffi::AnyBuffer k, ffi::AnyBuffer v, ffi::AnyBuffer q_lengths,
+                                     ffi::AnyBuffer kv_lengths, ffi::Result<ffi::AnyBuffer> o,
+                                     ffi::Result<ffi::AnyBuffer> lse, AttentionAttrs attrs) {
+  if (auto err = check_buffers(q, k, v, q_lengths, kv_lengths, *o, *lse, attrs)) return std::move(*err);
   CpuElement element;
   switch (q.element_type()) {
     case ffi::DataType::F16: element = CpuElement::kFloat16; break;
@@ -25,11 +25,7 @@ static ffi::Error attention_cpu_impl(ffi::AnyBuffer q, ffi::AnyBuffer k, ffi::An
                    std::to_string(attrs.block_kv));
   }
   if (q.element_count() == 0) return ffi::Error::Success();
-  if (k.dimensions()[1] == 0) {  // no keys: every row sees nothing and is zero
-    std::memset(o->untyped_data(), 0, o->size_bytes());
-    return ffi::Error::Success();
-  }
-  const AttentionParams params = params_from_buffers(q, k, v, *o, attrs.softmax_scale);
+  const AttentionParams params = params_from_buffers(q, k, v, q_lengths, kv_lengths, *o, *lse, attrs);
   const int threads = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
   attention_cpu(params, element, static_cast<int>(attrs.block_q), static_cast<int>(attrs.block_kv), threads);
   return ffi::Error::Success();
@@ -40,7 +36,10 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(AttentionCpu, attention_cpu_impl,
                                   .Arg<ffi::AnyBuffer>()  // q
                                   .Arg<ffi::AnyBuffer>()  // k
                                   .Arg<ffi::AnyBuffer>()  // v
+                                  .Arg<ffi::AnyBuffer>()  // q_lengths
+                                  .Arg<ffi::AnyBuffer>()  // kv_lengths
                                   .Ret<ffi::AnyBuffer>()  // o
+                                  .Ret<ffi::AnyBuffer>()  // lse
                                   .Attrs<AttentionAttrs>());
 
 }  // namespace jax_flash

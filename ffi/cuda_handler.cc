@@ -60,8 +60,9 @@ std::string available_for(int dtype, int head_dim) {
 }
 
 ffi::Error attention_cuda_impl(cudaStream_t stream, ffi::AnyBuffer q, ffi::AnyBuffer k, ffi::AnyBuffer v,
-                               ffi::Result<ffi::AnyBuffer> o, AttentionAttrs attrs) {
-  if (auto err = check_buffers(q, k, v, *o, attrs.softmax_scale)) return std::move(*err);
+                               ffi::AnyBuffer q_lengths, ffi::AnyBuffer kv_lengths, ffi::Result<ffi::AnyBuffer> o,
+                               ffi::Result<ffi::AnyBuffer> lse, AttentionAttrs attrs) {
+  if (auto err = check_buffers(q, k, v, q_lengths, kv_lengths, *o, *lse, attrs)) return std::move(*err);
   int dtype;
   switch (q.element_type()) {
     case ffi::DataType::F16: dtype = static_cast<int>(DType::kFloat16); break;
@@ -103,13 +104,8 @@ ffi::Error attention_cuda_impl(cudaStream_t stream, ffi::AnyBuffer q, ffi::AnyBu
                           " bytes of shared memory per block; this device allows " +
                           std::to_string(limits.max_smem_optin) + ". Choose a config with smaller blocks.");
   }
-  if (k.dimensions()[1] == 0) {  // no keys: every row sees nothing and is zero
-    if (cudaError_t err = cudaMemsetAsync(o->untyped_data(), 0, o->size_bytes(), stream); err != cudaSuccess) {
-      return cuda_error("cudaMemsetAsync", err);
-    }
-    return ffi::Error::Success();
-  }
-  const AttentionParams params = params_from_buffers(q, k, v, *o, attrs.softmax_scale);
+  // Every block writes all its rows (zeros and lse = -inf for rows that see no key), also when Sk = 0.
+  const AttentionParams params = params_from_buffers(q, k, v, q_lengths, kv_lengths, *o, *lse, attrs);
   if (std::string failure = entry->run(params, stream); !failure.empty()) {
     return ffi::Error(ffi::ErrorCode::kInternal, "jax_flash: " + failure);
   }
@@ -124,7 +120,10 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(AttentionCuda, attention_cuda_impl,
                                   .Arg<ffi::AnyBuffer>()  // q
                                   .Arg<ffi::AnyBuffer>()  // k
                                   .Arg<ffi::AnyBuffer>()  // v
+                                  .Arg<ffi::AnyBuffer>()  // q_lengths
+                                  .Arg<ffi::AnyBuffer>()  // kv_lengths
                                   .Ret<ffi::AnyBuffer>()  // o
+                                  .Ret<ffi::AnyBuffer>()  // lse
                                   .Attrs<AttentionAttrs>());
 
 }  // namespace jax_flash

@@ -8,6 +8,7 @@
 #include <string>
 
 #include "common/params.h"
+#include "ffi/attention_attrs.h"
 #include "xla/ffi/api/ffi.h"
 
 namespace jax_flash {
@@ -24,9 +25,13 @@ inline ffi::Error invalid(const std::string& message) {
   return ffi::Error(ffi::ErrorCode::kInvalidArgument, "jax_flash: " + message);
 }
 
-// q (B, Sq, Hq, D), k and v (B, Sk, Hk, D), o like q; one dtype; Hq % Hk == 0; sizes fit the int32 size fields.
+// q (B, Sq, Hq, D), k and v (B, Sk, Hk, D), o like q; one dtype; Hq % Hk == 0; sizes fit the int32 size fields;
+// lengths int32 (B); lse float32 (B, Hq, Sq); finite scale, softcap >= 0, windows >= -1.
 inline std::optional<ffi::Error> check_buffers(const ffi::AnyBuffer& q, const ffi::AnyBuffer& k,
-                                               const ffi::AnyBuffer& v, const ffi::AnyBuffer& o, float scale) {
+                                               const ffi::AnyBuffer& v, const ffi::AnyBuffer& q_lengths,
+                                               const ffi::AnyBuffer& kv_lengths, const ffi::AnyBuffer& o,
+                                               const ffi::AnyBuffer& lse, const AttentionAttrs& attrs) {
+  const float scale = attrs.softmax_scale;
   const auto qd = q.dimensions(), kd = k.dimensions(), vd = v.dimensions(), od = o.dimensions();
   if (qd.size() != 4 || kd.size() != 4 || vd.size() != 4 || od.size() != 4) {
     return invalid("q, k, v and the output must have rank 4 (batch, seq, heads, head_dim); got q " +
@@ -51,15 +56,42 @@ inline std::optional<ffi::Error> check_buffers(const ffi::AnyBuffer& q, const ff
     if (n > INT32_MAX) return invalid("a dimension above 2^31-1 is not supported: q " + dims_string(qd));
   }
   if (!std::isfinite(scale)) return invalid("softmax_scale must be finite, got " + std::to_string(scale));
+  if (!(attrs.softcap >= 0.0f) || !std::isfinite(attrs.softcap)) {
+    return invalid("softcap must be a finite number >= 0 (0 = off), got " + std::to_string(attrs.softcap));
+  }
+  if (attrs.window_left < -1 || attrs.window_right < -1) {
+    return invalid("window sizes must be >= -1 (-1 = unbounded), got (" + std::to_string(attrs.window_left) + ", " +
+                   std::to_string(attrs.window_right) + ")");
+  }
+  for (const ffi::AnyBuffer* lengths : {&q_lengths, &kv_lengths}) {
+    const auto ld = lengths->dimensions();
+    if (lengths->element_type() != ffi::DataType::S32 || ld.size() != 1 || ld[0] != qd[0]) {
+      return invalid("q_lengths and kv_lengths must be int32 of shape (batch,) = (" + std::to_string(qd[0]) +
+                     ",); got " + dims_string(ld));
+    }
+  }
+  const auto sd = lse.dimensions();
+  if (lse.element_type() != ffi::DataType::F32 || sd.size() != 3 || sd[0] != qd[0] || sd[1] != qd[2] ||
+      sd[2] != qd[1]) {
+    return invalid("lse must be float32 of shape (batch, heads_q, seq_q); got " + dims_string(sd));
+  }
   return std::nullopt;
 }
 
 inline AttentionParams params_from_buffers(const ffi::AnyBuffer& q, const ffi::AnyBuffer& k,
-                                           const ffi::AnyBuffer& v, ffi::AnyBuffer& o, float scale) {
+                                           const ffi::AnyBuffer& v, const ffi::AnyBuffer& q_lengths,
+                                           const ffi::AnyBuffer& kv_lengths, ffi::AnyBuffer& o, ffi::AnyBuffer& lse,
+                                           const AttentionAttrs& attrs) {
   const auto qd = q.dimensions(), kd = k.dimensions();
-  return make_contiguous_params(q.untyped_data(), k.untyped_data(), v.untyped_data(), o.untyped_data(),
-                                static_cast<int>(qd[0]), static_cast<int>(qd[1]), static_cast<int>(kd[1]),
-                                static_cast<int>(qd[2]), static_cast<int>(kd[2]), static_cast<int>(qd[3]), scale);
+  AttentionParams p = make_contiguous_params(
+      q.untyped_data(), k.untyped_data(), v.untyped_data(), o.untyped_data(), static_cast<int>(qd[0]),
+      static_cast<int>(qd[1]), static_cast<int>(kd[1]), static_cast<int>(qd[2]), static_cast<int>(kd[2]),
+      static_cast<int>(qd[3]), attrs.softmax_scale);
+  set_features(p, attrs.causal != 0, attrs.window_left, attrs.window_right, attrs.softcap,
+               attrs.has_q_lengths ? static_cast<const int*>(q_lengths.untyped_data()) : nullptr,
+               attrs.has_kv_lengths ? static_cast<const int*>(kv_lengths.untyped_data()) : nullptr,
+               attrs.return_lse ? static_cast<float*>(lse.untyped_data()) : nullptr);
+  return p;
 }
 
 }  // namespace jax_flash

@@ -21,40 +21,49 @@ from jax_flash import _ffi
 from jax_flash.config import KernelConfig
 from jax_flash.defaults import CPU_DEFAULT, default_gpu_config
 
+# Operands: q (B, Sq, Hq, D), k, v (B, Sk, Hk, D), q_lengths, kv_lengths int32 (B).
+# Results: out (B, Sq, Hq, D), lse float32 (B, Hq, Sq) (written only when return_lse; dropped otherwise).
+# Params: cfg (KernelConfig or None), softmax_scale, causal, window_left, window_right, softcap (0 = off),
+# has_q_lengths, has_kv_lengths, return_lse; they become the FFI attributes of ffi/attention_attrs.h.
 attention_p = Primitive("jax_flash_attention")
+attention_p.multiple_results = True
 
 
-def _abstract_eval(q, k, v, *, cfg, softmax_scale):
-    del k, v, cfg, softmax_scale
-    return ShapedArray(q.shape, q.dtype)
+def _abstract_eval(q, k, v, q_lengths, kv_lengths, **params):
+    del k, v, q_lengths, kv_lengths, params
+    batch, seq_q, heads_q, _ = q.shape
+    return ShapedArray(q.shape, q.dtype), ShapedArray((batch, heads_q, seq_q), np.float32)
 
 
 attention_p.def_abstract_eval(_abstract_eval)
 
 
-def _eager_impl(q, k, v, *, cfg, softmax_scale):
+def _eager_impl(*args, **params):
     # Eager calls run the same custom call through a cached jit.
-    return _jitted_bind(cfg, softmax_scale)(q, k, v)
+    return _jitted_bind(tuple(sorted(params.items())))(*args)
 
 
 @functools.cache
-def _jitted_bind(cfg, softmax_scale):
-    return jax.jit(lambda q, k, v: attention_p.bind(q, k, v, cfg=cfg, softmax_scale=softmax_scale))
+def _jitted_bind(params):
+    return jax.jit(lambda *args: attention_p.bind(*args, **dict(params)))
 
 
 attention_p.def_impl(_eager_impl)
 
 
 # ---- lowering ----------------------------------------------------------------------------------------------------
-def _attrs(cfg: KernelConfig, softmax_scale: float) -> dict:
+def _attrs(cfg: KernelConfig, params: dict) -> dict:
     attrs = {name: np.int64(value) for name, value in cfg.to_attrs().items()}
-    attrs["softmax_scale"] = np.float32(softmax_scale)
+    attrs["softmax_scale"] = np.float32(params["softmax_scale"])
+    attrs["softcap"] = np.float32(params["softcap"])
+    for name in ("causal", "window_left", "window_right", "has_q_lengths", "has_kv_lengths", "return_lse"):
+        attrs[name] = np.int64(params[name])
     return attrs
 
 
-def _lower_cpu(ctx, q, k, v, *, cfg, softmax_scale):
+def _lower_cpu(ctx, *args, cfg, **params):
     cfg = CPU_DEFAULT if cfg is None else cfg
-    return jax.ffi.ffi_lowering(_ffi.TARGET_NAME)(ctx, q, k, v, **_attrs(cfg, softmax_scale))
+    return jax.ffi.ffi_lowering(_ffi.TARGET_NAME)(ctx, *args, **_attrs(cfg, params))
 
 
 @functools.cache
@@ -90,10 +99,10 @@ def resolve_gpu_config(cfg: KernelConfig | None, dtype, head_dim: int) -> Kernel
     return cfg
 
 
-def _lower_cuda(ctx, q, k, v, *, cfg, softmax_scale):
+def _lower_cuda(ctx, *args, cfg, **params):
     q_aval = ctx.avals_in[0]
     cfg = resolve_gpu_config(cfg, q_aval.dtype, q_aval.shape[3])
-    return jax.ffi.ffi_lowering(_ffi.TARGET_NAME)(ctx, q, k, v, **_attrs(cfg, softmax_scale))
+    return jax.ffi.ffi_lowering(_ffi.TARGET_NAME)(ctx, *args, **_attrs(cfg, params))
 
 
 mlir.register_lowering(attention_p, _lower_cpu, platform="cpu")
@@ -101,16 +110,15 @@ mlir.register_lowering(attention_p, _lower_cuda, platform="cuda")
 
 
 # ---- vmap: fold the mapped axis into the batch axis ---------------------------------------------------------------
-def _batch_rule(args, dims, *, cfg, softmax_scale):
+def _batch_rule(args, dims, **params):
     size = next(x.shape[d] for x, d in zip(args, dims) if d is not None)
 
     def fold(x, d):
         x = jnp.broadcast_to(x, (size, *x.shape)) if d is None else jnp.moveaxis(x, d, 0)
-        return x.reshape((size * x.shape[1], *x.shape[2:]))  # (size * B, S, H, D)
+        return x.reshape((size * x.shape[1], *x.shape[2:]))  # (size * B, ...): the mapped axis joins the batch
 
-    q, k, v = (fold(x, d) for x, d in zip(args, dims))
-    out = attention_p.bind(q, k, v, cfg=cfg, softmax_scale=softmax_scale)
-    return out.reshape((size, -1, *out.shape[1:])), 0
+    out, lse = attention_p.bind(*(fold(x, d) for x, d in zip(args, dims)), **params)
+    return (out.reshape((size, -1, *out.shape[1:])), lse.reshape((size, -1, *lse.shape[1:]))), (0, 0)
 
 
 batching.primitive_batchers[attention_p] = _batch_rule

@@ -12,7 +12,7 @@ from typing import Iterator
 
 # Element types the GPU kernels are built for; the integer is the C++ `DType` enum value (csrc/common/kernel_key.h).
 GPU_DTYPES = {"float16": 0, "bfloat16": 1}
-GPU_HEAD_DIMS = (64, 128)
+GPU_HEAD_DIMS = (64, 128, 256)
 
 _BLOCK_Q = (64, 128)
 _BLOCK_KV = (32, 64, 128)
@@ -178,6 +178,9 @@ TUNED_CONFIGS: dict[int, tuple[KernelConfig, ...]] = {
     64: (KernelConfig(block_q=128, block_kv=32, num_warps=4, q_mma_load_k_fragments=0, k_mma_load_k_fragments=0,
                       v_mma_load_k_fragments=0),),
     128: (KernelConfig(),),
+    # O alone is 128 registers per thread at 16 rows per warp: Q and V come from shared memory one fragment at a time.
+    256: (KernelConfig(block_q=64, block_kv=32, num_warps=4, q_mma_load_k_fragments=2, k_mma_load_k_fragments=1,
+                       v_mma_load_k_fragments=1, mma_double_buffer_loads=False),),
 }
 
 
@@ -187,7 +190,7 @@ def shipped_kernels() -> Iterator[tuple[str, int, KernelConfig]]:
     for dtype in GPU_DTYPES:
         for head_dim in GPU_HEAD_DIMS:
             candidates = list(TUNED_CONFIGS[head_dim])
-            if head_dim == 128:
+            if head_dim == 128 and dtype == "bfloat16":  # the progression exists to be benchmarked: one dtype
                 candidates += list(PROGRESSION_CONFIGS)
             for cfg in candidates:
                 key = (dtype, head_dim, cfg)

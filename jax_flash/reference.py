@@ -1,6 +1,6 @@
 """A plain fp32 attention with jax_flash's semantics, for tests, the benchmark and users checking their shapes.
 
-O(Sq * Sk) memory: use it on small problems. Inputs are upcast to float32 (or kept in float64 when jax x64 is on).
+O(Sq * Sk) memory: use it on small problems. Inputs are upcast to float32 (float64 stays float64).
 """
 
 from __future__ import annotations
@@ -10,24 +10,54 @@ import math
 import jax.numpy as jnp
 
 
-def attention_reference(q, k, v, *, softmax_scale: float | None = None, compute_dtype=None):
-    """q (B, Sq, Hq, D), k and v (B, Sk, Hk, D) with Hq % Hk == 0 -> (B, Sq, Hq, D) in `compute_dtype`.
+def visibility_mask(batch, seq_q, seq_k, *, causal=False, window=None, q_lengths=None, kv_lengths=None):
+    """(B, 1, Sq, Sk) bool: query row i sees key j (DESIGN.md "Semantics"): j < kv_len, i < q_len and
+    i + (kv_len - q_len) - left <= j <= i + (kv_len - q_len) + right, with causal meaning right <= 0 and -1 unbounded."""
+    q_len = jnp.full((batch,), seq_q, jnp.int32) if q_lengths is None else jnp.clip(q_lengths, 0, seq_q)
+    kv_len = jnp.full((batch,), seq_k, jnp.int32) if kv_lengths is None else jnp.clip(kv_lengths, 0, seq_k)
+    left, right = (-1, -1) if window is None else window
+    if causal:
+        right = 0 if right < 0 else min(right, 0)
+    i = jnp.arange(seq_q)[None, :, None]
+    j = jnp.arange(seq_k)[None, None, :]
+    offset = (kv_len - q_len)[:, None, None]
+    mask = (j < kv_len[:, None, None]) & (i < q_len[:, None, None])
+    if left >= 0:
+        mask &= j >= i + offset - left
+    if right >= 0:
+        mask &= j <= i + offset + right
+    return mask[:, None]
 
-    softmax(scale * q k^T) v per head; query head h reads kv head h // (Hq // Hk); rows that see no key are zero.
-    compute_dtype defaults to float32 (float64 for float64 inputs); passing the input dtype gives the plain
-    low-precision attention that the tolerance rule of the tests compares against.
+
+def attention_reference(q, k, v, *, causal=False, softmax_scale=None, window=None, softcap=None, q_lengths=None,
+                        kv_lengths=None, return_lse=False, compute_dtype=None):
+    """jax_flash.attention's semantics in plain jnp: q (B, Sq, Hq, D), k and v (B, Sk, Hk, D), Hq % Hk == 0.
+
+    Returns (B, Sq, Hq, D) in `compute_dtype` (default float32), and with return_lse the float32 (B, Hq, Sq) natural
+    log-sum-exp of the scaled (soft-capped) scores over visible keys. Rows that see no key give zeros and lse -inf.
+    Passing the input dtype as compute_dtype gives the plain low-precision attention of the tests' tolerance rule.
     """
     compute = compute_dtype or (jnp.float64 if q.dtype == jnp.float64 else jnp.float32)
     q, k, v = (jnp.asarray(x).astype(compute) for x in (q, k, v))
     batch, seq_q, heads_q, head_dim = q.shape
-    heads_k = k.shape[2]
-    scale = 1.0 / math.sqrt(head_dim) if softmax_scale is None else softmax_scale
-    group = heads_q // heads_k
+    seq_k, heads_k = k.shape[1], k.shape[2]
+    scale = (1.0 / math.sqrt(head_dim) if head_dim else 1.0) if softmax_scale is None else softmax_scale
+    group = heads_q // heads_k if heads_k else 1
     k = jnp.repeat(k, group, axis=2)  # (B, Sk, Hq, D)
     v = jnp.repeat(v, group, axis=2)
-    scores = jnp.einsum("bqhd,bkhd->bhqk", q, k) * scale  # (B, Hq, Sq, Sk)
-    if k.shape[1] == 0:
-        return jnp.zeros(q.shape, compute)
-    probs = jnp.exp(scores - scores.max(axis=-1, keepdims=True))
-    probs = probs / probs.sum(axis=-1, keepdims=True)
-    return jnp.einsum("bhqk,bkhd->bqhd", probs, v)
+    scores = jnp.einsum("bqhd,bkhd->bhqk", q, k) * jnp.asarray(scale, compute)  # (B, Hq, Sq, Sk)
+    if softcap:
+        scores = softcap * jnp.tanh(scores / softcap)
+    mask = visibility_mask(batch, seq_q, seq_k, causal=causal, window=window, q_lengths=q_lengths,
+                           kv_lengths=kv_lengths)
+    scores = jnp.where(mask, scores, -jnp.inf)
+    row_max = scores.max(axis=-1, keepdims=True, initial=-jnp.inf)
+    safe_max = jnp.where(jnp.isfinite(row_max), row_max, 0)
+    probs = jnp.exp(scores - safe_max)
+    row_sum = probs.sum(axis=-1, keepdims=True)
+    out = jnp.einsum("bhqk,bkhd->bqhd", probs / jnp.where(row_sum > 0, row_sum, 1), v)
+    if not return_lse:
+        return out
+    lse = jnp.where(row_sum[..., 0] > 0, safe_max[..., 0].astype(jnp.float32) +
+                    jnp.log(row_sum[..., 0].astype(jnp.float32)), -jnp.inf)
+    return out, lse

@@ -67,7 +67,7 @@ def test_not_an_array():
     ({"async_copy": False}, ValueError, "eager_load_blocks=True needs async_copy=True"),
     ({"swizzled": 1}, TypeError, "KernelConfig.swizzled must be a bool, got 1"),
     ({"block_q": 128.0}, TypeError, "KernelConfig.block_q must be an int"),
-    ({"v_mma_load_k_fragments": 3}, ValueError, "v_mma_load_k_fragments=3 must be 0 or divide block_kv/16=4"),
+    ({"block_kv": 64, "v_mma_load_k_fragments": 3}, ValueError, "v_mma_load_k_fragments=3 must be 0 or divide block_kv/16=4"),
     ({"q_mma_load_k_fragments": -1}, ValueError, "q_mma_load_k_fragments=-1 must be >= 0"),
 ])
 def test_config_validation(kwargs, error, message):
@@ -77,8 +77,8 @@ def test_config_validation(kwargs, error, message):
 
 def test_config_fits_reports_reason():
     assert KernelConfig().fits(128) is None
-    assert "registers" in KernelConfig(block_q=128, num_warps=4, k_mma_load_k_fragments=0,
-                                       v_mma_load_k_fragments=0).fits(128)
+    assert "registers" in KernelConfig(block_q=128, block_kv=64, num_warps=4, q_mma_load_k_fragments=0,
+                                       k_mma_load_k_fragments=0, v_mma_load_k_fragments=0).fits(128)
     assert "must be 0 or divide head_dim/16=4" in KernelConfig(k_mma_load_k_fragments=8).fits(64)
 
 
@@ -125,7 +125,7 @@ def test_cuda_lowering_uses_default_config():
 def test_cuda_rejects_float32_and_unsupported_head_dim():
     with pytest.raises(TypeError, match="the GPU kernels support float16 and bfloat16"):
         lower_for_cuda(*qkv(dtype=jnp.float32))
-    with pytest.raises(ValueError, match=r"head_dim=48 is not supported on GPU; supported head dims: \[64, 128\]"):
+    with pytest.raises(ValueError, match=r"head_dim=48 is not supported on GPU; supported head dims: \[64, 128, 256\]"):
         lower_for_cuda(*qkv((1, 8, 2, 48), dtype=jnp.float16))
 
 

@@ -31,12 +31,31 @@ struct AttentionParams {
   float scale;
   float scale_log2;
 
+  // Visibility (the contract of DESIGN.md "Semantics"): with q_len, kv_len the actual lengths of this batch row and
+  // offset = kv_len - q_len, query row i sees key j when  j < kv_len, i < q_len  and
+  //   i + offset - window_left <= j <= i + offset + window_right.
+  // kUnbounded on a side means no bound there; causal is window_right = 0 (bottom-right aligned).
+  int window_left, window_right;
+  const int* q_lengths;   // (B) int32 or nullptr (= seqlen_q); values are clamped to [0, seqlen_q]
+  const int* kv_lengths;  // (B) int32 or nullptr (= seqlen_k); values are clamped to [0, seqlen_k]
+
+  // Softcap: s = softcap * tanh(scale * q.k / softcap); then softmax over s with scale 1 (the host sets
+  // scale = 1, scale_log2 = log2(e) and softcap_scale = scale / softcap). softcap = 0: off.
+  float softcap;
+  float softcap_scale;
+
+  // Log-sum-exp output (B, Hq, Sq) float32, natural log, or nullptr when not requested.
+  float* lse;
+  int64_t lse_batch_stride, lse_head_stride;
+
   // Derived by the launcher for the chosen tile sizes.
   int num_q_blocks;   // ceil(seqlen_q / block_q)
   int num_kv_blocks;  // ceil(seqlen_k / block_kv)
 };
 
-// Fills strides for contiguous [B, S, H, D] tensors and the derived scale.
+inline constexpr int kUnbounded = 1 << 30;  // a window side with no bound (|offsets| stay far from int overflow)
+
+// Fills strides for contiguous [B, S, H, D] tensors and the derived scale; no masking, no softcap, no LSE.
 inline AttentionParams make_contiguous_params(const void* q, const void* k, const void* v, void* o, int batch,
                                               int seqlen_q, int seqlen_k, int heads_q, int heads_k, int head_dim,
                                               float scale) {
@@ -59,7 +78,27 @@ inline AttentionParams make_contiguous_params(const void* q, const void* k, cons
   p.q_heads_per_kv_head = heads_k > 0 ? heads_q / heads_k : 1;
   p.scale = scale;
   p.scale_log2 = scale * 1.4426950408889634f;  // log2(e)
+  p.window_left = p.window_right = kUnbounded;
+  p.lse_head_stride = seqlen_q;
+  p.lse_batch_stride = static_cast<int64_t>(heads_q) * seqlen_q;
   return p;
+}
+
+// Applies the optional features to params: causal and window (-1 = unbounded side), softcap (0 = off), lengths, LSE.
+inline void set_features(AttentionParams& p, bool causal, int64_t window_left, int64_t window_right, float softcap,
+                         const int* q_lengths, const int* kv_lengths, float* lse) {
+  p.window_left = window_left < 0 || window_left >= kUnbounded ? kUnbounded : static_cast<int>(window_left);
+  p.window_right = window_right < 0 || window_right >= kUnbounded ? kUnbounded : static_cast<int>(window_right);
+  if (causal && p.window_right > 0) p.window_right = 0;
+  p.softcap = softcap;
+  if (softcap > 0.0f) {
+    p.softcap_scale = p.scale / softcap;
+    p.scale = 1.0f;
+    p.scale_log2 = 1.4426950408889634f;
+  }
+  p.q_lengths = q_lengths;
+  p.kv_lengths = kv_lengths;
+  p.lse = lse;
 }
 
 }  // namespace jax_flash

@@ -1,7 +1,10 @@
-// CPU attention forward (see attention_cpu.h). One work item = one (batch, query head, query block); per key block:
-//   S = scale * Q K^T ; m_new = max(m, rowmax(S)) ; P = exp(S - m_new) ; l = exp(m - m_new) l + rowsum(P)
-//   O = diag(exp(m - m_new)) O + P V ;  at the end O = O / l  (rows that see no key give zeros).
+// CPU attention forward (see attention_cpu.h). One work item = one (batch, query head, query block); per visible key
+// block:  S = scale * Q K^T (softcap: c tanh(S / c)), masked to each row's visible keys ;
+//   m_new = max(m, rowmax(S)) ; P = exp(S - m_new) ; l = exp(m - m_new) l + rowsum(P) ; O = diag(exp(m - m_new)) O + P V
+// and at the end O = O / l, lse = m + log(l) (rows that see no key: zeros, lse = -inf).
 #include "cpu/attention_cpu.h"
+
+#include "common/visibility.h"
 
 #include <algorithm>
 #include <atomic>
@@ -99,12 +102,14 @@ struct Tiles {
   std::vector<float> acc_o;      // (block_q, D)
   std::vector<float> row_max;    // (block_q)
   std::vector<float> row_sum;    // (block_q)
+  std::vector<KeyRange> keys;    // (block_q) visible keys of each row
 };
 
 template <CpuElement E>
 void attention_block(const AttentionParams& p, int block_q, int block_kv, int64_t item, Tiles& t) {
   using Traits = Element<E>;
   using T = typename Traits::Storage;
+  constexpr float kNegInf = -std::numeric_limits<float>::infinity();
   const int D = p.head_dim;
   const int64_t q_block = item % p.num_q_blocks;
   const int64_t bh = item / p.num_q_blocks;
@@ -113,6 +118,9 @@ void attention_block(const AttentionParams& p, int block_q, int block_kv, int64_
   const int64_t kv_head = head / p.q_heads_per_kv_head;
   const int row0 = static_cast<int>(q_block) * block_q;
   const int rows = std::min(block_q, p.seqlen_q - row0);
+  const BatchLengths len = batch_lengths(p, batch);
+  const KeySpan block_keys = visible_keys_of_rows(p, len, row0, row0 + rows);
+  const bool softcap = p.softcap > 0.0f;
 
   const T* gQ = static_cast<const T*>(p.q) + batch * p.q_batch_stride + head * p.q_head_stride;
   const T* gK = static_cast<const T*>(p.k) + batch * p.k_batch_stride + kv_head * p.k_head_stride;
@@ -121,13 +129,17 @@ void attention_block(const AttentionParams& p, int block_q, int block_kv, int64_
 
   for (int r = 0; r < rows; ++r) {
     const T* src = gQ + (row0 + r) * p.q_seq_stride;
-    for (int d = 0; d < D; ++d) t.q[r * D + d] = Traits::load(src[d]) * p.scale;
+    const float qscale = softcap ? p.softcap_scale : p.scale;  // softcap: s = c tanh(q.k * scale / c)
+    for (int d = 0; d < D; ++d) t.q[r * D + d] = Traits::load(src[d]) * qscale;
+    t.keys[r] = visible_keys(p, len, row0 + r);
   }
   std::fill(t.acc_o.begin(), t.acc_o.begin() + static_cast<size_t>(rows) * D, 0.0f);
-  std::fill(t.row_max.begin(), t.row_max.begin() + rows, -std::numeric_limits<float>::infinity());
+  std::fill(t.row_max.begin(), t.row_max.begin() + rows, kNegInf);
   std::fill(t.row_sum.begin(), t.row_sum.begin() + rows, 0.0f);
 
-  for (int col0 = 0; col0 < p.seqlen_k; col0 += block_kv) {
+  // Only key blocks that some row of this block can see (causal and windows skip the rest).
+  const int first_block_col = (block_keys.begin / block_kv) * block_kv;
+  for (int col0 = first_block_col; col0 < block_keys.end; col0 += block_kv) {
     const int cols = std::min(block_kv, p.seqlen_k - col0);
     for (int c = 0; c < cols; ++c) {
       const T* k_src = gK + (col0 + c) * p.k_seq_stride;
@@ -138,30 +150,34 @@ void attention_block(const AttentionParams& p, int block_q, int block_kv, int64_
       }
     }
     for (int r = 0; r < rows; ++r) {
+      const KeyRange keys = t.keys[r];
+      // Columns of this block the row sees: [c_begin, c_end).
+      const int c_begin = std::max(keys.first - col0, 0);
+      const int c_end = std::min(keys.last + 1 - col0, cols);
+      if (c_begin >= c_end) continue;
       const float* q_row = &t.q[r * D];
       float* s_row = &t.s[r * block_kv];
-      float block_max = -std::numeric_limits<float>::infinity();
-      for (int c = 0; c < cols; ++c) {  // S = Q K^T
+      float block_max = kNegInf;
+      for (int c = c_begin; c < c_end; ++c) {  // S = scale Q K^T (softcap: c tanh(S / c))
         const float* k_row = &t.k[c * D];
         float dot = 0.0f;
         for (int d = 0; d < D; ++d) dot += q_row[d] * k_row[d];
+        if (softcap) dot = p.softcap * std::tanh(dot);
         s_row[c] = dot;
         block_max = std::max(block_max, dot);
       }
       const float m_new = std::max(t.row_max[r], block_max);
-      // A row that has seen only -inf scores keeps m = -inf; exponentiate against 0 then so nothing becomes NaN.
-      const float m_use = std::isinf(m_new) && m_new < 0 ? 0.0f : m_new;
-      const float alpha = std::exp(t.row_max[r] - m_use);
+      const float alpha = std::exp(t.row_max[r] - m_new);  // exp(-inf) = 0 on the first visible block
       float block_sum = 0.0f;
-      for (int c = 0; c < cols; ++c) {  // P = exp(S - m_new)
-        s_row[c] = std::exp(s_row[c] - m_use);
+      for (int c = c_begin; c < c_end; ++c) {  // P = exp(S - m_new)
+        s_row[c] = std::exp(s_row[c] - m_new);
         block_sum += s_row[c];
       }
       t.row_sum[r] = alpha * t.row_sum[r] + block_sum;
       t.row_max[r] = m_new;
       float* o_row = &t.acc_o[r * D];
       for (int d = 0; d < D; ++d) o_row[d] *= alpha;  // O = diag(alpha) O + P V
-      for (int c = 0; c < cols; ++c) {
+      for (int c = c_begin; c < c_end; ++c) {
         const float pc = s_row[c];
         const float* v_row = &t.v[c * D];
         for (int d = 0; d < D; ++d) o_row[d] += pc * v_row[d];
@@ -169,9 +185,14 @@ void attention_block(const AttentionParams& p, int block_q, int block_kv, int64_
     }
   }
   for (int r = 0; r < rows; ++r) {
-    const float inv = t.row_sum[r] > 0.0f ? 1.0f / t.row_sum[r] : 0.0f;
+    const bool seen = t.row_sum[r] > 0.0f;  // a row that saw no key: zeros and lse = -inf
+    const float inv = seen ? 1.0f / t.row_sum[r] : 0.0f;
     T* dst = gO + (row0 + r) * p.o_seq_stride;
     for (int d = 0; d < D; ++d) dst[d] = Traits::store(t.acc_o[r * D + d] * inv);
+    if (p.lse != nullptr) {
+      p.lse[batch * p.lse_batch_stride + head * p.lse_head_stride + row0 + r] =
+          seen ? t.row_max[r] + std::log(t.row_sum[r]) : kNegInf;
+    }
   }
 }
 
@@ -189,6 +210,7 @@ void run(const AttentionParams& p, int block_q, int block_kv, int num_threads) {
     t.acc_o.resize(block_q * D);
     t.row_max.resize(block_q);
     t.row_sum.resize(block_q);
+    t.keys.resize(block_q);
     for (int64_t item = next++; item < num_items; item = next++) attention_block<E>(p, block_q, block_kv, item, t);
   };
   const int threads = static_cast<int>(std::max<int64_t>(1, std::min<int64_t>(num_threads, num_items)));

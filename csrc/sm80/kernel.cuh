@@ -6,6 +6,7 @@
 #include <cstdint>
 
 #include "common/params.h"
+#include "common/visibility.h"
 #include "sm80/ptx.cuh"
 #include "sm80/smem_tile.cuh"
 #include "sm80/softmax.cuh"
@@ -14,8 +15,9 @@
 
 namespace jax_flash::sm80 {
 
-// kEvenKV: seqlen_k is a multiple of kBlockKV, so no block needs the key-bounds mask.
-template <class T, bool kEvenKV>
+// kMaskBlocks: some key block may be partly invisible (causal, window, kv_lengths, or seqlen_k not a multiple of
+// kBlockKV); false compiles the mask out. kHasSoftcap: s = softcap * tanh(s * scale / softcap).
+template <class T, bool kMaskBlocks, bool kHasSoftcap>
 __global__ void __launch_bounds__(T::kNumThreads) attention_kernel(const __grid_constant__ AttentionParams p) {
   using Element = typename T::Element;
   extern __shared__ __align__(128) char smem[];
@@ -41,8 +43,24 @@ __global__ void __launch_bounds__(T::kNumThreads) attention_kernel(const __grid_
   const Element* gK = static_cast<const Element*>(p.k) + batch * p.k_batch_stride + kv_head * p.k_head_stride;
   const Element* gV = static_cast<const Element*>(p.v) + batch * p.v_batch_stride + kv_head * p.v_head_stride;
   Element* gO = static_cast<Element*>(p.o) + batch * p.o_batch_stride + row0 * p.o_seq_stride + head * p.o_head_stride;
-  const int q_rows = min(T::kBlockQ, p.seqlen_q - row0);
-  const int n_kv = p.num_kv_blocks;
+  const int q_rows = min(T::kBlockQ, p.seqlen_q - row0);  // rows this block writes
+  const BatchLengths len = batch_lengths(p, batch);
+  const int q_rows_valid = max(0, min(T::kBlockQ, len.q_len - row0));  // rows that compute; the rest write zeros
+  // Only key blocks some row of this block can see are visited (causal and windows skip the rest).
+  const KeySpan keys = visible_keys_of_rows(p, len, row0, row0 + q_rows_valid);
+  const int block_begin = keys.begin / T::kBlockKV;
+  const int block_end = (keys.end + T::kBlockKV - 1) / T::kBlockKV;
+  if (block_begin >= block_end) {  // no row sees a key: zeros and lse = -inf, no loads
+    float* gLse = p.lse ? p.lse + batch * p.lse_batch_stride + head * p.lse_head_stride + row0 : nullptr;
+    for (int i = tid; i < q_rows * T::kRowChunks; i += T::kNumThreads) {
+      *reinterpret_cast<uint4*>(gO + (i / T::kRowChunks) * p.o_seq_stride + (i % T::kRowChunks) * kChunkElems) =
+          make_uint4(0, 0, 0, 0);
+    }
+    if (gLse) {
+      for (int r = tid; r < q_rows; r += T::kNumThreads) gLse[r] = -INFINITY;
+    }
+    return;
+  }
 
   auto load_k_block = [&](int j) {
     const int kv0 = j * T::kBlockKV;
@@ -103,18 +121,24 @@ __global__ void __launch_bounds__(T::kNumThreads) attention_kernel(const __grid_
       for (int e = 0; e < 4; ++e) acc_o[m][n][e] = 0.0f;
   OnlineSoftmax<T> softmax;
 
+  // Key j is visible to row i when  i + lo_off <= j <= i + hi_off  and  j < kv_len  (common/visibility.h, with the
+  // unbounded sides mapped to +-kUnbounded). Two offsets per block keep the mask cheap in registers.
+  const int diag_offset = len.kv_len - len.q_len;
+  const int lo_off = p.window_left >= kUnbounded ? -kUnbounded : diag_offset - p.window_left;
+  const int hi_off = p.window_right >= kUnbounded ? kUnbounded : diag_offset + p.window_right;
+
   // ---- prologue: Q (and with eager loading K_0, V_0 as two cp.async groups) ---------------------------------
   copy_tile_to_smem<T, T::kBlockQ>(sQ, gQ, p.q_seq_stride, q_rows, tid);
   if constexpr (T::kEagerLoad) {
-    load_k_block(0);
-    cp_async_commit();  // group: Q, K_0
-    load_v_block(0);
-    cp_async_commit();  // group: V_0
+    load_k_block(block_begin);
+    cp_async_commit();  // group: Q, K_first
+    load_v_block(block_begin);
+    cp_async_commit();  // group: V_first
   } else if constexpr (T::kAsyncCopy) {
     cp_async_commit();
   }
 
-  for (int j = 0; j < n_kv; ++j) {
+  for (int j = block_begin; j < block_end; ++j) {
     if constexpr (T::kEagerLoad) {
       cp_async_wait<1>();  // Q and K_j have landed (V_j may still be in flight)
     } else {
@@ -128,7 +152,7 @@ __global__ void __launch_bounds__(T::kNumThreads) attention_kernel(const __grid_
     __syncthreads();  // K_j (and Q) visible to every warp
 
     if constexpr (T::kQInRegisters) {
-      if (j == 0) {
+      if (j == block_begin) {
 #pragma unroll
         for (int s = 0; s < T::kDSteps; ++s) load_q(s);
       }
@@ -149,21 +173,36 @@ __global__ void __launch_bounds__(T::kNumThreads) attention_kernel(const __grid_
 
     if constexpr (T::kEagerLoad) {
       __syncthreads();  // every warp is done reading sK: K_{j+1} may overwrite it while softmax and P V run
-      if (j + 1 < n_kv) load_k_block(j + 1);
+      if (j + 1 < block_end) load_k_block(j + 1);
       cp_async_commit();  // (possibly empty) group keeps the wait counts uniform
     }
 
-    if constexpr (!kEvenKV) {
-      if (j == n_kv - 1) {  // keys >= seqlen_k (zero-filled in smem) must get no weight
-        const int kv0 = j * T::kBlockKV;
+    if constexpr (kHasSoftcap) {  // S = softcap * tanh(S * scale / softcap); the softmax then runs with scale 1
+#pragma unroll
+      for (int m = 0; m < T::kMTiles; ++m)
+#pragma unroll
+        for (int n = 0; n < T::kSTiles; ++n)
+#pragma unroll
+          for (int e = 0; e < 4; ++e) acc_s[m][n][e] = p.softcap * tanhf(acc_s[m][n][e] * p.softcap_scale);
+    }
+    if constexpr (kMaskBlocks) {
+      // The block is fully visible to every valid row when its first key is within the last row's lower bound and
+      // its last key within the first row's upper bound (both bounds grow with the row) and below kv_len.
+      const int kv0 = j * T::kBlockKV;
+      const int last_row = row0 + q_rows_valid - 1;
+      if (kv0 < last_row + lo_off || kv0 + T::kBlockKV - 1 > row0 + hi_off || kv0 + T::kBlockKV > len.kv_len) {
+        // col - row for element (m, n, e) = diag0 + n*8 + e%2 - m*16 - 8*(e/2)
+        const int diag0 = kv0 + 2 * (lane % 4) - (row0 + warp_row0 + lane / 4);
+        const int col0 = kv0 + 2 * (lane % 4);
 #pragma unroll
         for (int m = 0; m < T::kMTiles; ++m)
 #pragma unroll
           for (int n = 0; n < T::kSTiles; ++n)
 #pragma unroll
             for (int e = 0; e < 4; ++e) {
-              const int col = kv0 + n * kMmaN + 2 * (lane % 4) + (e % 2);
-              if (col >= p.seqlen_k) acc_s[m][n][e] = -INFINITY;
+              const int diag = diag0 + n * kMmaN + (e % 2) - m * kMmaM - 8 * (e / 2);
+              const int col = col0 + n * kMmaN + (e % 2);
+              if (diag < lo_off || diag > hi_off || col >= len.kv_len) acc_s[m][n][e] = -INFINITY;
             }
       }
     }
@@ -188,13 +227,23 @@ __global__ void __launch_bounds__(T::kNumThreads) attention_kernel(const __grid_
     warp_gemm<Element, T::kKVSteps, 0, T::kVChunk, T::kDoubleBuffer>(acc_o, rP, rV, no_load, load_v);
     __syncthreads();  // every warp is done reading sV (and sK) before they are refilled
     if constexpr (T::kEagerLoad) {
-      if (j + 1 < n_kv) load_v_block(j + 1);
+      if (j + 1 < block_end) load_v_block(j + 1);
       cp_async_commit();
     }
   }
   if constexpr (T::kAsyncCopy) cp_async_wait<0>();  // no copy may land in smem after the epilogue reuses it
 
   softmax.finalize(acc_o);
+  if (p.lse != nullptr && lane % 4 == 0) {  // one lane of each quad owns the row
+    float* gLse = p.lse + batch * p.lse_batch_stride + head * p.lse_head_stride + row0;  // (q_rows)
+#pragma unroll
+    for (int m = 0; m < T::kMTiles; ++m)
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const int row = warp_row0 + m * kMmaM + lane / 4 + 8 * h;
+        if (row < q_rows) gLse[row] = row < q_rows_valid ? softmax.lse(m, h, p.scale) : -INFINITY;
+      }
+  }
 
   // ---- epilogue: O -> this warp's rows of sQ (only this warp read them) -> 16-byte coalesced global stores ----
 #pragma unroll
@@ -213,9 +262,9 @@ __global__ void __launch_bounds__(T::kNumThreads) attention_kernel(const __grid_
 #pragma unroll
   for (int i = lane; i < kWarpChunks; i += kWarpSize) {
     const int row = warp_row0 + i / T::kRowChunks, chunk = i % T::kRowChunks;
-    if (row < q_rows) {
+    if (row < q_rows) {  // rows past q_lengths[b] are zeros
       *reinterpret_cast<uint4*>(gO + row * p.o_seq_stride + chunk * kChunkElems) =
-          *reinterpret_cast<const uint4*>(sQ + tile_offset<T>(row, chunk));
+          row < q_rows_valid ? *reinterpret_cast<const uint4*>(sQ + tile_offset<T>(row, chunk)) : make_uint4(0, 0, 0, 0);
     }
   }
 }

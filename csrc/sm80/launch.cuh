@@ -1,5 +1,5 @@
-// run_attention_sm80: picks the compile-time variant from runtime facts (is seqlen_k a multiple of the KV block?)
-// and launches it: grid, shared-memory opt-in, launch on XLA's stream, error check.
+// run_attention_sm80: picks the compile-time variant from runtime facts (can any key block be partly masked? is
+// there a softcap?) and launches it: grid, shared-memory opt-in, launch on XLA's stream, error check.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -19,9 +19,9 @@ inline std::string cuda_failure(const char* what, cudaError_t err) {
   return std::string(what) + " failed: " + cudaGetErrorName(err) + " (" + cudaGetErrorString(err) + ")";
 }
 
-template <class T, bool kEvenKV>
+template <class T, bool kMaskBlocks, bool kHasSoftcap>
 std::string launch_sm80(const AttentionParams& p, cudaStream_t stream) {
-  auto kernel = attention_kernel<T, kEvenKV>;
+  auto kernel = attention_kernel<T, kMaskBlocks, kHasSoftcap>;
   // One 1-D grid of (batch * heads * query blocks): grid.x allows 2^31 - 1, so no axis can overflow the way a
   // (q_blocks, heads, batch) grid's 65535-limited y/z axes would.
   const int64_t num_blocks = static_cast<int64_t>(p.num_q_blocks) * p.heads_q * p.batch;
@@ -55,8 +55,14 @@ std::string run_attention_sm80(const AttentionParams& params, cudaStream_t strea
   AttentionParams p = params;
   p.num_q_blocks = (p.seqlen_q + T::kBlockQ - 1) / T::kBlockQ;
   p.num_kv_blocks = (p.seqlen_k + T::kBlockKV - 1) / T::kBlockKV;
-  if (p.seqlen_k % T::kBlockKV == 0) return launch_sm80<T, true>(p, stream);
-  return launch_sm80<T, false>(p, stream);
+  // Blocks can be partly masked by a window (causal included), kv_lengths, or a ragged last key block.
+  const bool mask_blocks = p.window_left < kUnbounded || p.window_right < kUnbounded || p.kv_lengths != nullptr ||
+                           p.seqlen_k % T::kBlockKV != 0;
+  const bool softcap = p.softcap > 0.0f;
+  if (mask_blocks) {
+    return softcap ? launch_sm80<T, true, true>(p, stream) : launch_sm80<T, true, false>(p, stream);
+  }
+  return softcap ? launch_sm80<T, false, true>(p, stream) : launch_sm80<T, false, false>(p, stream);
 }
 
 }  // namespace jax_flash::sm80

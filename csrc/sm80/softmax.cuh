@@ -91,6 +91,13 @@ struct OnlineSoftmax {
     }
   }
 
+  // Natural-log log-sum-exp of the scaled scores of row (m, h) after finalize(); -inf for a row that saw no key.
+  __device__ __forceinline__ float lse(int m, int h, float scale) const {
+    if (row_sum[m][h] <= 0.0f) return -INFINITY;
+    const float max_scaled = T::kOptimizedSoftmax ? row_max[m][h] * scale : row_max[m][h];
+    return max_scaled + logf(row_sum[m][h]);
+  }
+
   // O = O / l ; a row with l = 0 (it saw no key) becomes zeros.
   __device__ __forceinline__ void finalize(float (&acc_o)[T::kMTiles][T::kOTiles][4]) {
 #pragma unroll

@@ -1,0 +1,145 @@
+"""The semantics grid (issue: causal, windows, softcap, GQA/MQA, any lengths, padding lengths, log-sum-exp, head dims):
+jax_flash.attention against the fp32 reference (jax_flash.reference) and, where the semantics coincide, against
+jax.nn.dot_product_attention. Runs on CPU always and on the GPU when one is visible."""
+
+from __future__ import annotations
+
+import itertools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import jax_flash
+from conftest import assert_flash_close, random_qkv
+
+DTYPES = [jnp.float16, jnp.bfloat16]
+HEAD_DIMS = [64, 128, 256]
+SEQ_PAIRS = [(1, 1), (17, 17), (113, 203), (203, 113), (127, 129), (1, 1025), (1025, 1023)]
+FEATURES = {  # name -> attention keyword arguments ("lengths" draws padding lengths per batch row)
+    "plain": {},
+    "causal": {"causal": True},
+    "window": {"window": (7, 3)},
+    "causal_window": {"causal": True, "window": (16, -1)},
+    "right_window": {"window": (-1, 5)},
+    "softcap": {"softcap": 5.0},
+    "causal_softcap_lengths": {"causal": True, "softcap": 3.0, "lengths": True},
+    "lengths": {"lengths": True},
+    "diagonal_lengths": {"window": (0, 0), "lengths": True},
+}
+HEADS = [(2, 2), (4, 2), (4, 1)]  # MHA, GQA, MQA: cycled over the grid so each appears with every feature
+
+
+def lengths_for(seq, batch, seed):
+    """Padding lengths that include 0 and the full length when the batch allows, else a random cut."""
+    rng = np.random.default_rng(seed)
+    values = [seq, 0] + list(rng.integers(0, seq + 1, size=batch))
+    return jnp.asarray(values[:batch] if batch <= 2 else values[2:2 + batch], jnp.int32)
+
+
+def run_case(device, dtype, head_dim, seq_q, seq_k, feature, heads, return_lse):
+    kwargs = dict(FEATURES[feature])
+    batch = 2
+    q, k, v = random_qkv(seq_q * 31 + seq_k + head_dim, batch, seq_q, seq_k, *heads, head_dim, dtype, device)
+    if kwargs.pop("lengths", False):
+        kwargs["q_lengths"] = jax.device_put(jnp.asarray([seq_q, max(seq_q // 2, 1)], jnp.int32), device)
+        kwargs["kv_lengths"] = jax.device_put(jnp.asarray([max(seq_k - 3, 0), seq_k // 3], jnp.int32), device)
+    result = jax.jit(lambda q, k, v, ql, kl: jax_flash.attention(
+        q, k, v, return_lse=return_lse, q_lengths=ql, kv_lengths=kl,
+        **{n: x for n, x in kwargs.items() if n not in ("q_lengths", "kv_lengths")}))(
+        q, k, v, kwargs.get("q_lengths"), kwargs.get("kv_lengths"))
+    out, lse = result if return_lse else (result, None)
+    assert out.shape == q.shape and out.dtype == q.dtype
+    assert_flash_close(out, q, k, v, **kwargs)
+    if return_lse:
+        cpu = jax.devices("cpu")[0]
+        _, lse_ref = jax_flash.attention_reference(*(jax.device_put(x, cpu) for x in (q, k, v)), return_lse=True,
+                                                   **{n: jax.device_put(x, cpu) if hasattr(x, "shape") else x
+                                                      for n, x in kwargs.items()})
+        lse, lse_ref = np.asarray(jax.device_put(lse, cpu)), np.asarray(lse_ref)
+        assert lse.shape == (batch, heads[0], seq_q) and lse.dtype == np.float32
+        np.testing.assert_array_equal(np.isneginf(lse), np.isneginf(lse_ref))  # rows that see nothing: -inf
+        finite = np.isfinite(lse_ref)
+        assert np.isfinite(lse[finite]).all()
+        np.testing.assert_allclose(lse[finite], lse_ref[finite], atol=2e-3, rtol=1e-3)
+
+
+GRID = [(dtype, hd, sq, sk, feature, HEADS[i % 3], i % 2 == 0)
+        for i, (dtype, hd, (sq, sk), feature) in enumerate(itertools.product(DTYPES, HEAD_DIMS, SEQ_PAIRS, FEATURES))]
+
+
+@pytest.mark.parametrize("dtype,head_dim,seq_q,seq_k,feature,heads,return_lse", GRID,
+                         ids=[f"{jnp.dtype(g[0]).name}-d{g[1]}-{g[2]}x{g[3]}-{g[4]}-h{g[5][0]}.{g[5][1]}"
+                              f"{'-lse' if g[6] else ''}" for g in GRID])
+def test_semantics_grid(device, dtype, head_dim, seq_q, seq_k, feature, heads, return_lse):
+    run_case(device, dtype, head_dim, seq_q, seq_k, feature, heads, return_lse)
+
+
+def test_rows_that_see_nothing_are_zero_with_lse_neg_inf(device):
+    # causal with Sq > Sk: the first Sq - Sk rows see no key; a (0, 0) window with kv_lengths 0 sees nothing at all.
+    q, k, v = random_qkv(1, 1, 40, 10, 2, 2, 64, jnp.float16, device)
+    out, lse = jax_flash.attention(q, k, v, causal=True, return_lse=True)
+    out, lse = np.asarray(out.astype(jnp.float32)), np.asarray(lse)
+    assert (out[:, :30] == 0).all() and np.isneginf(lse[:, :, :30]).all()
+    assert np.isfinite(out).all() and np.isfinite(lse[:, :, 30:]).all()
+    out, lse = jax_flash.attention(q, k, v, kv_lengths=jnp.zeros((1,), jnp.int32), return_lse=True)
+    assert (np.asarray(out.astype(jnp.float32)) == 0).all() and np.isneginf(np.asarray(lse)).all()
+
+
+def test_matches_jax_nn_where_semantics_coincide(device):
+    f32 = lambda x: jnp.asarray(x, jnp.float32)  # noqa: E731
+    q, k, v = random_qkv(2, 2, 96, 96, 4, 2, 64, jnp.bfloat16, device)
+    cases = [
+        ({"causal": True}, {"is_causal": True}),
+        ({"window": (9, 4)}, {"local_window_size": (9, 4)}),
+        ({"causal": True, "window": (9, -1)}, {"is_causal": True, "local_window_size": (9, 0)}),
+    ]
+    for ours, theirs in cases:
+        expected = jax.nn.dot_product_attention(f32(q), f32(k), f32(v), **theirs)
+        got = jax_flash.attention(q, k, v, **ours)
+        np.testing.assert_allclose(np.asarray(f32(got)), np.asarray(expected), atol=3e-2, rtol=0, err_msg=str(ours))
+    # padding lengths: compare the rows both define (jax.nn gives padded query rows no fixed value)
+    ql, kl = jnp.asarray([96, 50], jnp.int32), jnp.asarray([70, 96], jnp.int32)
+    expected = jax.nn.dot_product_attention(f32(q), f32(k), f32(v), query_seq_lengths=ql, key_value_seq_lengths=kl)
+    got = f32(jax_flash.attention(q, k, v, q_lengths=jax.device_put(ql, device),
+                                  kv_lengths=jax.device_put(kl, device)))
+    np.testing.assert_allclose(np.asarray(got[0]), np.asarray(expected[0]), atol=3e-2, rtol=0)
+    np.testing.assert_allclose(np.asarray(got[1, :50]), np.asarray(expected[1, :50]), atol=3e-2, rtol=0)
+    assert (np.asarray(got[1, 50:]) == 0).all()
+    # bottom-right causal with Sq != Sk equals jax.nn with the explicit mask
+    q, k, v = random_qkv(3, 1, 30, 80, 2, 2, 64, jnp.float16, device)
+    mask = jnp.arange(80)[None, :] <= jnp.arange(30)[:, None] + 50
+    expected = jax.nn.dot_product_attention(f32(q), f32(k), f32(v), mask=mask[None, None])
+    got = jax_flash.attention(q, k, v, causal=True)
+    np.testing.assert_allclose(np.asarray(f32(got)), np.asarray(expected), atol=1e-2, rtol=0)
+
+
+def test_softmax_scale(device):
+    q, k, v = random_qkv(4, 1, 64, 64, 2, 2, 64, jnp.bfloat16, device)
+    assert_flash_close(jax_flash.attention(q, k, v, softmax_scale=0.3), q, k, v, softmax_scale=0.3)
+
+
+def test_lengths_are_traced_and_do_not_recompile(device):
+    q, k, v = random_qkv(5, 2, 64, 64, 2, 2, 64, jnp.float16, device)
+    fn = jax.jit(lambda q, k, v, kl: jax_flash.attention(q, k, v, kv_lengths=kl, causal=True))
+    for lengths in ([64, 10], [3, 64], [0, 1]):
+        kl = jax.device_put(jnp.asarray(lengths, jnp.int32), device)
+        assert_flash_close(fn(q, k, v, kl), q, k, v, kv_lengths=kl, causal=True)
+    assert fn._cache_size() == 1
+
+
+@pytest.mark.parametrize("kwargs,error,message", [
+    ({"window": (3,)}, ValueError, r"window must be a pair of ints \(left, right\)"),
+    ({"window": (-2, 0)}, ValueError, r"window sizes must be >= -1"),
+    ({"softcap": 0.0}, ValueError, "softcap must be a finite number > 0"),
+    ({"softcap": float("nan")}, ValueError, "softcap must be a finite number > 0"),
+    ({"softmax_scale": float("inf")}, ValueError, "softmax_scale must be a finite number"),
+    ({"causal": 1}, TypeError, "causal must be a bool"),
+    ({"q_lengths": jnp.ones((3,), jnp.int32)}, ValueError, r"q_lengths must be an int32 array of shape \(batch,\)"),
+    ({"kv_lengths": jnp.ones((2,), jnp.float32)}, ValueError, "kv_lengths must be an int32 array"),
+])
+def test_bad_feature_arguments(kwargs, error, message):
+    q, k, v = random_qkv(0, 2, 8, 8, 2, 2, 64, jnp.float16)
+    with pytest.raises(error, match=message):
+        jax_flash.attention(q, k, v, **kwargs)
