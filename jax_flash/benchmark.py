@@ -5,7 +5,8 @@
     python -m jax_flash.benchmark --json out.json --plot out.png
 
 Sizes follow ../shared/docs/PERFORMANCE.md: batch * seq = --tokens (16384), heads * head_dim = --hidden (2048).
-FLOPs = 4 * B * H * S * S * D (halved for causal). On CPU it compares the CPU handler with XLA on smaller sizes.
+FLOPs = 4 * B * H * S * S * D (halved for causal: --causal on|both). On CPU it compares the CPU handler with XLA on
+smaller sizes.
 """
 
 from __future__ import annotations
@@ -26,26 +27,31 @@ from jax_flash.timing import time_loop_ms
 DTYPES = {"bf16": jnp.bfloat16, "fp16": jnp.float16, "fp32": jnp.float32}
 
 
-def _implementations(platform: str, dtype, head_dim: int, configs: str):
+def _implementations(platform: str, dtype, head_dim: int, configs: str, causal: bool):
     """name -> fn(q, k, v) for everything that can run here."""
     impls = {}
     if configs == "default":
-        impls["jax_flash"] = lambda q, k, v: jax_flash.attention(q, k, v)
+        impls["jax_flash"] = lambda q, k, v: jax_flash.attention(q, k, v, causal=causal)
     else:
         chosen = (config_module.PROGRESSION_CONFIGS if configs == "progression"
                   else [kc.config for kc in jax_flash.supported_configs()
                         if kc.dtype == jnp.dtype(dtype).name and kc.head_dim == head_dim])
         for i, cfg in enumerate(chosen):
-            impls[f"jax_flash[{i}:{cfg.short_name()}]"] = lambda q, k, v, cfg=cfg: jax_flash.attention(q, k, v, cfg=cfg)
+            impls[f"jax_flash[{i}:{cfg.short_name()}]"] = (
+                lambda q, k, v, cfg=cfg: jax_flash.attention(q, k, v, cfg=cfg, causal=causal))
     if platform == "gpu":
-        impls["cudnn"] = lambda q, k, v: jax.nn.dot_product_attention(q, k, v, implementation="cudnn")
-    impls["xla"] = lambda q, k, v: jax.nn.dot_product_attention(q, k, v, implementation="xla")
+        impls["cudnn"] = lambda q, k, v: jax.nn.dot_product_attention(q, k, v, implementation="cudnn",
+                                                                      is_causal=causal)
+    impls["xla"] = lambda q, k, v: jax.nn.dot_product_attention(q, k, v, implementation="xla", is_causal=causal)
     if platform == "gpu" and jnp.dtype(dtype) == jnp.float16:
         try:
             from jax.experimental.pallas.ops.gpu import attention_mgpu
 
             mosaic_cfg = attention_mgpu.TuningConfig(block_q=64, block_kv=64, max_concurrent_steps=2)
-            impls["mosaic"] = lambda q, k, v: attention_mgpu.attention(q, k, v, mosaic_cfg)
+            if causal:
+                impls["mosaic"] = lambda q, k, v: attention_mgpu.attention(q, k, v, mosaic_cfg, causal=True)
+            else:
+                impls["mosaic"] = lambda q, k, v: attention_mgpu.attention(q, k, v, mosaic_cfg)
         except Exception as error:  # not importable on this jax / not Hopper
             print(f"# Pallas Mosaic GPU attention unavailable: {error}", file=sys.stderr)
     return impls
@@ -55,18 +61,19 @@ def run(args) -> list[dict]:
     platform = jax.default_backend()
     device = jax.devices()[0]
     rows = []
-    cases = [(d, h, s) for d in args.dtypes for h in args.head_dims for s in args.seqs]
-    for index, (dtype_name, head_dim, seq) in enumerate(cases, 1):
+    causal_flags = {"off": [False], "on": [True], "both": [False, True]}[args.causal]
+    cases = [(d, h, c, s) for d in args.dtypes for h in args.head_dims for c in causal_flags for s in args.seqs]
+    for index, (dtype_name, head_dim, causal, seq) in enumerate(cases, 1):
         dtype = DTYPES[dtype_name]
         batch, heads = max(1, args.tokens // seq), max(1, args.hidden // head_dim)
         kq, kk, kv = jax.random.split(jax.random.PRNGKey(index), 3)
         q, k, v = (jax.random.normal(key, (batch, seq, heads, head_dim), jnp.float32).astype(dtype)
                    for key in (kq, kk, kv))
-        flops = 4.0 * batch * heads * seq * seq * head_dim
-        print(f"[{index}/{len(cases)}] {dtype_name} D={head_dim} S={seq} B={batch} H={heads}", file=sys.stderr,
-              flush=True)
+        flops = 4.0 * batch * heads * seq * seq * head_dim / (2 if causal else 1)
+        print(f"[{index}/{len(cases)}] {dtype_name} D={head_dim} S={seq} B={batch} H={heads} causal={causal}",
+              file=sys.stderr, flush=True)
         results = {}
-        for name, fn in _implementations(platform, dtype, head_dim, args.configs).items():
+        for name, fn in _implementations(platform, dtype, head_dim, args.configs, causal).items():
             if name == "xla" and platform == "gpu" and seq > args.xla_max_seq:
                 continue  # materialises (S, S) scores: too slow and too large at long sequences
             try:
@@ -75,7 +82,7 @@ def run(args) -> list[dict]:
             except Exception as error:
                 print(f"#   {name} failed: {type(error).__name__}: {str(error)[:200]}", file=sys.stderr)
         rows.append({"dtype": dtype_name, "head_dim": head_dim, "seq": seq, "batch": batch, "heads": heads,
-                     "causal": False, "device": device.device_kind, "results": results})
+                     "causal": causal, "device": device.device_kind, "results": results})
     return rows
 
 
@@ -85,14 +92,15 @@ def print_table(rows: list[dict]) -> None:
         names += [n for n in row["results"] if n not in names]
     base = "cudnn" if any("cudnn" in r["results"] for r in rows) else "xla"
     print(f"\nTFLOP/s on {rows[0]['device'] if rows else '?'} ({datetime.date.today()}); ratio to {base} in brackets")
-    print(" | ".join(["dtype", "D", "S"] + names))
+    print(" | ".join(["dtype", "D", "causal", "S"] + names))
     for row in rows:
         ref = row["results"].get(base, {}).get("tflops")
         cells = []
         for name in names:
             r = row["results"].get(name)
             cells.append("-" if r is None else f"{r['tflops']:.0f}" + (f" ({r['tflops'] / ref:.2f}x)" if ref else ""))
-        print(" | ".join([row["dtype"], str(row["head_dim"]), str(row["seq"])] + cells))
+        print(" | ".join([row["dtype"], str(row["head_dim"]), "yes" if row["causal"] else "no", str(row["seq"])]
+                         + cells))
 
 
 def plot(rows: list[dict], path: str) -> None:
@@ -104,16 +112,16 @@ def plot(rows: list[dict], path: str) -> None:
     except ImportError:
         print("# matplotlib not installed: no plot (pip install '.[examples]')", file=sys.stderr)
         return
-    groups = sorted({(r["dtype"], r["head_dim"]) for r in rows})
+    groups = sorted({(r["dtype"], r["head_dim"], r["causal"]) for r in rows})
     fig, axes = plt.subplots(1, len(groups), figsize=(5 * len(groups), 4), squeeze=False)
-    for ax, (dtype, head_dim) in zip(axes[0], groups):
-        sel = [r for r in rows if r["dtype"] == dtype and r["head_dim"] == head_dim]
+    for ax, (dtype, head_dim, causal) in zip(axes[0], groups):
+        sel = [r for r in rows if r["dtype"] == dtype and r["head_dim"] == head_dim and r["causal"] == causal]
         names = sorted({n for r in sel for n in r["results"]})
         for name in names:
             pts = [(r["seq"], r["results"][name]["tflops"]) for r in sel if name in r["results"]]
             ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label=name)
         ax.set_xscale("log", base=2)
-        ax.set_title(f"{dtype} D={head_dim} non-causal")
+        ax.set_title(f"{dtype} D={head_dim} {'causal' if causal else 'non-causal'}")
         ax.set_xlabel("sequence length")
         ax.set_ylabel("TFLOP/s")
         ax.legend(fontsize=7)
@@ -132,6 +140,7 @@ def main(argv=None) -> int:
     parser.add_argument("--tokens", type=int, default=16384 if on_gpu else 2048)
     parser.add_argument("--hidden", type=int, default=2048 if on_gpu else 256)
     parser.add_argument("--configs", choices=["default", "progression", "compiled"], default="default")
+    parser.add_argument("--causal", choices=["off", "on", "both"], default="off")
     parser.add_argument("--iters", type=int, default=10 if on_gpu else 2)
     parser.add_argument("--reps", type=int, default=5 if on_gpu else 3)
     parser.add_argument("--xla-max-seq", type=int, default=4096)
