@@ -17,7 +17,10 @@ start=$(date +%s)
 (cd "$REPO" && CMAKE_BUILD_PARALLEL_LEVEL=16 python3 -m pip install --no-build-isolation --no-deps -v ${BUILD_ARGS:-} . ) \
   > "$OUT/build.log" 2>&1 || { tail -60 "$OUT/build.log"; exit 1; }
 echo "build: $(( $(date +%s) - start )) s"
-grep -E "registers|spill" "$OUT/build.log" | sort | uniq -c | sort -rn | head -5
+(cd /tmp && so=$(python3 -c "import jax_flash._jax_flash as m; print(m.__file__)"); \
+  cuobjdump -sass "$so" | python3 "$REPO/.ci/sass_report.py" > "$OUT/sass.txt" 2>&1)
+echo "SASS: $(grep -c . "$OUT/sass.txt") kernels listed; with LDL/STL in the KV loop:"
+awk 'NR > 1 && $NF > 0' "$OUT/sass.txt" | head -5
 
 cd /tmp
 start=$(date +%s)

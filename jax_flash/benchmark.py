@@ -12,6 +12,7 @@ smaller sizes.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import datetime
 import json
 import math
@@ -47,10 +48,10 @@ def _implementations(platform: str, dtype, head_dim: int, configs: str, causal: 
         try:
             from jax.experimental.pallas.ops.gpu import attention_mgpu
 
-            mosaic_cfg = attention_mgpu.TuningConfig(block_q=64, block_kv=64, max_concurrent_steps=2)
-            if causal:
-                impls["mosaic"] = lambda q, k, v: attention_mgpu.attention(q, k, v, mosaic_cfg, causal=True)
-            else:
+            fields = {f.name for f in dataclasses.fields(attention_mgpu.TuningConfig)}
+            if not causal or "causal" in fields:  # causal is a TuningConfig field in the jax versions that have it
+                mosaic_cfg = attention_mgpu.TuningConfig(block_q=64, block_kv=64, max_concurrent_steps=2,
+                                                         **({"causal": causal} if "causal" in fields else {}))
                 impls["mosaic"] = lambda q, k, v: attention_mgpu.attention(q, k, v, mosaic_cfg)
         except Exception as error:  # not importable on this jax / not Hopper
             print(f"# Pallas Mosaic GPU attention unavailable: {error}", file=sys.stderr)

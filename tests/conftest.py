@@ -44,8 +44,11 @@ def assert_flash_close(out, q, k, v, **reference_kwargs):
     """The FlashAttention rule (../shared/docs/RELIABILITY.md): with inputs already rounded to their dtype,
     max|out - ref32| <= 2 * max|out_lowp - ref32| + atol, where ref32 is an fp32 reference and out_lowp a plain
     attention computed in the input dtype. NaN never passes."""
-    q, k, v = (jax.device_put(x, jax.devices("cpu")[0]) for x in (q, k, v))
-    out = np.asarray(jax.device_put(out, jax.devices("cpu")[0]).astype(jnp.float32))
+    cpu = jax.devices("cpu")[0]
+    q, k, v = (jax.device_put(x, cpu) for x in (q, k, v))
+    reference_kwargs = {n: jax.device_put(x, cpu) if isinstance(x, jax.Array) else x
+                        for n, x in reference_kwargs.items()}
+    out = np.asarray(jax.device_put(out, cpu).astype(jnp.float32))
     assert np.isfinite(out).all(), "output has non-finite values"
     ref32 = np.asarray(jax_flash.attention_reference(q, k, v, **reference_kwargs))
     lowp = np.asarray(jax_flash.attention_reference(q, k, v, compute_dtype=q.dtype, **reference_kwargs)
