@@ -79,44 +79,36 @@ __global__ void __launch_bounds__(T::kNumThreads) attention_kernel(const __grid_
   uint32_t rK[T::kDSteps][T::kSTiles][2];                   // B of S = Q K^T
   uint32_t rP[T::kMTiles][T::kKVSteps][4];                  // A of O = P V (from the S accumulators)
   uint32_t rV[T::kKVSteps][T::kOTiles][2];                  // B of O = P V
-  // One lane -> address mapping serves all three operands: lane l addresses row (l/16)*8 + l%8 and chunk (l/8)%2
-  // of a 16x16 block, i.e. matrices (rows 0-7, k lo), (rows 0-7, k hi), (rows 8-15, k lo), (rows 8-15, k hi).
-  // Each operand only permutes the four result registers; sQ and sV are constant byte offsets from sK (Q adds
-  // this warp's first row), so 4 base registers cover every ldmatrix address.
-  const LdmatrixAddresses<T> kv_addr(sK, (lane / 16) * 8 + lane % 8, (lane / 8) % 2);
-  constexpr int kRowBytes = LdmatrixAddresses<T>::kRowBytes;
-  constexpr int kSmemVOffset = T::kSmemKVElems * static_cast<int>(sizeof(Element));  // sV - sK in bytes
-  const int q_offset = -T::kSmemQElems * static_cast<int>(sizeof(Element)) + warp_row0 * kRowBytes;  // sQ row - sK
-  auto load_q = [&](int step) {  // A (m16 x k16): a0 = (rows 0-7, k lo), a1 = (rows 8-15, k lo), a2, a3 = k hi
+  const int mat = lane / 8;  // which of the four 8x8 matrices of an ldmatrix.x4 this lane addresses
+  // Q: matrices (rows 0-7, k lo), (rows 8-15, k lo), (rows 0-7, k hi), (rows 8-15, k hi) of each m16 tile.
+  const LdmatrixAddresses<T> q_addr(sQ, warp_row0 + lane % 16, lane / 16);
+  // K: two n8 tiles per x4: (n 0-7, k lo), (n 0-7, k hi), (n 8-15, k lo), (n 8-15, k hi).
+  const LdmatrixAddresses<T> k_addr(sK, (mat / 2) * 8 + lane % 8, mat % 2);
+  // V, transposed: (kv lo, d 0-7), (kv hi, d 0-7), (kv lo, d 8-15), (kv hi, d 8-15).
+  const LdmatrixAddresses<T> v_addr(sV, (mat % 2) * 8 + lane % 8, mat / 2);
+  auto load_q = [&](int step) {
 #pragma unroll
-    for (int m = 0; m < T::kMTiles; ++m) {
-      uint32_t r[4];
-      ldmatrix_x4(r, kv_addr(m * kMmaM, 2 * step) + q_offset);
-      rQ[m][step][0] = r[0];
-      rQ[m][step][1] = r[2];
-      rQ[m][step][2] = r[1];
-      rQ[m][step][3] = r[3];
-    }
+    for (int m = 0; m < T::kMTiles; ++m) ldmatrix_x4(rQ[m][step], q_addr(m * kMmaM, 2 * step));
   };
-  auto load_k = [&](int step) {  // B (k16 x n8) of two n8 tiles: b0 = k lo, b1 = k hi; tile 2np = rows 0-7
+  auto load_k = [&](int step) {
 #pragma unroll
     for (int np = 0; np < T::kSTiles / 2; ++np) {
       uint32_t r[4];
-      ldmatrix_x4(r, kv_addr(np * 16, 2 * step));
+      ldmatrix_x4(r, k_addr(np * 16, 2 * step));
       rK[step][2 * np][0] = r[0];
       rK[step][2 * np][1] = r[1];
       rK[step][2 * np + 1][0] = r[2];
       rK[step][2 * np + 1][1] = r[3];
     }
   };
-  auto load_v = [&](int step) {  // transposed: B (k16 = kv rows, n8 = d) of two n8 tiles: b0 = kv rows 0-7
+  auto load_v = [&](int step) {
 #pragma unroll
     for (int np = 0; np < T::kOTiles / 2; ++np) {
       uint32_t r[4];
-      ldmatrix_x4_trans(r, kv_addr(step * kMmaK, 2 * np) + kSmemVOffset);
+      ldmatrix_x4_trans(r, v_addr(step * kMmaK, 2 * np));
       rV[step][2 * np][0] = r[0];
-      rV[step][2 * np + 1][0] = r[1];
-      rV[step][2 * np][1] = r[2];
+      rV[step][2 * np][1] = r[1];
+      rV[step][2 * np + 1][0] = r[2];
       rV[step][2 * np + 1][1] = r[3];
     }
   };

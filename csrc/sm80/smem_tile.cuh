@@ -44,39 +44,41 @@ struct LdmatrixAddresses {
 };
 
 // Copies rows [0, kRows) of a (rows, D) global tile into shared memory; rows >= rows_valid become zeros so masked
-// keys and padding query rows never carry garbage (or NaN) into the matrix products.
+// keys and padding query rows never carry garbage (or NaN) into the matrix products. Each thread copies one chunk
+// column of rows tid/kRowChunks + i*kRowsPerStep: one base pointer and one stride, so the compiler has no per-step
+// 64-bit offsets to hoist (and spill) across the KV loop.
 template <class T, int kRows>
 __device__ __forceinline__ void copy_tile_to_smem(typename T::Element* sTile, const typename T::Element* gTile,
                                                   int64_t row_stride, int rows_valid, int tid) {
   using Element = typename T::Element;
-  constexpr int kChunks = kRows * T::kRowChunks;
-  static_assert(kChunks % T::kNumThreads == 0, "tile chunks must split evenly over the threads");
-  constexpr int kIters = kChunks / T::kNumThreads;
+  static_assert(T::kNumThreads % T::kRowChunks == 0, "threads must cover whole rows");
+  constexpr int kRowsPerStep = T::kNumThreads / T::kRowChunks;
+  static_assert(kRows % kRowsPerStep == 0, "tile rows must split evenly over the threads");
+  constexpr int kSteps = kRows / kRowsPerStep;
+  const int row = tid / T::kRowChunks, chunk = tid % T::kRowChunks;
+  const Element* src = gTile + row * row_stride + chunk * kChunkElems;
+  const int64_t src_step = kRowsPerStep * row_stride;
+  // Destination of step i; when kRowsPerStep is a multiple of 8 the swizzle phase repeats and this folds to
+  // one base plus immediates.
+  auto dst = [&](int i) { return sTile + tile_offset<T>(row + i * kRowsPerStep, chunk); };
   if constexpr (T::kAsyncCopy) {
 #pragma unroll
-    for (int i = 0; i < kIters; ++i) {
-      const int idx = i * T::kNumThreads + tid;
-      const int row = idx / T::kRowChunks, chunk = idx % T::kRowChunks;
-      const bool valid = row < rows_valid;
-      const Element* src = gTile + (valid ? row * row_stride + chunk * kChunkElems : 0);
-      cp_async_16(sTile + tile_offset<T>(row, chunk), src, valid);
+    for (int i = 0; i < kSteps; ++i) {
+      const bool valid = row + i * kRowsPerStep < rows_valid;
+      cp_async_16(dst(i), valid ? src : gTile, valid);
+      src += src_step;
     }
   } else {
-    // All loads first, then all stores, so kIters loads are in flight at once.
-    uint4 staged[kIters];
+    // All loads first, then all stores, so kSteps loads are in flight at once.
+    uint4 staged[kSteps];
 #pragma unroll
-    for (int i = 0; i < kIters; ++i) {
-      const int idx = i * T::kNumThreads + tid;
-      const int row = idx / T::kRowChunks, chunk = idx % T::kRowChunks;
-      staged[i] = row < rows_valid
-                      ? *reinterpret_cast<const uint4*>(gTile + row * row_stride + chunk * kChunkElems)
-                      : make_uint4(0, 0, 0, 0);
+    for (int i = 0; i < kSteps; ++i) {
+      staged[i] = row + i * kRowsPerStep < rows_valid ? *reinterpret_cast<const uint4*>(src) : make_uint4(0, 0, 0, 0);
+      src += src_step;
     }
 #pragma unroll
-    for (int i = 0; i < kIters; ++i) {
-      const int idx = i * T::kNumThreads + tid;
-      const int row = idx / T::kRowChunks, chunk = idx % T::kRowChunks;
-      *reinterpret_cast<uint4*>(sTile + tile_offset<T>(row, chunk)) = staged[i];
+    for (int i = 0; i < kSteps; ++i) {
+      *reinterpret_cast<uint4*>(dst(i)) = staged[i];
     }
   }
 }
