@@ -2,6 +2,7 @@
 # One call on the GPU machine (the device tool): build, GPU tests, benchmark; a short table last.
 #   bash .ci/gpu.sh [pytest -k expression] [benchmark args...]
 #   BUILD_ARGS="-Ccmake.define.JAX_FLASH_CONFIG_SET=sweep" bash .ci/gpu.sh ...   (extra pip build arguments)
+#   HARNESS=1 bash .ci/gpu.sh ...   (also the standalone kernel harness under compute-sanitizer: .ci/harness.sh)
 # Writes build.log, pytest.log, bench.log, bench.json, bench.png under $OUT.
 set -uo pipefail
 OUT=${OUT:-/tmp/jax_flash_out}
@@ -28,6 +29,12 @@ python3 -m pytest -q --maxfail=20 -p no:cacheprovider ${K_EXPR:+-k "$K_EXPR"} "$
 echo "pytest: exit $? in $(( $(date +%s) - start )) s"
 grep -E "^(FAILED|ERROR)" "$OUT/pytest.log" | head -20
 tail -3 "$OUT/pytest.log"
+
+if [ -n "${HARNESS:-}" ]; then
+  start=$(date +%s)
+  OUT="$OUT" bash "$REPO/.ci/harness.sh"
+  echo "harness: exit $? in $(( $(date +%s) - start )) s"
+fi
 
 python3 -m jax_flash.benchmark --json "$OUT/bench.json" --plot "$OUT/bench.png" "$@" > "$OUT/bench.log" 2>&1
 echo "benchmark: exit $?"
