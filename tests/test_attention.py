@@ -82,8 +82,13 @@ def test_every_compiled_config_is_correct():
     for kernel in jax_flash.supported_configs():
         dtype = jnp.dtype(kernel.dtype)
         q, k, v = random_qkv(kernel.head_dim, 2, 257, 301, 4, 2, kernel.head_dim, dtype, device)
-        out = jax.jit(jax_flash.attention, static_argnames="cfg")(q, k, v, cfg=kernel.config)
-        assert_flash_close(out, q, k, v)
+        fn = jax.jit(jax_flash.attention, static_argnames=("cfg", "causal", "window", "softcap", "return_lse"))
+        assert_flash_close(fn(q, k, v, cfg=kernel.config), q, k, v)
+        # the masked + softcap variant, with padding lengths
+        lengths = dict(q_lengths=jax.device_put(jnp.asarray([257, 100], jnp.int32), device),
+                       kv_lengths=jax.device_put(jnp.asarray([290, 301], jnp.int32), device))
+        out = fn(q, k, v, cfg=kernel.config, causal=True, window=(77, -1), softcap=10.0, **lengths)
+        assert_flash_close(out, q, k, v, causal=True, window=(77, -1), softcap=10.0, **lengths)
 
 
 @requires_gpu
