@@ -174,10 +174,10 @@ PROGRESSION_CONFIGS: tuple[KernelConfig, ...] = (
 )
 
 # The tuned configs per (head_dim): the defaults table in jax_flash/defaults.py picks among these.
-# Measured in docs/sweep_h200_1.json (H200, bf16): see jax_flash/defaults.py for the numbers.
+# Measured in docs/sweep_h200_1.json and docs/sweep_h200_2.json (H200, bf16): numbers in jax_flash/defaults.py.
 TUNED_CONFIGS: dict[int, tuple[KernelConfig, ...]] = {
-    64: (KernelConfig(block_q=128, block_kv=32, num_warps=4, q_mma_load_k_fragments=0, k_mma_load_k_fragments=0,
-                      v_mma_load_k_fragments=0),),
+    64: (KernelConfig(block_q=128, block_kv=64, num_warps=4, q_mma_load_k_fragments=0, k_mma_load_k_fragments=1,
+                      v_mma_load_k_fragments=1),),
     128: (KernelConfig(),),
     # O alone is 128 registers per thread at 16 rows per warp: Q and V come from shared memory one fragment at a time.
     256: (KernelConfig(block_q=64, block_kv=32, num_warps=4, q_mma_load_k_fragments=2, k_mma_load_k_fragments=1,
