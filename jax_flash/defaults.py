@@ -17,8 +17,14 @@ CPU_DEFAULT = KernelConfig(block_q=64, block_kv=64, num_warps=4)
 # `--configs compiled --seqs 2048,16384`), TFLOP/s at S=2048 / S=16384 (cuDNN 525 / 594 at D=128, 400 / 451 at D=64):
 #   D=128: q128_kv32_w4 f2-1-1 296 / 343 (best of 15); q64_kv64_w4 f0-2-1 288 / 319; q128_kv64_w8 f0-2-1 272 / 318.
 #   D=64:  q128_kv32_w4 f0-0-0 239 / 292 (best at 16384); q64_kv128_w4 f0-1-1 257 / 287; q128_kv64_w8 200 / 235.
+# Sweep 2 with the v5 kernel (docs/sweep_h200_2.json), S=2048 / 4096 / 16384:
+#   D=64:  q128_kv64_w4 f0-1-1 297 / 314 / 332 (best: the default now); f0-2-1 no double buffer 296 / 311 / 333;
+#          q128_kv32_w4 f0-0-0 (the old default) 240 / 265 / 292. cuDNN 398 / 428 / 449.
+#   D=128: every 4-warp x 32-row kv32 variant within 2%: f1-1-1 311 / 328 / 344, f2-1-1 305 / 329 / 344,
+#          f4-1-1 306 / 326 / 345; 8-warp and 64-row tiles 238-277. cuDNN 525 / 584 / 596.
 # With the v5 kernel (docs/NOTES.md, docs/bench_h200_v5.json) the defaults give, bf16 non-causal, S=2048 / 16384:
-#   D=128 310 / 349 (cuDNN 526 / 609), D=64 243 / 293 (cuDNN 397 / 459), D=256 266 / 297 (cuDNN 555 / 658).
+#   D=128 310 / 349 (cuDNN 526 / 609), D=256 266 / 297 (cuDNN 555 / 658); D=64 (sweep-2 default, later run)
+#   295 / 332 (cuDNN 394 / 448).
 # D=256 (q64_kv32_w4 f2-1-1, no double buffer) is the only config of that head dim that fits: not swept.
 # sm_80 has not been measured: it uses the same entries (the A100 numbers of the seed favour the same 4-warp tiles).
 DEFAULTS: dict[tuple[int, str, int], KernelConfig] = {
