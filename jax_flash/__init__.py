@@ -2,9 +2,10 @@
 
 from jax_flash._ffi import CompiledKernel, supported_configs
 from jax_flash.attention import attention
+from jax_flash.autotune import autotune
 from jax_flash.config import KernelConfig
 from jax_flash.reference import attention_reference
 from jax_flash.timing import time_attention
 
-__all__ = ["attention", "KernelConfig", "supported_configs", "CompiledKernel", "attention_reference", "time_attention"]
+__all__ = ["attention", "KernelConfig", "supported_configs", "CompiledKernel", "attention_reference", "time_attention", "autotune"]
 __version__ = "0.1.0"

@@ -18,6 +18,8 @@ except ImportError:  # moved out of the public jax.core in newer releases
     from jax._src.core import ShapedArray
 
 from jax_flash import _ffi
+from jax_flash.autotune import cache_key as _cache_key
+from jax_flash.autotune import lookup as _lookup_tuned
 from jax_flash.config import KernelConfig
 from jax_flash.defaults import CPU_DEFAULT, default_gpu_config
 
@@ -61,8 +63,22 @@ def _attrs(cfg: KernelConfig, params: dict) -> dict:
     return attrs
 
 
+def _tuned(platform: str, q_aval, k_aval, params) -> KernelConfig | None:
+    """The autotune cache's winner for this call (jax_flash/autotune.py), or None."""
+    try:
+        device_kind = jax.devices(platform)[0].device_kind
+    except RuntimeError:  # lowering for a platform this process has no device of
+        return None
+    window = (params["window_left"], params["window_right"])
+    key = _cache_key(device_kind, q_aval.shape[1], k_aval.shape[1], q_aval.dtype, q_aval.shape[3],
+                             causal=params["causal"], window=None if window == (-1, -1) else window,
+                             softcap=params["softcap"] or None)
+    return _lookup_tuned(key)
+
+
 def _lower_cpu(ctx, *args, cfg, **params):
-    cfg = CPU_DEFAULT if cfg is None else cfg
+    if cfg is None:
+        cfg = _tuned("cpu", ctx.avals_in[0], ctx.avals_in[1], params) or CPU_DEFAULT
     return jax.ffi.ffi_lowering(_ffi.TARGET_NAME)(ctx, *args, **_attrs(cfg, params))
 
 
@@ -76,7 +92,8 @@ def _cuda_arch() -> int:
         return 90
 
 
-def resolve_gpu_config(cfg: KernelConfig | None, dtype, head_dim: int) -> KernelConfig:
+def resolve_gpu_config(cfg: KernelConfig | None, dtype, head_dim: int, tuned: KernelConfig | None = None
+                       ) -> KernelConfig:
     """The compiled kernel config a GPU call runs, or a clear error saying what is compiled."""
     dtype_name = jnp.dtype(dtype).name
     if not _ffi.BUILT_WITH_CUDA:
@@ -90,6 +107,8 @@ def resolve_gpu_config(cfg: KernelConfig | None, dtype, head_dim: int) -> Kernel
         raise ValueError(f"head_dim={head_dim} is not supported on GPU; supported head dims: {head_dims}")
     compiled = _ffi.compiled_configs_for(dtype_name, head_dim)
     if cfg is None:
+        if tuned is not None and tuned in compiled:  # the autotune cache first, then the table
+            return tuned
         return default_gpu_config(_cuda_arch(), dtype_name, head_dim, compiled)
     if cfg not in compiled:
         listing = "\n  ".join(repr(c) for c in compiled)
@@ -101,7 +120,8 @@ def resolve_gpu_config(cfg: KernelConfig | None, dtype, head_dim: int) -> Kernel
 
 def _lower_cuda(ctx, *args, cfg, **params):
     q_aval = ctx.avals_in[0]
-    cfg = resolve_gpu_config(cfg, q_aval.dtype, q_aval.shape[3])
+    tuned = _tuned("cuda", q_aval, ctx.avals_in[1], params) if cfg is None else None
+    cfg = resolve_gpu_config(cfg, q_aval.dtype, q_aval.shape[3], tuned)
     return jax.ffi.ffi_lowering(_ffi.TARGET_NAME)(ctx, *args, **_attrs(cfg, params))
 
 
