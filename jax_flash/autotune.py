@@ -71,13 +71,13 @@ def lookup(key: str) -> KernelConfig | None:
 
 
 def autotune(q_shape, kv_shape, dtype, causal: bool = False, *, window=None, softcap=None, configs=None,
-             iters: int = 5, reps: int = 3, progress: bool = True) -> KernelConfig:
-    """Times every candidate config for these shapes on the default device, stores and returns the fastest.
+             device=None, iters: int = 5, reps: int = 3, progress: bool = True) -> KernelConfig:
+    """Times every candidate config for these shapes on `device`, stores and returns the fastest.
 
     q_shape (B, Sq, Hq, D), kv_shape (B, Sk, Hk, D). `configs` overrides the candidates (default: the compiled
-    configs for dtype and head dim on a GPU, CPU_CANDIDATES on CPU).
+    configs for dtype and head dim on a GPU, CPU_CANDIDATES on CPU). `device` defaults to jax.devices()[0].
     """
-    device = jax.devices()[0]
+    device = device or jax.devices()[0]
     head_dim = q_shape[3]
     dtype_name = jnp.dtype(dtype).name
     if configs is None:
@@ -91,9 +91,8 @@ def autotune(q_shape, kv_shape, dtype, causal: bool = False, *, window=None, sof
     from jax_flash.attention import attention  # the public function (imported late: it imports this module)
 
     kq, kk, kv = jax.random.split(jax.random.PRNGKey(0), 3)
-    q = jax.random.normal(kq, q_shape, jnp.float32).astype(dtype)
-    k = jax.random.normal(kk, kv_shape, jnp.float32).astype(dtype)
-    v = jax.random.normal(kv, kv_shape, jnp.float32).astype(dtype)
+    q, k, v = (jax.device_put(jax.random.normal(key, shape, jnp.float32).astype(dtype), device)
+               for key, shape in ((kq, q_shape), (kk, kv_shape), (kv, kv_shape)))
     timings = {}
     for index, cfg in enumerate(configs, 1):
         ms = time_loop_ms(lambda q, k, v, cfg=cfg: attention(q, k, v, cfg=cfg, causal=causal, window=window,

@@ -29,18 +29,24 @@ def cache_file(tmp_path, monkeypatch):
 def test_autotune_writes_cache_and_cfg_none_uses_it(cache_file):
     candidates = [KernelConfig(block_q=64, block_kv=32, num_warps=4), KernelConfig(block_q=128, block_kv=128)]
     q_shape, kv_shape = (1, 200, 2, 64), (1, 300, 1, 64)
-    best = jax_flash.autotune(q_shape, kv_shape, jnp.float32, causal=True, configs=candidates, iters=1, reps=1,
-                              progress=False)
+    cpu = jax.devices("cpu")[0]
+    best = jax_flash.autotune(q_shape, kv_shape, jnp.float32, causal=True, configs=candidates, device=cpu, iters=1,
+                              reps=1, progress=False)
     assert best in candidates
     entries = json.loads(cache_file.read_text())
     (key, entry), = entries.items()
     assert "|q256|k512|float32|d64|causal=True" in key and set(entry["timings_ms"]) == {c.short_name()
                                                                                        for c in candidates}
     q, k, v = (jnp.ones(s, jnp.float32) for s in (q_shape, kv_shape, kv_shape))
-    text = jax.jit(lambda q, k, v: jax_flash.attention(q, k, v, causal=True)).lower(q, k, v).as_text()
+
+    def lowered_for_cpu(**kwargs):
+        traced = jax.jit(lambda q, k, v: jax_flash.attention(q, k, v, **kwargs)).trace(q, k, v)
+        return traced.lower(lowering_platforms=("cpu",)).as_text()
+
+    text = lowered_for_cpu(causal=True)
     assert f"block_q = {best.block_q} : i64" in text and f"block_kv = {best.block_kv} : i64" in text
     # a different flag set is a different entry: the default table applies
-    text = jax.jit(lambda q, k, v: jax_flash.attention(q, k, v)).lower(q, k, v).as_text()
+    text = lowered_for_cpu()
     assert "block_q = 64 : i64" in text and "block_kv = 64 : i64" in text
 
 
