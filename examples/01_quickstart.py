@@ -3,7 +3,6 @@
     pip install . && python examples/01_quickstart.py
 """
 
-import time
 
 import jax
 import jax.numpy as jnp

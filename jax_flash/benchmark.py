@@ -15,7 +15,6 @@ import argparse
 import dataclasses
 import datetime
 import json
-import math
 import sys
 
 import jax

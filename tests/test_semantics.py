@@ -31,13 +31,6 @@ FEATURES = {  # name -> attention keyword arguments ("lengths" draws padding len
 HEADS = [(2, 2), (4, 2), (4, 1)]  # MHA, GQA, MQA: cycled over the grid so each appears with every feature
 
 
-def lengths_for(seq, batch, seed):
-    """Padding lengths that include 0 and the full length when the batch allows, else a random cut."""
-    rng = np.random.default_rng(seed)
-    values = [seq, 0] + list(rng.integers(0, seq + 1, size=batch))
-    return jnp.asarray(values[:batch] if batch <= 2 else values[2:2 + batch], jnp.int32)
-
-
 def run_case(device, dtype, head_dim, seq_q, seq_k, feature, heads, return_lse):
     kwargs = dict(FEATURES[feature])
     batch = 2

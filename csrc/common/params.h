@@ -48,9 +48,8 @@ struct AttentionParams {
   float* lse;
   int64_t lse_batch_stride, lse_head_stride;
 
-  // Derived by the launcher for the chosen tile sizes.
-  int num_q_blocks;   // ceil(seqlen_q / block_q)
-  int num_kv_blocks;  // ceil(seqlen_k / block_kv)
+  // Derived by the launcher for the chosen tile size (key blocks come from the visible span, common/visibility.h).
+  int num_q_blocks;  // ceil(seqlen_q / block_q)
 };
 
 inline constexpr int kUnbounded = 1 << 30;  // a window side with no bound (|offsets| stay far from int overflow)

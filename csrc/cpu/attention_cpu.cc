@@ -226,7 +226,6 @@ void run(const AttentionParams& p, int block_q, int block_kv, int num_threads) {
 void attention_cpu(const AttentionParams& params, CpuElement element, int block_q, int block_kv, int num_threads) {
   AttentionParams p = params;
   p.num_q_blocks = (p.seqlen_q + block_q - 1) / block_q;
-  p.num_kv_blocks = (p.seqlen_k + block_kv - 1) / block_kv;
   switch (element) {
     case CpuElement::kFloat16: return run<CpuElement::kFloat16>(p, block_q, block_kv, num_threads);
     case CpuElement::kBFloat16: return run<CpuElement::kBFloat16>(p, block_q, block_kv, num_threads);

@@ -54,7 +54,6 @@ std::string run_attention_sm80(const AttentionParams& params, cudaStream_t strea
   using T = Traits<kKey>;
   AttentionParams p = params;
   p.num_q_blocks = (p.seqlen_q + T::kBlockQ - 1) / T::kBlockQ;
-  p.num_kv_blocks = (p.seqlen_k + T::kBlockKV - 1) / T::kBlockKV;
   // Blocks can be partly masked by a window (causal included), kv_lengths, or a ragged last key block.
   const bool mask_blocks = p.window_left < kUnbounded || p.window_right < kUnbounded || p.kv_lengths != nullptr ||
                            p.seqlen_k % T::kBlockKV != 0;
