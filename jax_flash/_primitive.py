@@ -1,5 +1,6 @@
-"""The JAX plumbing of attention: one primitive with abstract evaluation, cpu and cuda lowerings to the same FFI
-target, a batching rule that folds vmapped axes into the batch, and a clear error under differentiation.
+"""The JAX plumbing of attention: a primitive with abstract evaluation, a batching rule that folds vmapped axes into
+the batch and a clear error under differentiation; it lowers through custom_partitioning (jax_flash/_sharding.py)
+to a per-device primitive whose cpu and cuda lowerings emit the FFI custom call.
 """
 
 from __future__ import annotations
@@ -12,12 +13,15 @@ import numpy as np
 from jax.extend.core import Primitive
 from jax.interpreters import ad, batching, mlir
 
+from jax._src import dispatch as _dispatch  # no public spelling of prim_requires_devices_during_lowering
+
 try:
     from jax.core import ShapedArray
 except ImportError:  # moved out of the public jax.core in newer releases
     from jax._src.core import ShapedArray
 
 from jax_flash import _ffi
+from jax_flash._sharding import make_partitioned
 from jax_flash.autotune import cache_key as _cache_key
 from jax_flash.autotune import lookup as _lookup_tuned
 from jax_flash.config import KernelConfig
@@ -29,6 +33,10 @@ from jax_flash.defaults import CPU_DEFAULT, default_gpu_config
 # has_q_lengths, has_kv_lengths, return_lse; they become the FFI attributes of ffi/attention_attrs.h.
 attention_p = Primitive("jax_flash_attention")
 attention_p.multiple_results = True
+# The same call on one device's shard: what the FFI custom call computes. attention_p lowers to it through
+# custom_partitioning, so sharded inputs are split, not gathered.
+attention_local_p = Primitive("jax_flash_attention_local")
+attention_local_p.multiple_results = True
 
 
 def _abstract_eval(q, k, v, q_lengths, kv_lengths, **params):
@@ -38,6 +46,7 @@ def _abstract_eval(q, k, v, q_lengths, kv_lengths, **params):
 
 
 attention_p.def_abstract_eval(_abstract_eval)
+attention_local_p.def_abstract_eval(_abstract_eval)
 
 
 def _eager_impl(*args, **params):
@@ -125,8 +134,26 @@ def _lower_cuda(ctx, *args, cfg, **params):
     return jax.ffi.ffi_lowering(_ffi.TARGET_NAME)(ctx, *args, **_attrs(cfg, params))
 
 
-mlir.register_lowering(attention_p, _lower_cpu, platform="cpu")
-mlir.register_lowering(attention_p, _lower_cuda, platform="cuda")
+mlir.register_lowering(attention_local_p, _lower_cpu, platform="cpu")
+mlir.register_lowering(attention_local_p, _lower_cuda, platform="cuda")
+
+
+def _bind_local(q, k, v, q_lengths, kv_lengths, params):
+    return tuple(attention_local_p.bind(q, k, v, q_lengths, kv_lengths, **dict(params)))
+
+
+_partitioned_attention = make_partitioned(_bind_local)
+
+
+def _lower_partitioned(ctx, *args, **params):
+    return mlir.lower_fun(lambda *xs: _partitioned_attention(*xs, tuple(sorted(params.items()))),
+                          multiple_results=True)(ctx, *args)
+
+
+mlir.register_lowering(attention_p, _lower_partitioned)
+# custom_partitioning needs the device assignment while lowering; jit provides it only for primitives on this list
+# (custom_partitioning's own primitive is on it, but it appears only inside our lowering, so jit cannot see it).
+_dispatch.prim_requires_devices_during_lowering.add(attention_p)
 
 
 # ---- vmap: fold the mapped axis into the batch axis ---------------------------------------------------------------

@@ -1,0 +1,143 @@
+"""Multi-device sharding of the attention custom call (jax.experimental.custom_partitioning).
+
+The public primitive (jax_flash/_primitive.py) lowers through `partitioned_attention`, a custom_partitioning function
+around the per-device primitive. Under jax.jit with sharded inputs, XLA's partitioner asks `_partition` how to split
+the call; each device then runs the FFI kernel on its own shard:
+
+  q (B, Sq, Hq, D), k/v (B, Sk, Hk, D), q_lengths/kv_lengths (B)  ->  out (B, Sq, Hq, D), lse (B, Hq, Sq)
+
+- batch: split freely (every operand and result carries it);
+- heads: q heads and kv heads split by the same mesh axes (GQA-consistent: query head h reads kv head h // group,
+  so device i's query heads read exactly device i's kv heads when Hk divides by the split). MQA (Hk = 1) splits q
+  heads only and gives every device the one kv head;
+- sequence and head_dim: never split. An operand sharded along them is gathered (replicated) along that axis first,
+  with a one-time warning, because every query row needs every key, and every score needs the whole head_dim.
+
+Inside shard_map (all mesh axes manual) the call lowers straight to the per-device kernel: shard_map already handed
+it local shards. On one device custom_partitioning is a no-op.
+"""
+
+from __future__ import annotations
+
+import math
+import warnings
+
+from jax.experimental.custom_partitioning import custom_partitioning
+from jax.sharding import NamedSharding, PartitionSpec
+
+_warned: set[str] = set()
+
+
+def _warn_once(key: str, message: str) -> None:
+    if key not in _warned:
+        _warned.add(key)
+        warnings.warn(message, UserWarning, stacklevel=2)
+
+
+def make_partitioned(local_attention):
+    """custom_partitioning around `local_attention(q, k, v, q_lengths, kv_lengths, params)`; params (a hashable
+    tuple of the primitive's parameters) is static."""
+
+    def partitioned_attention(q, k, v, q_lengths, kv_lengths, params):
+        return local_attention(q, k, v, q_lengths, kv_lengths, params)
+
+    partitioned_attention = custom_partitioning(partitioned_attention, static_argnums=(5,))
+
+    def partition(params, mesh, arg_shapes, result_shape):
+        arg_shardings, out_shardings = _decide(mesh, arg_shapes)
+
+        def lower_fn(q, k, v, q_lengths, kv_lengths):
+            return local_attention(q, k, v, q_lengths, kv_lengths, params)
+
+        return mesh, lower_fn, out_shardings, arg_shardings
+
+    def infer_sharding_from_operands(params, mesh, arg_shapes, result_shape):  # GSPMD (non-Shardy) propagation
+        return _decide(mesh, arg_shapes)[1]
+
+    partitioned_attention.def_partition(
+        partition=partition,
+        infer_sharding_from_operands=infer_sharding_from_operands,
+        sharding_rule=_shardy_rule,
+    )
+    return partitioned_attention
+
+
+def _shardy_rule(params, mesh, value_types, result_types):
+    """The Shardy rule: batch `b` everywhere; the query heads are the compound factor (hk g) of the kv heads hk and
+    the group g = Hq // Hk, so Shardy propagates a head split to q, k, v, out and lse together."""
+    heads_q = value_types[0].shape[2]
+    heads_k = value_types[1].shape[2]
+    if heads_k == heads_q:  # MHA: one head factor (Shardy forbids size-1 parts of a compound factor)
+        return "b sq h d, b sk h d, b sk h d, b, b -> b sq h d, b h sq", {}
+    if heads_k <= 1 or heads_q % heads_k:  # MQA (the one kv head cannot split) or empty heads
+        return "b sq hq d, b sk hk d, b sk hk d, b, b -> b sq hq d, b hq sq", {}
+    return ("b sq (hk g) d, b sk hk d, b sk hk d, b, b -> b sq (hk g) d, b (hk g) sq",
+            {"g": heads_q // heads_k})
+
+
+def _spec(sharding, ndim: int) -> tuple:
+    spec = tuple(sharding.spec) if isinstance(sharding, NamedSharding) else ()
+    return spec + (None,) * (ndim - len(spec))
+
+
+def _axes(entry) -> tuple[str, ...]:
+    if entry is None:
+        return ()
+    return tuple(entry) if isinstance(entry, tuple) else (entry,)
+
+
+def _split(mesh, axes: tuple[str, ...]) -> int:
+    return math.prod(mesh.shape[a] for a in axes)
+
+
+def _entry(axes: tuple[str, ...]):
+    return None if not axes else axes[0] if len(axes) == 1 else axes
+
+
+def _decide(mesh, arg_shapes):
+    """The shardings the per-device kernel runs on: (operand shardings, (out, lse) shardings)."""
+    q, k = arg_shapes[0], arg_shapes[1]
+    q_spec, k_spec, v_spec = (_spec(a.sharding, 4) for a in arg_shapes[:3])
+    batch, _, heads_q, _ = q.shape
+    heads_k = k.shape[2]
+
+    # Batch axes come from q (else from k); dropped when they do not divide the batch evenly.
+    batch_axes = _axes(q_spec[0]) or _axes(k_spec[0])
+    if batch_axes and batch % _split(mesh, batch_axes):
+        _warn_once("batch", f"jax_flash.attention: batch {batch} does not divide evenly over mesh axes {batch_axes} "
+                            f"(size {_split(mesh, batch_axes)}); the batch is replicated, which repeats the work on "
+                            f"every device")
+        batch_axes = ()
+
+    # Head axes from q (else k), never reusing a batch axis; q and kv heads are split by the same axes.
+    head_axes = tuple(a for a in (_axes(q_spec[2]) or _axes(k_spec[2])) if a not in batch_axes)
+    shard_kv_heads = True
+    if head_axes:
+        n = _split(mesh, head_axes)
+        if heads_q % n == 0 and heads_k % n == 0:
+            pass
+        elif heads_q % n == 0 and heads_k == 1:  # MQA: every device reads the one kv head
+            shard_kv_heads = False
+        else:
+            _warn_once("heads", f"jax_flash.attention: {heads_q} query heads and {heads_k} kv heads cannot be split "
+                                f"consistently over mesh axes {head_axes} (size {n}; both must divide by it, or "
+                                f"heads_k must be 1); heads are replicated, which repeats the work on every device")
+            head_axes = ()
+
+    used = set(batch_axes) | set(head_axes)
+    gathered = [name for name, spec in (("q", q_spec), ("k", k_spec), ("v", v_spec))
+                if any(a not in used for entry in (spec[1], spec[3]) for a in _axes(entry))]
+    if gathered:
+        _warn_once("sequence", f"jax_flash.attention: {', '.join(gathered)} sharded along the sequence or head_dim "
+                               f"axis; it is gathered (replicated along that axis) before the kernel runs, because "
+                               f"every query row needs all keys and every score all of head_dim. This costs an "
+                               f"all-gather per call and memory for the whole sequence on each device: shard over "
+                               f"batch and heads instead")
+
+    b, h = _entry(batch_axes), _entry(head_axes)
+    q_sharding = NamedSharding(mesh, PartitionSpec(b, None, h, None))
+    kv_sharding = NamedSharding(mesh, PartitionSpec(b, None, h if shard_kv_heads else None, None))
+    lengths_sharding = NamedSharding(mesh, PartitionSpec(b))
+    lse_sharding = NamedSharding(mesh, PartitionSpec(b, h, None))
+    arg_shardings = (q_sharding, kv_sharding, kv_sharding, lengths_sharding, lengths_sharding)
+    return arg_shardings, (q_sharding, lse_sharding)

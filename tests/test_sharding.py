@@ -1,0 +1,202 @@
+"""Multi-device sharding: batch- and head-sharded inputs run shard-local (no all-gather of q, k or v), keep their
+sharding, and give the single-device result; sequence-sharded inputs are gathered with a one-time warning; the call
+works inside shard_map and under both partitioners (Shardy, GSPMD).
+
+On CPU the devices are the virtual ones conftest.py asks XLA for (--xla_force_host_platform_device_count=4); the
+same tests run on GPUs when the machine has two or more.
+"""
+
+from __future__ import annotations
+
+import re
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from jax.sharding import AxisType, NamedSharding
+from jax.sharding import PartitionSpec as P
+
+import jax_flash
+from jax_flash import _sharding
+from conftest import GPU_DEVICES, random_qkv
+
+try:
+    from jax import shard_map
+except ImportError:  # older jax
+    from jax.experimental.shard_map import shard_map
+
+
+def _platform_devices(platform):
+    if platform == "cpu":
+        devices = jax.devices("cpu")
+        if len(devices) < 4:
+            pytest.fail("conftest.py should have made 4 virtual CPU devices (XLA_FLAGS was set too late?)")
+        return devices[:4]
+    if len(GPU_DEVICES) < 2:
+        pytest.skip(f"multi-GPU sharding needs 2 or more GPUs; {len(GPU_DEVICES)} visible")
+    return GPU_DEVICES[:4] if len(GPU_DEVICES) >= 4 else GPU_DEVICES[:2]
+
+
+@pytest.fixture(params=["cpu", "gpu"])
+def devices(request):
+    return _platform_devices(request.param)
+
+
+def _mesh(devices, axis_types=AxisType.Auto):
+    n = len(devices)
+    shape = (2, n // 2)  # (data, model): (2, 2) on 4 devices, (2, 1) on 2
+    return jax.make_mesh(shape, ("data", "model"), axis_types=(axis_types,) * 2, devices=devices)
+
+
+def _inputs(devices, heads_q=8, heads_k=2, batch=4, seq_q=80, seq_k=112, head_dim=64):
+    dtype = jnp.float32 if devices[0].platform == "cpu" else jnp.bfloat16
+    return random_qkv(0, batch, seq_q, seq_k, heads_q, heads_k, head_dim, dtype)
+
+
+def _single_device(devices, fn, *args):
+    return jax.jit(fn)(*(jax.device_put(x, devices[0]) for x in args))
+
+
+def _collectives(hlo: str) -> list[str]:
+    return sorted(set(re.findall(r"\b(all-gather|all-to-all|collective-permute|all-reduce|reduce-scatter)\b", hlo)))
+
+
+@pytest.mark.parametrize("heads_q,heads_k", [(8, 8), (8, 2), (8, 1)], ids=["mha", "gqa", "mqa"])
+@pytest.mark.parametrize("axis_types", [AxisType.Auto, AxisType.Explicit], ids=["auto", "explicit"])
+def test_batch_and_head_sharding_runs_shard_local(devices, heads_q, heads_k, axis_types):
+    mesh = _mesh(devices, axis_types)
+    q, k, v = _inputs(devices, heads_q, heads_k)
+    lengths = jnp.array([80, 33, 0, 71], jnp.int32)
+
+    def fn(q, k, v, kv_lengths):
+        return jax_flash.attention(q, k, v, causal=True, window=(40, -1), kv_lengths=kv_lengths, return_lse=True)
+
+    expected_out, expected_lse = _single_device(devices, fn, q, k, v, lengths)
+    spec = NamedSharding(mesh, P("data", None, "model", None))
+    kv_spec = spec if heads_k % mesh.shape["model"] == 0 else NamedSharding(mesh, P("data"))  # MQA: one kv head
+    args = (jax.device_put(q, spec), *(jax.device_put(x, kv_spec) for x in (k, v)),
+            jax.device_put(lengths, NamedSharding(mesh, P("data"))))
+    jitted = jax.jit(fn)
+    out, lse = jitted(*args)
+
+    np.testing.assert_array_equal(np.asarray(out.astype(jnp.float32)), np.asarray(expected_out.astype(jnp.float32)))
+    np.testing.assert_array_equal(np.asarray(lse), np.asarray(expected_lse))
+    assert out.sharding.is_equivalent_to(spec, 4), f"output sharding {out.sharding} differs from the input's {spec}"
+    assert lse.sharding.is_equivalent_to(NamedSharding(mesh, P("data", "model", None)), 3), lse.sharding
+
+    hlo = jitted.lower(*args).compile().as_text()
+    assert _collectives(hlo) == [], f"sharded attention should need no collectives, found {_collectives(hlo)}"
+    # The kernel sees one device's shard: batch / 2, heads / model size (kv heads too unless MQA).
+    n_model = mesh.shape["model"]
+    local_q = f"[2,80,{heads_q // n_model},64]"
+    local_k = f"[2,112,{heads_k // n_model if heads_k > 1 else 1},64]"
+    call = next(line for line in hlo.splitlines() if 'custom_call_target="jax_flash_attention"' in line)
+    assert local_q in call and local_k in call, call
+
+
+def test_batch_only_mesh_and_lengths_sharded(devices):
+    mesh = jax.make_mesh((len(devices),), ("data",), axis_types=(AxisType.Auto,), devices=devices)
+    q, k, v = _inputs(devices, heads_q=4, heads_k=4, batch=8, seq_q=64, seq_k=64)
+    q_lengths = jnp.array([64, 1, 17, 0, 64, 40, 63, 2], jnp.int32)
+
+    def fn(q, k, v, q_lengths):
+        return jax_flash.attention(q, k, v, q_lengths=q_lengths, softcap=5.0)
+
+    expected = _single_device(devices, fn, q, k, v, q_lengths)
+    spec = NamedSharding(mesh, P("data"))
+    jitted = jax.jit(fn)
+    args = [jax.device_put(x, spec) for x in (q, k, v, q_lengths)]
+    out = jitted(*args)
+    np.testing.assert_array_equal(np.asarray(out.astype(jnp.float32)), np.asarray(expected.astype(jnp.float32)))
+    assert out.sharding.is_equivalent_to(spec, 4), out.sharding
+    assert _collectives(jitted.lower(*args).compile().as_text()) == []
+
+
+def test_sequence_sharded_input_is_gathered_with_one_warning(devices):
+    mesh = _mesh(devices)
+    q, k, v = _inputs(devices)
+    expected = _single_device(devices, jax_flash.attention, q, k, v)
+    seq_spec = NamedSharding(mesh, P(None, "model", None, None))
+    args = [jax.device_put(x, seq_spec) for x in (q, k, v)]
+    _sharding._warned.clear()
+    with pytest.warns(UserWarning, match="sharded along the sequence or head_dim axis; it is gathered"):
+        out = jax.jit(jax_flash.attention)(*args)
+    np.testing.assert_array_equal(np.asarray(out.astype(jnp.float32)), np.asarray(expected.astype(jnp.float32)))
+    # Once per process: a second, differently shaped call does not warn again.
+    import warnings
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        jax.jit(lambda q, k, v: jax_flash.attention(q, k, v, causal=True))(*args)
+
+
+def test_head_dim_sharded_input_is_gathered(devices):
+    mesh = _mesh(devices)
+    q, k, v = _inputs(devices)
+    expected = _single_device(devices, jax_flash.attention, q, k, v)
+    spec = NamedSharding(mesh, P("data", None, None, "model"))
+    _sharding._warned.clear()
+    with pytest.warns(UserWarning, match="head_dim"):
+        out = jax.jit(jax_flash.attention)(*(jax.device_put(x, spec) for x in (q, k, v)))
+    np.testing.assert_array_equal(np.asarray(out.astype(jnp.float32)), np.asarray(expected.astype(jnp.float32)))
+
+
+def test_heads_that_cannot_split_consistently_are_replicated(devices):
+    mesh = _mesh(devices)
+    if mesh.shape["model"] < 2:
+        pytest.skip("needs a model axis of size >= 2 (4 devices)")
+    q, k, v = _inputs(devices, heads_q=6, heads_k=3)  # 3 kv heads over 2 devices: no consistent split
+    expected = _single_device(devices, jax_flash.attention, q, k, v)
+    spec = NamedSharding(mesh, P("data", None, "model", None))
+    q_sharded = jax.device_put(q, spec)
+    k_sharded, v_sharded = (jax.device_put(x, NamedSharding(mesh, P("data"))) for x in (k, v))
+    _sharding._warned.clear()
+    with pytest.warns(UserWarning, match="cannot be split consistently"):
+        out = jax.jit(jax_flash.attention)(q_sharded, k_sharded, v_sharded)
+    np.testing.assert_array_equal(np.asarray(out.astype(jnp.float32)), np.asarray(expected.astype(jnp.float32)))
+
+
+def test_inside_shard_map(devices):
+    mesh = _mesh(devices)
+    q, k, v = _inputs(devices)
+    expected = _single_device(devices, lambda q, k, v: jax_flash.attention(q, k, v, causal=True), q, k, v)
+    spec = P("data", None, "model", None)
+    fn = jax.jit(shard_map(lambda q, k, v: jax_flash.attention(q, k, v, causal=True), mesh=mesh,
+                           in_specs=(spec, spec, spec), out_specs=spec))
+    args = [jax.device_put(x, NamedSharding(mesh, spec)) for x in (q, k, v)]
+    out = fn(*args)
+    np.testing.assert_array_equal(np.asarray(out.astype(jnp.float32)), np.asarray(expected.astype(jnp.float32)))
+    assert _collectives(fn.lower(*args).compile().as_text()) == []
+
+
+def test_gspmd_partitioner(devices):
+    """The non-Shardy partitioner uses infer_sharding_from_operands instead of the Shardy rule."""
+    mesh = _mesh(devices)
+    q, k, v = _inputs(devices)
+    expected = _single_device(devices, jax_flash.attention, q, k, v)
+    spec = NamedSharding(mesh, P("data", None, "model", None))
+    args = [jax.device_put(x, spec) for x in (q, k, v)]
+    previous = jax.config.jax_use_shardy_partitioner
+    jax.config.update("jax_use_shardy_partitioner", False)
+    try:
+        jitted = jax.jit(jax_flash.attention)
+        out = jitted(*args)
+        hlo = jitted.lower(*args).compile().as_text()
+    finally:
+        jax.config.update("jax_use_shardy_partitioner", previous)
+    np.testing.assert_array_equal(np.asarray(out.astype(jnp.float32)), np.asarray(expected.astype(jnp.float32)))
+    assert out.sharding.is_equivalent_to(spec, 4), out.sharding
+    assert _collectives(hlo) == [], _collectives(hlo)
+
+
+def test_vmap_over_sharded_inputs(devices):
+    """vmap folds into the batch before partitioning; the folded batch stays split."""
+    mesh = _mesh(devices)
+    q, k, v = _inputs(devices)
+    stacked = [jnp.stack([x, x[::-1]]) for x in (q, k, v)]  # (2, B, S, H, D)
+    spec = NamedSharding(mesh, P(None, "data", None, "model", None))
+    out = jax.jit(jax.vmap(jax_flash.attention))(*(jax.device_put(x, spec) for x in stacked))
+    for i in range(2):
+        expected = _single_device(devices, jax_flash.attention, *(x[i] for x in stacked))
+        np.testing.assert_array_equal(np.asarray(out[i].astype(jnp.float32)),
+                                      np.asarray(expected.astype(jnp.float32)))
