@@ -25,7 +25,7 @@ awk 'NR > 1 && $NF > 0' "$OUT/sass.txt" | head -5
 
 cd /tmp
 start=$(date +%s)
-python3 -m pytest -q --maxfail=20 -p no:cacheprovider ${K_EXPR:+-k "$K_EXPR"} "$REPO/tests" > "$OUT/pytest.log" 2>&1
+timeout ${PYTEST_TIMEOUT:-420} python3 -m pytest -q --maxfail=20 -p no:cacheprovider ${K_EXPR:+-k "$K_EXPR"} "$REPO/tests" > "$OUT/pytest.log" 2>&1
 echo "pytest: exit $? in $(( $(date +%s) - start )) s"
 grep -E "^(FAILED|ERROR)" "$OUT/pytest.log" | head -20
 tail -3 "$OUT/pytest.log"
@@ -36,7 +36,7 @@ if [ -n "${HARNESS:-}" ]; then
   echo "harness: exit $? in $(( $(date +%s) - start )) s"
 fi
 
-python3 -m jax_flash.benchmark --json "$OUT/bench.json" --plot "$OUT/bench.png" "$@" > "$OUT/bench.log" 2>&1
+timeout ${BENCH_TIMEOUT:-400} python3 -m jax_flash.benchmark --json "$OUT/bench.json" --plot "$OUT/bench.png" "$@" > "$OUT/bench.log" 2>&1
 echo "benchmark: exit $?"
 grep "^#" "$OUT/bench.log" | head -5
 sed -n '/^TFLOP/,$p' "$OUT/bench.log"

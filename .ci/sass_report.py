@@ -18,7 +18,7 @@ for block in re.split(r"\n\s+Function : ", text)[1:]:
     mma = [i for i, line in enumerate(lines) if re.search(r"\bH(G)?MMA\b", line)]
     local = [i for i, line in enumerate(lines) if re.search(r"\b(LDL|STL)\b", line)]
     in_loop = [i for i in local if mma and mma[0] <= i <= mma[-1]]
-    short = re.sub(r"_ZN9jax_flash4sm8016attention_kernelINS0_6TraitsIXtlNS_9KernelKeyE", "", name)[:70]
+    short = re.sub(r"_ZN9jax_flash4(sm[89]0)16attention_kernelINS0_6TraitsIXtlNS_9KernelKeyE", r"\1:", name)[:70]
     rows.append((short, len(lines), sum("HMMA" in x for x in lines), sum("HGMMA" in x for x in lines),
                  sum("LDSM" in x for x in lines), len(local), len(in_loop)))
 print(f"{'kernel (mangled KernelKey, variant)':72} instr  HMMA HGMMA LDSM LDL/STL in-loop")

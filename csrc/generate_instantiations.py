@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Writes the sm80-family kernel instantiations and their registry from jax_flash/config.py.
+"""Writes the GPU kernel instantiations (sm80 and sm90 families) and their registry from jax_flash/config.py.
 
     python csrc/generate_instantiations.py            # the shipped set -> csrc/instantiations/ (checked in)
     python csrc/generate_instantiations.py --set sweep --out build/gen   # shipped + tuning-sweep candidates
@@ -32,8 +32,10 @@ def load_config_module():
 
 
 def key_literal(config_module, dtype: str, head_dim: int, cfg) -> str:
-    fields = {"dtype": config_module.GPU_DTYPES[dtype], "head_dim": head_dim, **cfg.to_attrs()}
+    fields = {"dtype": config_module.GPU_DTYPES[dtype], "head_dim": head_dim, **cfg.to_attrs()}  # declaration order
     bools = {"async_copy", "eager_load_blocks", "swizzled", "mma_double_buffer_loads", "optimized_softmax"}
+    # C++ designated initializers must follow KernelKey's declaration order: the config fields in dataclass order
+    # (family, stages, consumer_warpgroups last), as csrc/common/kernel_key.h declares them.
     parts = [f".{name} = {('true' if value else 'false') if name in bools else value}" for name, value in fields.items()]
     return "KernelKey{" + ", ".join(parts) + "}"
 
@@ -43,16 +45,19 @@ def render(config_module, kernel_set: str) -> dict[str, str]:
     entries = []
     for dtype, head_dim, cfg in config_module.kernel_set(kernel_set):
         key = key_literal(config_module, dtype, head_dim, cfg)
-        name = f"sm80_{dtype}_hd{head_dim}_{cfg.short_name()}.cu"
-        files[name] = (HEADER + '#include "sm80/launch.cuh"\n\nnamespace jax_flash::sm80 {\n'
-                       f"template std::string run_attention_sm80<{key}>(const AttentionParams&, cudaStream_t);\n"
-                       "}  // namespace jax_flash::sm80\n")
-        entries.append(f"    {{{key},\n     &run_attention_sm80<{key}>,\n     Traits<{key}>::kSmemBytes}},")
-    files["registry.cu"] = (HEADER + '#include "sm80/api.h"\n#include "sm80/traits.cuh"\n\n'
-                            "namespace jax_flash::sm80 {\n\nconst RegistryEntry kRegistry[] = {\n" + "\n".join(entries) +
+        family = cfg.family  # "sm80" or "sm90": the folder, namespace and run function of the kernel
+        name = f"{family}_{dtype}_hd{head_dim}_{cfg.short_name()}.cu"
+        files[name] = (HEADER + f'#include "{family}/launch.cuh"\n\nnamespace jax_flash::{family} {{\n'
+                       f"template std::string run_attention_{family}<{key}>(const AttentionParams&, cudaStream_t);\n"
+                       f"}}  // namespace jax_flash::{family}\n")
+        entries.append(f"    {{{key},\n     &{family}::run_attention_{family}<{key}>,\n"
+                       f"     {family}::Traits<{key}>::kSmemBytes}},")
+    files["registry.cu"] = (HEADER + '#include "common/registry.h"\n#include "sm80/api.h"\n#include "sm80/traits.cuh"\n'
+                            '#include "sm90/api.h"\n#include "sm90/traits.cuh"\n\n'
+                            "namespace jax_flash {\n\nconst RegistryEntry kRegistry[] = {\n" + "\n".join(entries) +
                             "\n};\nconst int kRegistrySize = sizeof(kRegistry) / sizeof(kRegistry[0]);\n"
                             f'const char* const kKernelSet = "{kernel_set}";\n\n'
-                            "}  // namespace jax_flash::sm80\n")
+                            "}  // namespace jax_flash\n")
     return files
 
 

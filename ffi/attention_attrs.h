@@ -20,6 +20,9 @@ struct AttentionAttrs {
   int64_t v_mma_load_k_fragments;
   int64_t mma_double_buffer_loads;
   int64_t optimized_softmax;
+  int64_t family;  // 80 or 90 (KernelKey::family)
+  int64_t stages;
+  int64_t consumer_warpgroups;
   float softmax_scale;
   int64_t causal;          // bottom-right aligned
   int64_t window_left;     // -1 = unbounded
@@ -44,6 +47,9 @@ XLA_FFI_REGISTER_STRUCT_ATTR_DECODING(jax_flash::AttentionAttrs,
                                       ::xla::ffi::StructMember<int64_t>("v_mma_load_k_fragments"),
                                       ::xla::ffi::StructMember<int64_t>("mma_double_buffer_loads"),
                                       ::xla::ffi::StructMember<int64_t>("optimized_softmax"),
+                                      ::xla::ffi::StructMember<int64_t>("family"),
+                                      ::xla::ffi::StructMember<int64_t>("stages"),
+                                      ::xla::ffi::StructMember<int64_t>("consumer_warpgroups"),
                                       ::xla::ffi::StructMember<float>("softmax_scale"),
                                       ::xla::ffi::StructMember<int64_t>("causal"),
                                       ::xla::ffi::StructMember<int64_t>("window_left"),

@@ -9,7 +9,7 @@
 #include "ffi/attention_attrs.h"
 #include "ffi/handlers.h"
 #include "ffi/validate.h"
-#include "sm80/api.h"
+#include "common/registry.h"
 
 namespace jax_flash {
 namespace {
@@ -52,8 +52,8 @@ ffi::Error current_device_limits(DeviceLimits& out) {
 
 std::string available_for(int dtype, int head_dim) {
   std::string list;
-  for (int i = 0; i < sm80::kRegistrySize; ++i) {
-    const KernelKey& key = sm80::kRegistry[i].key;
+  for (int i = 0; i < kRegistrySize; ++i) {
+    const KernelKey& key = kRegistry[i].key;
     if (key.dtype == dtype && key.head_dim == head_dim) list += "\n  " + describe(key);
   }
   return list.empty() ? std::string(" none for this dtype and head_dim") : list;
@@ -82,8 +82,11 @@ ffi::Error attention_cuda_impl(cudaStream_t stream, ffi::AnyBuffer q, ffi::AnyBu
                       .k_mma_load_k_fragments = static_cast<int>(attrs.k_mma_load_k_fragments),
                       .v_mma_load_k_fragments = static_cast<int>(attrs.v_mma_load_k_fragments),
                       .mma_double_buffer_loads = attrs.mma_double_buffer_loads != 0,
-                      .optimized_softmax = attrs.optimized_softmax != 0};
-  const sm80::RegistryEntry* entry = sm80::find_kernel(key);
+                      .optimized_softmax = attrs.optimized_softmax != 0,
+                      .family = static_cast<int>(attrs.family),
+                      .stages = static_cast<int>(attrs.stages),
+                      .consumer_warpgroups = static_cast<int>(attrs.consumer_warpgroups)};
+  const RegistryEntry* entry = find_kernel(key);
   if (entry == nullptr) {
     return ffi::Error(ffi::ErrorCode::kNotFound, "jax_flash: no compiled GPU kernel for " + describe(key) +
                                                      "; compiled configs for this dtype and head_dim:" +
@@ -97,6 +100,12 @@ ffi::Error attention_cuda_impl(cudaStream_t stream, ffi::AnyBuffer q, ffi::AnyBu
     return ffi::Error(ffi::ErrorCode::kFailedPrecondition,
                       "jax_flash: the GPU kernels need compute capability 8.0 or newer; this device is " +
                           std::to_string(limits.major) + "." + std::to_string(limits.minor));
+  }
+  if (key.family == 90 && limits.major != 9) {
+    return ffi::Error(ffi::ErrorCode::kFailedPrecondition,
+                      "jax_flash: " + describe(key) + " uses Hopper-only instructions (wgmma, TMA) and needs compute "
+                      "capability 9.0 (H100/H200); this device is " + std::to_string(limits.major) + "." +
+                          std::to_string(limits.minor) + ". Use a family='sm80' config (or cfg=None).");
   }
   if (entry->smem_bytes > limits.max_smem_optin) {
     return ffi::Error(ffi::ErrorCode::kFailedPrecondition,

@@ -5,7 +5,7 @@
 
 #include "ffi/handlers.h"
 #ifdef JAX_FLASH_WITH_CUDA
-#include "sm80/api.h"
+#include "common/registry.h"
 #endif
 
 namespace nb = nanobind;
@@ -24,7 +24,7 @@ NB_MODULE(_jax_flash, m) {
 
 #ifdef JAX_FLASH_WITH_CUDA
   m.attr("built_with_cuda") = true;
-  m.attr("kernel_set") = jax_flash::sm80::kKernelSet;
+  m.attr("kernel_set") = jax_flash::kKernelSet;
 #else
   m.attr("built_with_cuda") = false;
   m.attr("kernel_set") = "none";
@@ -34,11 +34,11 @@ NB_MODULE(_jax_flash, m) {
   m.def("gpu_kernels", []() {
     nb::list kernels;
 #ifdef JAX_FLASH_WITH_CUDA
-    for (int i = 0; i < jax_flash::sm80::kRegistrySize; ++i) {
-      const auto& e = jax_flash::sm80::kRegistry[i];
+    for (int i = 0; i < jax_flash::kRegistrySize; ++i) {
+      const auto& e = jax_flash::kRegistry[i];
       const auto& k = e.key;
       nb::dict d;
-      d["family"] = "sm80";
+      d["family"] = k.family == 90 ? "sm90" : "sm80";
       d["dtype"] = jax_flash::dtype_name(k.dtype);
       d["head_dim"] = k.head_dim;
       d["block_q"] = k.block_q;
@@ -52,6 +52,8 @@ NB_MODULE(_jax_flash, m) {
       d["v_mma_load_k_fragments"] = k.v_mma_load_k_fragments;
       d["mma_double_buffer_loads"] = k.mma_double_buffer_loads;
       d["optimized_softmax"] = k.optimized_softmax;
+      d["stages"] = k.stages;
+      d["consumer_warpgroups"] = k.consumer_warpgroups;
       d["smem_bytes"] = e.smem_bytes;
       kernels.append(d);
     }

@@ -114,11 +114,16 @@ def resolve_gpu_config(cfg: KernelConfig | None, dtype, head_dim: int, tuned: Ke
     head_dims = _ffi.gpu_head_dims(dtype_name)
     if head_dim not in head_dims:
         raise ValueError(f"head_dim={head_dim} is not supported on GPU; supported head dims: {head_dims}")
-    compiled = _ffi.compiled_configs_for(dtype_name, head_dim)
+    arch = _cuda_arch()
+    # The sm90 family runs on sm_90 only; elsewhere it is neither a default nor a valid choice.
+    compiled = [c for c in _ffi.compiled_configs_for(dtype_name, head_dim) if c.family != "sm90" or arch == 90]
+    if cfg is not None and cfg.family == "sm90" and arch != 90:
+        raise ValueError(f"cfg={cfg!r} is a family='sm90' (Hopper: wgmma, TMA) config; this GPU is sm_{arch}. "
+                         f"Use a family='sm80' config or cfg=None")
     if cfg is None:
         if tuned is not None and tuned in compiled:  # the autotune cache first, then the table
             return tuned
-        return default_gpu_config(_cuda_arch(), dtype_name, head_dim, compiled)
+        return default_gpu_config(arch, dtype_name, head_dim, compiled)
     if cfg not in compiled:
         listing = "\n  ".join(repr(c) for c in compiled)
         raise ValueError(f"cfg={cfg!r} is not compiled into this build for {dtype_name} head_dim={head_dim}. "

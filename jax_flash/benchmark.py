@@ -27,11 +27,32 @@ from jax_flash.timing import time_loop_ms
 DTYPES = {"bf16": jnp.bfloat16, "fp16": jnp.float16, "fp32": jnp.float32}
 
 
+def _other_families(dtype, head_dim: int) -> dict:
+    """family -> its first compiled config for (dtype, head_dim), for families other than cfg=None's on this GPU."""
+    from jax_flash._primitive import _cuda_arch, resolve_gpu_config
+
+    try:
+        default = resolve_gpu_config(None, dtype, head_dim)
+    except (ValueError, TypeError, RuntimeError):
+        return {}
+    others = {}
+    for kernel in jax_flash.supported_configs():
+        cfg = kernel.config
+        if (kernel.dtype == jnp.dtype(dtype).name and kernel.head_dim == head_dim and cfg.family != default.family
+                and cfg.family not in others and cfg.fits(head_dim, _cuda_arch()) is None):
+            others[cfg.family] = cfg
+    return others
+
+
 def _implementations(platform: str, dtype, head_dim: int, configs: str, causal: bool):
     """name -> fn(q, k, v) for everything that can run here."""
     impls = {}
     if configs == "default":
         impls["jax_flash"] = lambda q, k, v: jax_flash.attention(q, k, v, causal=causal)
+        if platform == "gpu":  # the other family's best compiled config beside the default, where it can run
+            for family, cfg in _other_families(dtype, head_dim).items():
+                impls[f"jax_flash_{family}"] = lambda q, k, v, cfg=cfg: jax_flash.attention(q, k, v, cfg=cfg,
+                                                                                             causal=causal)
     else:
         chosen = (config_module.PROGRESSION_CONFIGS if configs == "progression"
                   else [kc.config for kc in jax_flash.supported_configs()

@@ -21,6 +21,12 @@ _MMA_K = 16  # k extent of one mma.sync.m16n8k16 fragment
 _MAX_REGISTERS = 255  # per thread, sm_80 and sm_90
 _MAX_SMEM_BYTES = 227 * 1024  # opt-in dynamic shared memory per block on sm_90 (sm_80: 163 KB)
 _SM80_MAX_SMEM_BYTES = 163 * 1024
+# The kernel families; the integer is KernelKey::family (csrc/common/kernel_key.h).
+FAMILIES = {"sm80": 80, "sm90": 90}
+_SM90_HEAD_DIMS = (64, 128)
+_SM90_BLOCK_KV = (64, 128)
+_SM90_STAGES = (2, 3)
+_SM90_CONSUMERS = (2,)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -37,6 +43,13 @@ class KernelConfig:
     mma_double_buffer_loads: load the next fragment chunk before the mma instructions of the current one.
     optimized_softmax: exp2 with scale*log2(e) folded into one FFMA per score.
 
+    family: "sm80" (the knobs above; mma.sync, runs on compute capability 8.0+) or "sm90" (Hopper only: wgmma, TMA,
+        a producer warpgroup and consumer warpgroups; csrc/sm90/). An sm90 config sets block_q = 64 *
+        consumer_warpgroups, num_warps = 4 * (consumer_warpgroups + 1), block_kv in {64, 128} and its own knobs:
+    stages: depth of the K/V shared-memory pipeline the producer fills with TMA copies (sm90 only).
+    consumer_warpgroups: math warpgroups of 64 query rows each (sm90 only).
+    The sm80-only knobs stay at their defaults in an sm90 config, and the sm90-only knobs in an sm80 config.
+
     Data type and head dim come from the inputs. The CPU handler uses block_q and block_kv as its tile sizes.
     """
 
@@ -52,8 +65,17 @@ class KernelConfig:
     v_mma_load_k_fragments: int = 1
     mma_double_buffer_loads: bool = True
     optimized_softmax: bool = True
+    family: str = "sm80"
+    stages: int = 2
+    consumer_warpgroups: int = 2
 
     def __post_init__(self):
+        _require(self.family in FAMILIES, f"KernelConfig.family={self.family!r} is not allowed; choose one of "
+                                          f"{tuple(FAMILIES)}")
+        for name in ("stages", "consumer_warpgroups"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int):
+                raise TypeError(f"KernelConfig.{name} must be an int, got {value!r} of type {type(value).__name__}")
         for name in ("block_q", "block_kv", "num_warps", "q_mma_load_k_fragments", "k_mma_load_k_fragments",
                      "v_mma_load_k_fragments"):
             value = getattr(self, name)
@@ -63,6 +85,13 @@ class KernelConfig:
             value = getattr(self, name)
             if not isinstance(value, bool):
                 raise TypeError(f"KernelConfig.{name} must be a bool, got {value!r} of type {type(value).__name__}")
+        if self.family == "sm90":
+            self._validate_sm90()
+            return
+        for name in ("stages", "consumer_warpgroups"):
+            _require(getattr(self, name) == _FIELD_DEFAULTS[name],
+                     f"KernelConfig.{name}={getattr(self, name)} applies to family='sm90' only; leave it at "
+                     f"{_FIELD_DEFAULTS[name]} for family='sm80'")
         _require(self.block_q in _BLOCK_Q, f"KernelConfig.block_q={self.block_q} is not allowed; choose one of {_BLOCK_Q}")
         _require(self.block_kv in _BLOCK_KV,
                  f"KernelConfig.block_kv={self.block_kv} is not allowed; choose one of {_BLOCK_KV}")
@@ -81,11 +110,41 @@ class KernelConfig:
                  f"KernelConfig.v_mma_load_k_fragments={self.v_mma_load_k_fragments} must be 0 or divide "
                  f"block_kv/16={self.block_kv // _MMA_K}")
 
+    def _validate_sm90(self) -> None:
+        _require(self.consumer_warpgroups in _SM90_CONSUMERS,
+                 f"KernelConfig.consumer_warpgroups={self.consumer_warpgroups} is not allowed for family='sm90'; "
+                 f"choose one of {_SM90_CONSUMERS}")
+        _require(self.stages in _SM90_STAGES,
+                 f"KernelConfig.stages={self.stages} is not allowed; choose one of {_SM90_STAGES}")
+        _require(self.block_q == 64 * self.consumer_warpgroups,
+                 f"KernelConfig.block_q={self.block_q} must be 64 * consumer_warpgroups = "
+                 f"{64 * self.consumer_warpgroups} for family='sm90' (each consumer warpgroup owns 64 rows)")
+        _require(self.num_warps == 4 * (self.consumer_warpgroups + 1),
+                 f"KernelConfig.num_warps={self.num_warps} must be 4 * (consumer_warpgroups + 1) = "
+                 f"{4 * (self.consumer_warpgroups + 1)} for family='sm90' (a producer warpgroup + the consumers)")
+        _require(self.block_kv in _SM90_BLOCK_KV,
+                 f"KernelConfig.block_kv={self.block_kv} is not allowed for family='sm90'; choose one of "
+                 f"{_SM90_BLOCK_KV}")
+        for name in _SM80_ONLY:
+            _require(getattr(self, name) == _FIELD_DEFAULTS[name],
+                     f"KernelConfig.{name}={getattr(self, name)!r} applies to family='sm80' only; leave it at "
+                     f"{_FIELD_DEFAULTS[name]!r} for family='sm90'")
+
+    @staticmethod
+    def sm90(block_kv: int = 128, stages: int = 2, consumer_warpgroups: int = 2) -> "KernelConfig":
+        """An sm90-family config (block_q and num_warps follow from consumer_warpgroups)."""
+        return KernelConfig(family="sm90", block_q=64 * consumer_warpgroups, block_kv=block_kv,
+                            num_warps=4 * (consumer_warpgroups + 1), stages=stages,
+                            consumer_warpgroups=consumer_warpgroups)
+
     # ---- derived numbers shared by the validator, the generator and the docs -------------------------------------
     def rows_per_warp(self) -> int:
         return self.block_q // self.num_warps
 
     def smem_bytes(self, head_dim: int, elem_bytes: int = 2) -> int:
+        if self.family == "sm90":  # Q + stages x (K + V) + barriers + 1024 alignment slack (csrc/sm90/traits.cuh)
+            return ((self.block_q + 2 * self.stages * self.block_kv) * head_dim * elem_bytes +
+                    8 * (1 + 3 * self.stages) + 1024)
         # sQ (block_q, D) + sK (block_kv, D) + sV (block_kv, D); csrc/sm80/traits.cuh derives the same number.
         return (self.block_q + 2 * self.block_kv) * head_dim * elem_bytes
 
@@ -113,6 +172,8 @@ class KernelConfig:
 
     def fits(self, head_dim: int, arch: int = 90) -> str | None:
         """None if this config can be built for `head_dim`, else the reason it cannot (the seed's should_autotune)."""
+        if self.family == "sm90":
+            return self._fits_sm90(head_dim, arch)
         d_steps = head_dim // _MMA_K
         for name in ("q_mma_load_k_fragments", "k_mma_load_k_fragments"):
             n = getattr(self, name)
@@ -127,8 +188,24 @@ class KernelConfig:
                     f"use more warps, a smaller block_q/block_kv or smaller fragment loads")
         return None
 
+    def _fits_sm90(self, head_dim: int, arch: int) -> str | None:
+        if arch < 90:
+            return f"family='sm90' needs compute capability 9.0 (H100/H200), not sm_{arch}"
+        if head_dim not in _SM90_HEAD_DIMS:
+            return f"family='sm90' is built for head_dim in {_SM90_HEAD_DIMS}, not {head_dim}"
+        if self.smem_bytes(head_dim) > _MAX_SMEM_BYTES:
+            return f"needs {self.smem_bytes(head_dim)} bytes of shared memory, more than {_MAX_SMEM_BYTES} on sm_90"
+        # Per consumer thread: O (64 x D fp32 over 128 threads) + S (64 x block_kv) + P (bf16 pairs) + about 40 for
+        # softmax state and addresses, within the 240 that setmaxnreg gives each consumer (csrc/sm90/traits.cuh).
+        regs = head_dim // 2 + self.block_kv // 2 + self.block_kv // 4 + 40
+        if regs > 240:
+            return f"needs about {regs} registers per consumer thread at head_dim={head_dim} (limit 240)"
+        return None
+
     def short_name(self) -> str:
-        """Compact name used in generated file names: q128_kv64_w8_a1e1s1_f0-2-1_d1o1."""
+        """Compact name used in generated file names: q128_kv64_w8_a1e1s1_f0-2-1_d1o1 (sm80), sm90_q128_kv128_st2_wg2."""
+        if self.family == "sm90":
+            return f"q{self.block_q}_kv{self.block_kv}_st{self.stages}_wg{self.consumer_warpgroups}"
         b = lambda x: int(x)  # noqa: E731
         return (f"q{self.block_q}_kv{self.block_kv}_w{self.num_warps}_a{b(self.async_copy)}e{b(self.eager_load_blocks)}"
                 f"s{b(self.swizzled)}_f{self.q_mma_load_k_fragments}-{self.k_mma_load_k_fragments}-"
@@ -136,7 +213,14 @@ class KernelConfig:
 
     def to_attrs(self) -> dict[str, int]:
         """The FFI attributes (all int64) under the field names; ffi/attention_attrs.h decodes the same names."""
-        return {f.name: int(getattr(self, f.name)) for f in dataclasses.fields(self)}
+        attrs = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+        attrs["family"] = FAMILIES[self.family]
+        return {name: int(value) for name, value in attrs.items()}
+
+
+_FIELD_DEFAULTS = {f.name: f.default for f in dataclasses.fields(KernelConfig)}
+_SM80_ONLY = ("async_copy", "eager_load_blocks", "swizzled", "q_mma_load_k_fragments", "k_mma_load_k_fragments",
+              "v_mma_load_k_fragments", "mma_double_buffer_loads", "optimized_softmax")
 
 
 def _require(ok: bool, message: str) -> None:
@@ -185,6 +269,14 @@ TUNED_CONFIGS: dict[int, tuple[KernelConfig, ...]] = {
 }
 
 
+# The Hopper family (csrc/sm90/): built for every dtype at these head dims; cfg=None picks it on sm_90 where
+# jax_flash/defaults.py says it is faster.
+SM90_CONFIGS: dict[int, tuple[KernelConfig, ...]] = {
+    64: (KernelConfig.sm90(block_kv=128, stages=2),),
+    128: (KernelConfig.sm90(block_kv=128, stages=2),),
+}
+
+
 def shipped_kernels() -> Iterator[tuple[str, int, KernelConfig]]:
     """(dtype, head_dim, config) for every kernel the default build compiles, without duplicates, in a fixed order."""
     seen = set()
@@ -193,6 +285,7 @@ def shipped_kernels() -> Iterator[tuple[str, int, KernelConfig]]:
             candidates = list(TUNED_CONFIGS[head_dim])
             if head_dim == 128 and dtype == "bfloat16":  # the progression exists to be benchmarked: one dtype
                 candidates += list(PROGRESSION_CONFIGS)
+            candidates += list(SM90_CONFIGS.get(head_dim, ()))
             for cfg in candidates:
                 key = (dtype, head_dim, cfg)
                 if key in seen:

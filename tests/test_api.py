@@ -142,12 +142,53 @@ def test_supported_configs_come_from_the_registry():
     expected = {(d, h, c) for d, h, c in jax_flash.config.kernel_set(jax_flash._ffi.KERNEL_SET)}
     assert {(k.dtype, k.head_dim, k.config) for k in kernels} == expected
     for k in kernels:
-        assert k.family == "sm80"
+        assert k.family == k.config.family
         assert k.smem_bytes == k.config.smem_bytes(k.head_dim)
+    assert {k.family for k in kernels} == {"sm80", "sm90"}  # both families ship
+
+
+def test_sm90_config_validation():
+    cfg = KernelConfig.sm90(block_kv=64, stages=3)
+    assert (cfg.family, cfg.block_q, cfg.num_warps, cfg.block_kv, cfg.stages) == ("sm90", 128, 12, 64, 3)
+    assert cfg.to_attrs()["family"] == 90 and KernelConfig().to_attrs()["family"] == 80
+    assert cfg.fits(128) is None
+    assert "head_dim in (64, 128)" in cfg.fits(256)
+    assert "needs compute capability 9.0" in cfg.fits(128, arch=80)
+    with pytest.raises(ValueError, match="family='gfx90' is not allowed"):
+        KernelConfig(family="gfx90")
+    with pytest.raises(ValueError, match="num_warps=4 must be 4 \\* \\(consumer_warpgroups \\+ 1\\) = 12"):
+        KernelConfig(family="sm90", block_q=128, block_kv=128)
+    with pytest.raises(ValueError, match="block_kv=32 is not allowed for family='sm90'"):
+        KernelConfig.sm90(block_kv=32)
+    with pytest.raises(ValueError, match="stages=5 is not allowed"):
+        KernelConfig.sm90(stages=5)
+    with pytest.raises(ValueError, match="swizzled=False applies to family='sm80' only"):
+        KernelConfig(family="sm90", block_q=128, block_kv=128, num_warps=12, swizzled=False)
+    with pytest.raises(ValueError, match="stages=3 applies to family='sm90' only"):
+        KernelConfig(stages=3)
+    with pytest.raises(TypeError, match="KernelConfig.stages must be an int"):
+        KernelConfig.sm90(stages=2.0)
+
+
+def test_sm90_family_is_refused_below_sm90_at_lowering(monkeypatch):
+    from jax_flash import _primitive
+
+    monkeypatch.setattr(_primitive, "_cuda_arch", lambda: 80)
+    if not jax_flash._ffi.BUILT_WITH_CUDA:
+        pytest.skip("CPU-only build: GPU lowering raises the no-CUDA error first")
+    with pytest.raises(ValueError, match="is a family='sm90' .* config; this GPU is sm_80"):
+        _primitive.resolve_gpu_config(KernelConfig.sm90(), jnp.float16, 128)
+    assert _primitive.resolve_gpu_config(None, jnp.float16, 128).family == "sm80"
 
 
 def test_generated_instantiations_are_fresh():
     result = subprocess.run([sys.executable, str(ROOT / "csrc" / "generate_instantiations.py"), "--check"],
+                            capture_output=True, text=True)
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_generated_wgmma_wrappers_are_fresh():
+    result = subprocess.run([sys.executable, str(ROOT / "csrc" / "sm90" / "generate_wgmma.py"), "--check"],
                             capture_output=True, text=True)
     assert result.returncode == 0, result.stdout + result.stderr
 

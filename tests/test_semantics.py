@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 import jax_flash
-from conftest import assert_flash_close, random_qkv
+from conftest import GPU_DEVICES, assert_flash_close, random_qkv
 
 DTYPES = [jnp.float16, jnp.bfloat16]
 HEAD_DIMS = [64, 128, 256]
@@ -31,7 +31,7 @@ FEATURES = {  # name -> attention keyword arguments ("lengths" draws padding len
 HEADS = [(2, 2), (4, 2), (4, 1)]  # MHA, GQA, MQA: cycled over the grid so each appears with every feature
 
 
-def run_case(device, dtype, head_dim, seq_q, seq_k, feature, heads, return_lse):
+def run_case(device, dtype, head_dim, seq_q, seq_k, feature, heads, return_lse, cfg=None):
     kwargs = dict(FEATURES[feature])
     batch = 2
     q, k, v = random_qkv(seq_q * 31 + seq_k + head_dim, batch, seq_q, seq_k, *heads, head_dim, dtype, device)
@@ -39,7 +39,7 @@ def run_case(device, dtype, head_dim, seq_q, seq_k, feature, heads, return_lse):
         kwargs["q_lengths"] = jax.device_put(jnp.asarray([seq_q, max(seq_q // 2, 1)], jnp.int32), device)
         kwargs["kv_lengths"] = jax.device_put(jnp.asarray([max(seq_k - 3, 0), seq_k // 3], jnp.int32), device)
     result = jax.jit(lambda q, k, v, ql, kl: jax_flash.attention(
-        q, k, v, return_lse=return_lse, q_lengths=ql, kv_lengths=kl,
+        q, k, v, cfg, return_lse=return_lse, q_lengths=ql, kv_lengths=kl,
         **{n: x for n, x in kwargs.items() if n not in ("q_lengths", "kv_lengths")}))(
         q, k, v, kwargs.get("q_lengths"), kwargs.get("kv_lengths"))
     out, lse = result if return_lse else (result, None)
@@ -67,6 +67,23 @@ GRID = [(dtype, hd, sq, sk, feature, HEADS[i % 3], i % 2 == 0)
                               f"{'-lse' if g[6] else ''}" for g in GRID])
 def test_semantics_grid(device, dtype, head_dim, seq_q, seq_k, feature, heads, return_lse):
     run_case(device, dtype, head_dim, seq_q, seq_k, feature, heads, return_lse)
+
+
+def _hopper():
+    return bool(GPU_DEVICES) and str(getattr(GPU_DEVICES[0], "compute_capability", "")).startswith("9")
+
+
+SM90_GRID = [g for g in GRID if g[1] in (64, 128)]
+
+
+@pytest.mark.skipif(not _hopper(), reason="the sm90 family needs an sm_90 GPU (H100/H200)")
+@pytest.mark.parametrize("dtype,head_dim,seq_q,seq_k,feature,heads,return_lse", SM90_GRID,
+                         ids=[f"{jnp.dtype(g[0]).name}-d{g[1]}-{g[2]}x{g[3]}-{g[4]}-h{g[5][0]}.{g[5][1]}"
+                              f"{'-lse' if g[6] else ''}" for g in SM90_GRID])
+def test_semantics_grid_sm90(dtype, head_dim, seq_q, seq_k, feature, heads, return_lse):
+    """The same grid on the Hopper family (csrc/sm90/), whatever cfg=None picks."""
+    cfg = jax_flash.KernelConfig.sm90()
+    run_case(GPU_DEVICES[0], dtype, head_dim, seq_q, seq_k, feature, heads, return_lse, cfg=cfg)
 
 
 def test_rows_that_see_nothing_are_zero_with_lse_neg_inf(device):

@@ -24,6 +24,11 @@ struct KernelKey {
   int v_mma_load_k_fragments;
   bool mma_double_buffer_loads;
   bool optimized_softmax;
+  // The kernel family (80: mma.sync / ldmatrix / cp.async, any sm_80+; 90: wgmma / TMA / warp-specialised, sm_90a)
+  // and the sm90 family's own knobs (the sm80 family ignores them).
+  int family = 80;
+  int stages = 2;               // K/V shared-memory pipeline depth
+  int consumer_warpgroups = 2;  // math warpgroups, 64 query rows each (block_q = 64 * consumer_warpgroups)
 
   constexpr bool operator==(const KernelKey&) const = default;
 };
@@ -35,7 +40,12 @@ inline const char* dtype_name(int dtype) {
 // "bfloat16 D=128 block_q=128 block_kv=64 ..." for error messages.
 inline std::string describe(const KernelKey& key) {
   auto b = [](bool x) { return x ? "True" : "False"; };
-  return std::string(dtype_name(key.dtype)) + " head_dim=" + std::to_string(key.head_dim) +
+  if (key.family == 90) {
+    return std::string("family=sm90 ") + dtype_name(key.dtype) + " head_dim=" + std::to_string(key.head_dim) +
+           " block_q=" + std::to_string(key.block_q) + " block_kv=" + std::to_string(key.block_kv) +
+           " stages=" + std::to_string(key.stages) + " consumer_warpgroups=" + std::to_string(key.consumer_warpgroups);
+  }
+  return std::string("family=sm80 ") + dtype_name(key.dtype) + " head_dim=" + std::to_string(key.head_dim) +
          " block_q=" + std::to_string(key.block_q) + " block_kv=" + std::to_string(key.block_kv) +
          " num_warps=" + std::to_string(key.num_warps) + " async_copy=" + b(key.async_copy) +
          " eager_load_blocks=" + b(key.eager_load_blocks) + " swizzled=" + b(key.swizzled) +

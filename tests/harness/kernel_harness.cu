@@ -19,7 +19,7 @@
 
 #include "common/params.h"
 #include "cpu/attention_cpu.h"
-#include "sm80/api.h"
+#include "common/registry.h"
 
 using namespace jax_flash;
 
@@ -92,7 +92,7 @@ struct RunResult {
   std::vector<float> lse;     // with padding
 };
 
-RunResult run_gpu(const sm80::RegistryEntry& e, const Case& c, const std::vector<uint16_t>& q,
+RunResult run_gpu(const RegistryEntry& e, const Case& c, const std::vector<uint16_t>& q,
                   const std::vector<uint16_t>& k, const std::vector<uint16_t>& v, const std::vector<int>& q_len,
                   const std::vector<int>& kv_len, uint16_t input_pad, std::string& failure) {
   const int D = e.key.head_dim;
@@ -126,7 +126,7 @@ RunResult run_gpu(const sm80::RegistryEntry& e, const Case& c, const std::vector
   return r;
 }
 
-std::string check_case(const sm80::RegistryEntry& e, const Case& c, uint32_t seed) {
+std::string check_case(const RegistryEntry& e, const Case& c, uint32_t seed) {
   const int D = e.key.head_dim, dtype = e.key.dtype;
   const size_t nq = static_cast<size_t>(c.batch) * c.seq_q * c.heads_q * D;
   const size_t nk = static_cast<size_t>(c.batch) * c.seq_k * c.heads_k * D;
@@ -204,8 +204,8 @@ int main(int argc, char** argv) {
     cases.push_back({1, 1023, 1025, 2, 2, false, 100, -1, false, 0.0f});
   }
   int passed = 0, failed = 0;
-  for (int i = 0; i < sm80::kRegistrySize; ++i) {
-    const sm80::RegistryEntry& e = sm80::kRegistry[i];
+  for (int i = 0; i < kRegistrySize; ++i) {
+    const RegistryEntry& e = kRegistry[i];
     for (size_t j = 0; j < cases.size(); ++j) {
       const Case& c = cases[j];
       const std::string failure = check_case(e, c, static_cast<uint32_t>(i * 131 + j));

@@ -1,0 +1,36 @@
+// Host-only view of the generated kernel registry (csrc/instantiations/registry.cu): every compiled GPU kernel of
+// both families, keyed by KernelKey, with its run function. Included by ffi/*.cc and the harness (no device code).
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <string>
+
+#include "common/kernel_key.h"
+#include "common/params.h"
+
+namespace jax_flash {
+
+// Runs one attention forward on `stream`. Returns "" on success, else what failed (a launch or attribute error).
+using RunFn = std::string (*)(const AttentionParams&, cudaStream_t);
+
+struct RegistryEntry {
+  KernelKey key;
+  RunFn run;
+  int smem_bytes;  // dynamic shared memory per block
+};
+
+// The generated table.
+extern const RegistryEntry kRegistry[];
+extern const int kRegistrySize;
+extern const char* const kKernelSet;  // "shipped", "sweep" or "all": which list of jax_flash/config.py was built
+
+// nullptr when the key was not compiled in.
+inline const RegistryEntry* find_kernel(const KernelKey& key) {
+  for (int i = 0; i < kRegistrySize; ++i) {
+    if (kRegistry[i].key == key) return &kRegistry[i];
+  }
+  return nullptr;
+}
+
+}  // namespace jax_flash

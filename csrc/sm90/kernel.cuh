@@ -1,0 +1,251 @@
+// The sm90-family attention forward kernel: warp-specialised, wgmma for both products, TMA loads.
+//
+// One thread block = one (batch, query head, block of kBlockQ = 64 * kConsumers query rows), kNumThreads threads:
+//   warpgroup 0, the producer: one thread issues TMA copies of Q (once) and of K and V blocks into a kStages-deep
+//     ring of shared-memory stages, each completing on its own mbarrier ("full"), and waits on the stage's "empty"
+//     barrier before refilling it. setmaxnreg hands most of its registers to the consumers.
+//   warpgroups 1..kConsumers, the consumers: each owns 64 query rows. Per key block: S = Q K^T by wgmma with both
+//     operands in shared memory, mask / softcap, the online softmax in registers (exp2 with the scale folded in),
+//     then O += P V by wgmma with P from registers and V (MN-major) from shared memory; then the stage is released.
+// The epilogue writes O through this consumer's rows of the Q tile (no longer read) with 16-byte coalesced stores.
+#pragma once
+
+#include <cstdint>
+
+#include "common/params.h"
+#include "common/visibility.h"
+#include "sm80/ptx.cuh"      // pack2, exp2_approx
+#include "sm80/softmax.cuh"  // OnlineSoftmax (the accumulator layouts agree, see Traits)
+#include "sm90/ptx.cuh"
+#include "sm90/traits.cuh"
+#include "sm90/wgmma_ops.cuh"
+
+namespace jax_flash::sm90 {
+
+template <class T, bool kMaskBlocks, bool kHasSoftcap>
+__global__ void __launch_bounds__(T::kNumThreads, 1)
+    attention_kernel(const __grid_constant__ AttentionParams p, const __grid_constant__ CUtensorMap tma_q,
+                     const __grid_constant__ CUtensorMap tma_k, const __grid_constant__ CUtensorMap tma_v) {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  using Element = typename T::Element;
+  extern __shared__ char smem_raw[];
+  // The 128-byte swizzle is a function of address bits 4-9: tiles must start on 1024-byte boundaries.
+  char* smem = smem_raw + ((1024 - (smem_u32(smem_raw) & 1023)) & 1023);
+  char* sQ = smem + T::kQOffset;
+  uint64_t* bars = reinterpret_cast<uint64_t*>(smem + T::kBarrierOffset);
+  uint64_t* q_full = bars;
+  uint64_t* k_full = bars + 1;                   // [kStages]
+  uint64_t* v_full = bars + 1 + T::kStages;      // [kStages]
+  uint64_t* kv_empty = bars + 1 + 2 * T::kStages;  // [kStages]
+  auto sK = [&](int stage) { return smem + T::kKOffset + stage * T::kKVBytes; };
+  auto sV = [&](int stage) { return smem + T::kVOffset + stage * T::kKVBytes; };
+
+  const int tid = threadIdx.x;
+  // Block index -> (batch, head, query block), query blocks innermost (neighbours share K/V in L2); with a right
+  // bound (causal) the later, heavier query blocks go first.
+  const int64_t block = blockIdx.x;
+  const int q_block_in_order = static_cast<int>(block % p.num_q_blocks);
+  const int q_block = p.window_right < kUnbounded ? p.num_q_blocks - 1 - q_block_in_order : q_block_in_order;
+  const int64_t batch_head = block / p.num_q_blocks;
+  const int head = static_cast<int>(batch_head % p.heads_q);
+  const int batch = static_cast<int>(batch_head / p.heads_q);
+  const int kv_head = head / p.q_heads_per_kv_head;
+  const int row0 = q_block * T::kBlockQ;
+  const int q_rows = min(T::kBlockQ, p.seqlen_q - row0);
+  const BatchLengths len = batch_lengths(p, batch);
+  const int q_rows_valid = max(0, min(T::kBlockQ, len.q_len - row0));
+  const KeySpan keys = visible_keys_of_rows(p, len, row0, row0 + q_rows_valid);
+  const int block_begin = keys.begin / T::kBlockKV;
+  const int block_end = (keys.end + T::kBlockKV - 1) / T::kBlockKV;
+  Element* gO = static_cast<Element*>(p.o) + batch * p.o_batch_stride + int64_t{row0} * p.o_seq_stride +
+                head * p.o_head_stride;
+  constexpr int kRowChunks = T::kHeadDim / 8;  // 16-byte chunks per row
+
+  if (block_begin >= block_end) {  // no row sees a key: zeros and lse = -inf, no loads
+    for (int i = tid; i < q_rows * kRowChunks; i += T::kNumThreads) {
+      *reinterpret_cast<uint4*>(gO + (i / kRowChunks) * p.o_seq_stride + (i % kRowChunks) * 8) =
+          make_uint4(0, 0, 0, 0);
+    }
+    if (p.lse) {
+      float* gLse = p.lse + batch * p.lse_batch_stride + head * p.lse_head_stride + row0;
+      for (int r = tid; r < q_rows; r += T::kNumThreads) gLse[r] = -INFINITY;
+    }
+    return;
+  }
+
+  if (tid == 0) {
+    mbarrier_init(q_full, 1);
+    for (int s = 0; s < T::kStages; ++s) {
+      mbarrier_init(&k_full[s], 1);
+      mbarrier_init(&v_full[s], 1);
+      mbarrier_init(&kv_empty[s], T::kConsumers * 128);  // every consumer thread releases the stage
+    }
+    fence_barrier_init();
+  }
+  __syncthreads();
+
+  const int warpgroup = tid / 128;
+  if (warpgroup == 0) {
+    // ---------------------------------------- producer ----------------------------------------------------------
+    setmaxnreg_dec<T::kProducerRegs>();
+    if (tid == 0) {
+      prefetch_tensor_map(&tma_q);
+      prefetch_tensor_map(&tma_k);
+      prefetch_tensor_map(&tma_v);
+      mbarrier_arrive_expect_tx(q_full, T::kQBytes);
+#pragma unroll
+      for (int panel = 0; panel < T::kPanels; ++panel) {
+        tma_load_4d(sQ + panel * T::kQPanelBytes, &tma_q, q_full, panel * 64, row0, head, batch);
+      }
+      for (int j = block_begin, it = 0; j < block_end; ++j, ++it) {
+        const int stage = it % T::kStages;
+        const uint32_t parity = (it / T::kStages) & 1;
+        mbarrier_wait(&kv_empty[stage], parity ^ 1);  // the consumers are done with this stage's last contents
+        mbarrier_arrive_expect_tx(&k_full[stage], T::kKVBytes);
+#pragma unroll
+        for (int panel = 0; panel < T::kPanels; ++panel) {
+          tma_load_4d(sK(stage) + panel * T::kKVPanelBytes, &tma_k, &k_full[stage], panel * 64, j * T::kBlockKV,
+                      kv_head, batch);
+        }
+        mbarrier_arrive_expect_tx(&v_full[stage], T::kKVBytes);
+#pragma unroll
+        for (int panel = 0; panel < T::kPanels; ++panel) {
+          tma_load_4d(sV(stage) + panel * T::kKVPanelBytes, &tma_v, &v_full[stage], panel * 64, j * T::kBlockKV,
+                      kv_head, batch);
+        }
+      }
+    }
+    return;
+  }
+
+  // ------------------------------------------ consumers -----------------------------------------------------------
+  setmaxnreg_inc<T::kConsumerRegs>();
+  const int consumer = warpgroup - 1;  // rows [64 * consumer, 64 * consumer + 64) of the block
+  const int wg_tid = tid % 128;
+  const int warp_in_wg = wg_tid / 32;
+  const int lane = tid % 32;
+  const int warp_row0 = 64 * consumer + 16 * warp_in_wg;  // this warp's 16 rows within the block
+
+  float acc_o[1][T::kOTiles][4];  // O (16 rows of this warp, D): the wgmma m64nD fragment
+#pragma unroll
+  for (int n = 0; n < T::kOTiles; ++n)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) acc_o[0][n][e] = 0.0f;
+  auto& acc_o_flat = *reinterpret_cast<float(*)[T::kHeadDim / 2]>(&acc_o[0][0][0]);
+  sm80::OnlineSoftmax<T> softmax;
+
+  const int diag_offset = len.kv_len - len.q_len;
+  const int lo_off = p.window_left >= kUnbounded ? -kUnbounded : diag_offset - p.window_left;
+  const int hi_off = p.window_right >= kUnbounded ? kUnbounded : diag_offset + p.window_right;
+
+  // Descriptors. Q (A, K-major): this consumer's 64 rows of each panel; k16 step kk is panel kk/4, byte 32*(kk%4)
+  // of the swizzled row. K (B, K-major): the same stepping over kBlockKV rows. V (B, MN-major): k16 step t is rows
+  // 16t..16t+15 (2048 bytes in), the N = D columns span the panels kKVPanelBytes apart (LBO).
+  const uint32_t sQ_addr = smem_u32(sQ) + consumer * 64 * T::kRowBytes;
+  auto q_desc = [&](int kk) {
+    return smem_descriptor(sQ_addr + (kk / 4) * T::kQPanelBytes + (kk % 4) * 32, 16, 1024);
+  };
+  auto k_desc = [&](int stage, int kk) {
+    return smem_descriptor(smem_u32(sK(stage)) + (kk / 4) * T::kKVPanelBytes + (kk % 4) * 32, 16, 1024);
+  };
+  auto v_desc = [&](int stage, int t) {
+    return smem_descriptor(smem_u32(sV(stage)) + t * 16 * T::kRowBytes, T::kKVPanelBytes, 1024);
+  };
+
+  mbarrier_wait(q_full, 0);
+  for (int j = block_begin, it = 0; j < block_end; ++j, ++it) {
+    const int stage = it % T::kStages;
+    const uint32_t parity = (it / T::kStages) & 1;
+
+    // S = Q K_j^T
+    float acc_s[1][T::kSTiles][4];
+    auto& acc_s_flat = *reinterpret_cast<float(*)[T::kBlockKV / 2]>(&acc_s[0][0][0]);
+    mbarrier_wait(&k_full[stage], parity);
+    wgmma_fence();
+#pragma unroll
+    for (int kk = 0; kk < T::kDSteps; ++kk) {
+      wgmma_ss<Element, T::kBlockKV>(acc_s_flat, q_desc(kk), k_desc(stage, kk), kk > 0);
+    }
+    wgmma_commit();
+    wgmma_wait<0>();
+    fence_registers(acc_s_flat);
+
+    if constexpr (kHasSoftcap) {  // S = softcap * tanh(S * scale / softcap); the softmax then runs with scale 1
+#pragma unroll
+      for (int n = 0; n < T::kSTiles; ++n)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) acc_s[0][n][e] = p.softcap * tanhf(acc_s[0][n][e] * p.softcap_scale);
+    }
+    if constexpr (kMaskBlocks) {
+      const int kv0 = j * T::kBlockKV;
+      const int last_row = row0 + q_rows_valid - 1;
+      if (kv0 < last_row + lo_off || kv0 + T::kBlockKV - 1 > row0 + hi_off || kv0 + T::kBlockKV > len.kv_len) {
+        // col - row for element (n, e) = diag0 + n*8 + e%2 - 8*(e/2)
+        const int diag0 = kv0 + 2 * (lane % 4) - (row0 + warp_row0 + lane / 4);
+        const int col0 = kv0 + 2 * (lane % 4);
+#pragma unroll
+        for (int n = 0; n < T::kSTiles; ++n)
+#pragma unroll
+          for (int e = 0; e < 4; ++e) {
+            const int diag = diag0 + n * 8 + (e % 2) - 8 * (e / 2);
+            const int col = col0 + n * 8 + (e % 2);
+            if (diag < lo_off || diag > hi_off || col >= len.kv_len) acc_s[0][n][e] = -INFINITY;
+          }
+      }
+    }
+    softmax.update(acc_s, acc_o, p.scale, p.scale_log2);
+
+    // P (fp32) -> wgmma A fragments: k16 step t covers S tiles 2t and 2t+1 (the mma.sync A layout per warp).
+    uint32_t rP[T::kKVSteps][4];
+#pragma unroll
+    for (int t = 0; t < T::kKVSteps; ++t) {
+      rP[t][0] = sm80::pack2<Element>(acc_s[0][2 * t][0], acc_s[0][2 * t][1]);
+      rP[t][1] = sm80::pack2<Element>(acc_s[0][2 * t][2], acc_s[0][2 * t][3]);
+      rP[t][2] = sm80::pack2<Element>(acc_s[0][2 * t + 1][0], acc_s[0][2 * t + 1][1]);
+      rP[t][3] = sm80::pack2<Element>(acc_s[0][2 * t + 1][2], acc_s[0][2 * t + 1][3]);
+    }
+
+    // O += P V_j
+    mbarrier_wait(&v_full[stage], parity);
+    wgmma_fence();
+#pragma unroll
+    for (int t = 0; t < T::kKVSteps; ++t) wgmma_rs<Element, T::kHeadDim>(acc_o_flat, rP[t], v_desc(stage, t), 1);
+    wgmma_commit();
+    wgmma_wait<0>();
+    fence_registers(acc_o_flat);
+    mbarrier_arrive(&kv_empty[stage]);  // this thread no longer reads stage `stage`
+  }
+
+  softmax.finalize(acc_o);
+  if (p.lse != nullptr && lane % 4 == 0) {  // one lane of each quad owns the row
+    float* gLse = p.lse + batch * p.lse_batch_stride + head * p.lse_head_stride + row0;
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const int row = warp_row0 + lane / 4 + 8 * h;
+      if (row < q_rows) gLse[row] = row < q_rows_valid ? softmax.lse(0, h, p.scale) : -INFINITY;
+    }
+  }
+
+  // ---- epilogue: O -> this consumer's rows of sQ (swizzled like Q) -> 16-byte coalesced global stores ----------
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    const int row = warp_row0 + lane / 4 + 8 * h;
+#pragma unroll
+    for (int n = 0; n < T::kOTiles; ++n) {  // columns 8n + 2*(lane%4) + {0, 1}: chunk n of the row
+      char* dst = sQ + (n / 8) * T::kQPanelBytes + row * T::kRowBytes + (((n % 8) ^ (row % 8)) * 16) + 4 * (lane % 4);
+      *reinterpret_cast<uint32_t*>(dst) = sm80::pack2<Element>(acc_o[0][n][2 * h], acc_o[0][n][2 * h + 1]);
+    }
+  }
+  named_barrier_sync(1 + consumer, 128);  // this consumer's rows are complete in shared memory
+  for (int i = wg_tid; i < 64 * kRowChunks; i += 128) {
+    const int row = 64 * consumer + i / kRowChunks, chunk = i % kRowChunks;
+    if (row < q_rows) {  // rows past q_lengths[b] are zeros
+      const char* src = sQ + (chunk / 8) * T::kQPanelBytes + row * T::kRowBytes + (((chunk % 8) ^ (row % 8)) * 16);
+      *reinterpret_cast<uint4*>(gO + row * p.o_seq_stride + chunk * 8) =
+          row < q_rows_valid ? *reinterpret_cast<const uint4*>(src) : make_uint4(0, 0, 0, 0);
+    }
+  }
+#endif
+}
+
+}  // namespace jax_flash::sm90

@@ -1,0 +1,79 @@
+// run_attention_sm90: picks the compile-time variant (block masking, softcap) from runtime facts, encodes the TMA
+// tensor maps of q, k and v, and launches on XLA's stream.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <atomic>
+#include <climits>
+#include <cstdint>
+#include <string>
+
+#include "sm90/api.h"
+#include "sm90/kernel.cuh"
+#include "sm90/tensor_map.h"
+#include "sm90/traits.cuh"
+
+namespace jax_flash::sm90 {
+
+inline std::string cuda_failure(const char* what, cudaError_t err) {
+  return std::string(what) + " failed: " + cudaGetErrorName(err) + " (" + cudaGetErrorString(err) + ")";
+}
+
+template <class T, bool kMaskBlocks, bool kHasSoftcap>
+std::string launch_sm90(const AttentionParams& p, const CUtensorMap& map_q, const CUtensorMap& map_k,
+                        const CUtensorMap& map_v, cudaStream_t stream) {
+  auto kernel = attention_kernel<T, kMaskBlocks, kHasSoftcap>;
+  const int64_t num_blocks = static_cast<int64_t>(p.num_q_blocks) * p.heads_q * p.batch;
+  if (num_blocks > INT_MAX) {
+    return "grid of " + std::to_string(num_blocks) + " thread blocks exceeds 2^31-1; split the batch";
+  }
+  static std::atomic<uint64_t> opted_in_devices{0};  // above 48 KB of shared memory a kernel opts in per device
+  int device = 0;
+  if (cudaError_t err = cudaGetDevice(&device); err != cudaSuccess) return cuda_failure("cudaGetDevice", err);
+  const uint64_t bit = device < 64 ? (uint64_t{1} << device) : 0;
+  if (!(opted_in_devices.load(std::memory_order_relaxed) & bit)) {
+    cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, T::kSmemBytes);
+    if (err != cudaSuccess) {
+      return cuda_failure(("cudaFuncSetAttribute(MaxDynamicSharedMemorySize=" + std::to_string(T::kSmemBytes) + ")")
+                              .c_str(),
+                          err);
+    }
+    opted_in_devices.fetch_or(bit, std::memory_order_relaxed);
+  }
+  kernel<<<static_cast<unsigned>(num_blocks), T::kNumThreads, T::kSmemBytes, stream>>>(p, map_q, map_k, map_v);
+  if (cudaError_t err = cudaGetLastError(); err != cudaSuccess) return cuda_failure("attention kernel launch", err);
+  return {};
+}
+
+template <KernelKey kKey>
+std::string run_attention_sm90(const AttentionParams& params, cudaStream_t stream) {
+  using T = Traits<kKey>;
+  AttentionParams p = params;
+  p.num_q_blocks = (p.seqlen_q + T::kBlockQ - 1) / T::kBlockQ;
+  constexpr bool kBf16 = kKey.dtype == static_cast<int>(DType::kBFloat16);
+  CUtensorMap map_q{}, map_k{}, map_v{};
+  std::string failure = encode_bshd_map(&map_q, p.q, kBf16, p.batch, p.seqlen_q, p.heads_q, p.head_dim,
+                                        p.q_batch_stride, p.q_seq_stride, p.q_head_stride, T::kBlockQ);
+  // seqlen_k = 0: every block writes zeros without loading, and an empty tensor has no map.
+  if (failure.empty() && p.seqlen_k > 0) {
+    failure = encode_bshd_map(&map_k, p.k, kBf16, p.batch, p.seqlen_k, p.heads_k, p.head_dim, p.k_batch_stride,
+                              p.k_seq_stride, p.k_head_stride, T::kBlockKV);
+  }
+  if (failure.empty() && p.seqlen_k > 0) {
+    failure = encode_bshd_map(&map_v, p.v, kBf16, p.batch, p.seqlen_k, p.heads_k, p.head_dim, p.v_batch_stride,
+                              p.v_seq_stride, p.v_head_stride, T::kBlockKV);
+  }
+  if (!failure.empty()) return failure;
+  const bool mask_blocks = p.window_left < kUnbounded || p.window_right < kUnbounded || p.kv_lengths != nullptr ||
+                           p.seqlen_k % T::kBlockKV != 0;
+  const bool softcap = p.softcap > 0.0f;
+  if (mask_blocks) {
+    return softcap ? launch_sm90<T, true, true>(p, map_q, map_k, map_v, stream)
+                   : launch_sm90<T, true, false>(p, map_q, map_k, map_v, stream);
+  }
+  return softcap ? launch_sm90<T, false, true>(p, map_q, map_k, map_v, stream)
+                 : launch_sm90<T, false, false>(p, map_q, map_k, map_v, stream);
+}
+
+}  // namespace jax_flash::sm90

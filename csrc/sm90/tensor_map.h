@@ -1,0 +1,57 @@
+// Host side of the TMA loads: a 4-D tiled tensor map over a (B, S, H, D) tensor, boxes of (64 columns, rows, 1, 1)
+// with the 128-byte swizzle the wgmma descriptors expect. cuTensorMapEncodeTiled is a driver function; it is looked
+// up through the runtime once, so the module needs no link against libcuda.
+#pragma once
+
+#include <cuda.h>
+#include <cuda_runtime_api.h>
+#include <cudaTypedefs.h>
+
+#include <cstdint>
+#include <string>
+
+namespace jax_flash::sm90 {
+
+inline PFN_cuTensorMapEncodeTiled_v12000 tensor_map_encoder(std::string& failure) {
+  static PFN_cuTensorMapEncodeTiled_v12000 encode = [] {
+    void* fn = nullptr;
+    cudaDriverEntryPointQueryResult found{};
+    if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &fn, 12000, cudaEnableDefault, &found) !=
+            cudaSuccess ||
+        found != cudaDriverEntryPointSuccess) {
+      return static_cast<PFN_cuTensorMapEncodeTiled_v12000>(nullptr);
+    }
+    return reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(fn);
+  }();
+  if (encode == nullptr) failure = "cuTensorMapEncodeTiled is not available from the CUDA driver";
+  return encode;
+}
+
+// `map` over base (B, S, H, D) with element strides (batch, seq, head; D contiguous), box (64, box_rows, 1, 1).
+// Rows past S read as zeros. Returns "" on success.
+inline std::string encode_bshd_map(CUtensorMap* map, const void* base, bool bf16, int64_t batch, int64_t seq,
+                                   int64_t heads, int64_t head_dim, int64_t batch_stride, int64_t seq_stride,
+                                   int64_t head_stride, int box_rows) {
+  std::string failure;
+  auto encode = tensor_map_encoder(failure);
+  if (encode == nullptr) return failure;
+  const cuuint64_t dims[4] = {static_cast<cuuint64_t>(head_dim), static_cast<cuuint64_t>(seq),
+                              static_cast<cuuint64_t>(heads), static_cast<cuuint64_t>(batch)};
+  const cuuint64_t strides_bytes[3] = {static_cast<cuuint64_t>(seq_stride) * 2,
+                                       static_cast<cuuint64_t>(head_stride) * 2,
+                                       static_cast<cuuint64_t>(batch_stride) * 2};
+  const cuuint32_t box[4] = {64, static_cast<cuuint32_t>(box_rows), 1, 1};
+  const cuuint32_t element_strides[4] = {1, 1, 1, 1};
+  const CUresult result = encode(
+      map, bf16 ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16 : CU_TENSOR_MAP_DATA_TYPE_FLOAT16, 4, const_cast<void*>(base), dims,
+      strides_bytes, box, element_strides, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
+      CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+  if (result != CUDA_SUCCESS) {
+    return "cuTensorMapEncodeTiled failed (error " + std::to_string(static_cast<int>(result)) + ") for a (" +
+           std::to_string(batch) + ", " + std::to_string(seq) + ", " + std::to_string(heads) + ", " +
+           std::to_string(head_dim) + ") tensor";
+  }
+  return {};
+}
+
+}  // namespace jax_flash::sm90

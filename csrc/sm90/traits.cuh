@@ -1,0 +1,59 @@
+// Compile-time shape of one sm90-family kernel, derived from its KernelKey: warpgroup roles, tile sizes and the
+// shared-memory map. Host-compilable (the registry reads kSmemBytes).
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#include "common/kernel_key.h"
+
+namespace jax_flash::sm90 {
+
+template <KernelKey kKey>
+struct Traits {
+  static_assert(kKey.family == 90, "sm90 traits need a family-90 key");
+  using Element = std::conditional_t<kKey.dtype == static_cast<int>(DType::kBFloat16), __nv_bfloat16, __half>;
+
+  static constexpr int kHeadDim = kKey.head_dim;
+  static constexpr int kBlockKV = kKey.block_kv;
+  static constexpr int kStages = kKey.stages;
+  static constexpr int kConsumers = kKey.consumer_warpgroups;  // math warpgroups
+  static constexpr int kBlockQ = 64 * kConsumers;              // each consumer owns 64 query rows (one wgmma M)
+  static constexpr int kNumThreads = 128 * (kConsumers + 1);   // warpgroup 0 is the producer
+  static_assert(kKey.block_q == kBlockQ, "block_q must be 64 * consumer_warpgroups");
+  static_assert(kHeadDim == 64 || kHeadDim == 128, "sm90 family: head_dim 64 or 128");
+  static_assert(kBlockKV == 64 || kBlockKV == 128, "sm90 family: block_kv 64 or 128");
+
+  // Registers per thread after setmaxnreg: the producer gives its share to the consumers (the total stays within
+  // the 64K-register file: 128 * (kProducerRegs + kConsumers * kConsumerRegs) <= 65536).
+  static constexpr int kProducerRegs = kConsumers == 2 ? 24 : 40;
+  static constexpr int kConsumerRegs = kConsumers == 2 ? 240 : 232;
+
+  // Shared memory, every tile stored as head_dim/64 panels of [rows][64] elements with the 128-byte TMA / wgmma
+  // swizzle (16-byte chunk c of row r sits at chunk c ^ (r % 8)); panels and tiles are 1024-byte aligned.
+  static constexpr int kPanels = kHeadDim / 64;
+  static constexpr int kRowBytes = 128;  // 64 elements of 2 bytes
+  static constexpr int kQPanelBytes = kBlockQ * kRowBytes;
+  static constexpr int kKVPanelBytes = kBlockKV * kRowBytes;
+  static constexpr int kQBytes = kQPanelBytes * kPanels;    // (kBlockQ, D)
+  static constexpr int kKVBytes = kKVPanelBytes * kPanels;  // (kBlockKV, D), one K or V stage
+  static constexpr int kQOffset = 0;
+  static constexpr int kKOffset = kQBytes;
+  static constexpr int kVOffset = kKOffset + kStages * kKVBytes;
+  static constexpr int kBarrierOffset = kVOffset + kStages * kKVBytes;
+  static constexpr int kNumBarriers = 1 + 3 * kStages;  // Q full; K full, V full, K/V empty per stage
+  // + 1024 so the kernel can round the dynamic shared-memory base up to the 1024-byte swizzle atom.
+  static constexpr int kSmemBytes = kBarrierOffset + 8 * kNumBarriers + 1024;
+
+  // The online softmax of the sm80 family, on one warp's 16 rows of the wgmma accumulator: the m64nN fp32
+  // fragment is, per warp, the mma.sync m16n8 layout repeated N/8 times, so S is [1][kBlockKV/8][4] and O
+  // [1][D/8][4] in that family's terms.
+  static constexpr int kMTiles = 1;
+  static constexpr int kSTiles = kBlockKV / 8;
+  static constexpr int kOTiles = kHeadDim / 8;
+  static constexpr bool kOptimizedSoftmax = true;
+  static constexpr int kKVSteps = kBlockKV / 16;  // k16 steps of P V
+  static constexpr int kDSteps = kHeadDim / 16;   // k16 steps of Q K^T
+};
+
+}  // namespace jax_flash::sm90
