@@ -14,7 +14,7 @@ rows = []
 for block in re.split(r"\n\s+Function : ", text)[1:]:
     name = block.split("\n", 1)[0].strip()
     arch = re.search(r"arch = (sm_\d+a?)", text[:text.find(name)][-400:] or "")
-    lines = [line for line in block.split("\n") if re.search(r"/\*[0-9a-f]{4}\*/", line)]
+    lines = [line for line in block.split("\n") if re.search(r"/\*[0-9a-f]{4,}\*/", line)]
     mma = [i for i, line in enumerate(lines) if re.search(r"\bH(G)?MMA\b", line)]
     local = [i for i, line in enumerate(lines) if re.search(r"\b(LDL|STL)\b", line)]
     in_loop = [i for i in local if mma and mma[0] <= i <= mma[-1]]

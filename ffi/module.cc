@@ -54,6 +54,7 @@ NB_MODULE(_jax_flash, m) {
       d["optimized_softmax"] = k.optimized_softmax;
       d["stages"] = k.stages;
       d["consumer_warpgroups"] = k.consumer_warpgroups;
+      d["pingpong"] = k.pingpong;
       d["smem_bytes"] = e.smem_bytes;
       kernels.append(d);
     }

@@ -48,6 +48,8 @@ class KernelConfig:
         consumer_warpgroups, num_warps = 4 * (consumer_warpgroups + 1), block_kv in {64, 128} and its own knobs:
     stages: depth of the K/V shared-memory pipeline the producer fills with TMA copies (sm90 only).
     consumer_warpgroups: math warpgroups of 64 query rows each (sm90 only).
+    pingpong: the consumer warpgroups take turns issuing their wgmma products, so one's softmax overlaps the other's
+        matrix work (sm90 only).
     The sm80-only knobs stay at their defaults in an sm90 config, and the sm90-only knobs in an sm80 config.
 
     Data type and head dim come from the inputs. The CPU handler uses block_q and block_kv as its tile sizes.
@@ -68,6 +70,7 @@ class KernelConfig:
     family: str = "sm80"
     stages: int = 2
     consumer_warpgroups: int = 2
+    pingpong: bool = True
 
     def __post_init__(self):
         _require(self.family in FAMILIES, f"KernelConfig.family={self.family!r} is not allowed; choose one of "
@@ -81,14 +84,15 @@ class KernelConfig:
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int):
                 raise TypeError(f"KernelConfig.{name} must be an int, got {value!r} of type {type(value).__name__}")
-        for name in ("async_copy", "eager_load_blocks", "swizzled", "mma_double_buffer_loads", "optimized_softmax"):
+        for name in ("async_copy", "eager_load_blocks", "swizzled", "mma_double_buffer_loads", "optimized_softmax",
+                     "pingpong"):
             value = getattr(self, name)
             if not isinstance(value, bool):
                 raise TypeError(f"KernelConfig.{name} must be a bool, got {value!r} of type {type(value).__name__}")
         if self.family == "sm90":
             self._validate_sm90()
             return
-        for name in ("stages", "consumer_warpgroups"):
+        for name in ("stages", "consumer_warpgroups", "pingpong"):
             _require(getattr(self, name) == _FIELD_DEFAULTS[name],
                      f"KernelConfig.{name}={getattr(self, name)} applies to family='sm90' only; leave it at "
                      f"{_FIELD_DEFAULTS[name]} for family='sm80'")
@@ -131,11 +135,12 @@ class KernelConfig:
                      f"{_FIELD_DEFAULTS[name]!r} for family='sm90'")
 
     @staticmethod
-    def sm90(block_kv: int = 128, stages: int = 2, consumer_warpgroups: int = 2) -> "KernelConfig":
+    def sm90(block_kv: int = 128, stages: int = 2, consumer_warpgroups: int = 2, pingpong: bool = True
+             ) -> "KernelConfig":
         """An sm90-family config (block_q and num_warps follow from consumer_warpgroups)."""
         return KernelConfig(family="sm90", block_q=64 * consumer_warpgroups, block_kv=block_kv,
                             num_warps=4 * (consumer_warpgroups + 1), stages=stages,
-                            consumer_warpgroups=consumer_warpgroups)
+                            consumer_warpgroups=consumer_warpgroups, pingpong=pingpong)
 
     # ---- derived numbers shared by the validator, the generator and the docs -------------------------------------
     def rows_per_warp(self) -> int:
@@ -144,7 +149,7 @@ class KernelConfig:
     def smem_bytes(self, head_dim: int, elem_bytes: int = 2) -> int:
         if self.family == "sm90":  # Q + stages x (K + V) + barriers + 1024 alignment slack (csrc/sm90/traits.cuh)
             return ((self.block_q + 2 * self.stages * self.block_kv) * head_dim * elem_bytes +
-                    8 * (1 + 3 * self.stages) + 1024)
+                    8 * (1 + 4 * self.stages) + 1024)
         # sQ (block_q, D) + sK (block_kv, D) + sV (block_kv, D); csrc/sm80/traits.cuh derives the same number.
         return (self.block_q + 2 * self.block_kv) * head_dim * elem_bytes
 
@@ -205,7 +210,8 @@ class KernelConfig:
     def short_name(self) -> str:
         """Compact name used in generated file names: q128_kv64_w8_a1e1s1_f0-2-1_d1o1 (sm80), sm90_q128_kv128_st2_wg2."""
         if self.family == "sm90":
-            return f"q{self.block_q}_kv{self.block_kv}_st{self.stages}_wg{self.consumer_warpgroups}"
+            return (f"q{self.block_q}_kv{self.block_kv}_st{self.stages}_wg{self.consumer_warpgroups}"
+                    f"_pp{int(self.pingpong)}")
         b = lambda x: int(x)  # noqa: E731
         return (f"q{self.block_q}_kv{self.block_kv}_w{self.num_warps}_a{b(self.async_copy)}e{b(self.eager_load_blocks)}"
                 f"s{b(self.swizzled)}_f{self.q_mma_load_k_fragments}-{self.k_mma_load_k_fragments}-"
@@ -275,6 +281,8 @@ SM90_CONFIGS: dict[int, tuple[KernelConfig, ...]] = {
     64: (KernelConfig.sm90(block_kv=128, stages=2),),
     128: (KernelConfig.sm90(block_kv=128, stages=2),),
 }
+# Built for bfloat16 at head_dim 128 only, to measure what pingpong adds (`--configs compiled`).
+SM90_ABLATION_CONFIGS: tuple[KernelConfig, ...] = (KernelConfig.sm90(block_kv=128, stages=2, pingpong=False),)
 
 
 def shipped_kernels() -> Iterator[tuple[str, int, KernelConfig]]:
@@ -286,6 +294,8 @@ def shipped_kernels() -> Iterator[tuple[str, int, KernelConfig]]:
             if head_dim == 128 and dtype == "bfloat16":  # the progression exists to be benchmarked: one dtype
                 candidates += list(PROGRESSION_CONFIGS)
             candidates += list(SM90_CONFIGS.get(head_dim, ()))
+            if head_dim == 128 and dtype == "bfloat16":
+                candidates += list(SM90_ABLATION_CONFIGS)
             for cfg in candidates:
                 key = (dtype, head_dim, cfg)
                 if key in seen:

@@ -7,7 +7,7 @@ nearest older architecture in the table; if still absent (or not compiled in), t
 
 from __future__ import annotations
 
-from jax_flash.config import TUNED_CONFIGS, KernelConfig
+from jax_flash.config import SM90_CONFIGS, TUNED_CONFIGS, KernelConfig
 
 # The CPU handler tiles queries and keys by these block sizes; 64 x 64 fp32 tiles stay in L1/L2.
 CPU_DEFAULT = KernelConfig(block_q=64, block_kv=64, num_warps=4)
@@ -27,8 +27,15 @@ CPU_DEFAULT = KernelConfig(block_q=64, block_kv=64, num_warps=4)
 #   295 / 332 (cuDNN 394 / 448).
 # D=256 (q64_kv32_w4 f2-1-1, no double buffer) is the only config of that head dim that fits: not swept.
 # sm_80 has not been measured: it uses the same entries (the A100 numbers of the seed favour the same 4-warp tiles).
+# sm_90 uses the Hopper family (csrc/sm90/) at head dims 64 and 128: its first version (TMA producer, two wgmma
+# consumers, no overlap yet) already beat the sm80 family everywhere on the H200 (bench run 1 of issue 7,
+# 2026-11-22, S = 2048 / 8192, TFLOP/s, sm90 vs sm80 vs cuDNN):
+#   bf16 D=128 non-causal 480 / 558 vs 310 / 339 (cuDNN 543 / 589); causal 335 / 529 vs 231 / 304 (381 / 548)
+#   bf16 D=64  non-causal 345 / 403 vs 300 / 327 (cuDNN 391 / 442); causal 266 / 374 vs 239 / 306 (302 / 417)
+#   fp16 D=128 non-causal 457 / 531 vs 316 / 333 (cuDNN 482 / 580); fp16 D=64 353 / 397 vs 301 / 320.
+# The current sm90 numbers are in docs/NOTES.md and the README table.
 DEFAULTS: dict[tuple[int, str, int], KernelConfig] = {
-    (arch, dtype, head_dim): TUNED_CONFIGS[head_dim][0]
+    (arch, dtype, head_dim): (SM90_CONFIGS[head_dim][0] if arch == 90 else TUNED_CONFIGS[head_dim][0])
     for arch in (80, 90)
     for dtype in ("float16", "bfloat16")
     for head_dim in (64, 128)
@@ -36,7 +43,8 @@ DEFAULTS: dict[tuple[int, str, int], KernelConfig] = {
 
 
 def default_gpu_config(arch: int, dtype: str, head_dim: int, compiled: list[KernelConfig]) -> KernelConfig | None:
-    """The config cfg=None runs on a GPU of compute capability `arch` (e.g. 90); None when nothing is compiled."""
+    """The config cfg=None runs on a GPU of compute capability `arch` (e.g. 90); None when nothing is compiled.
+    `compiled` holds only configs this GPU can run (the caller drops the sm90 family below sm_90)."""
     for table_arch in sorted({a for a, _, _ in DEFAULTS if a <= arch}, reverse=True):
         cfg = DEFAULTS.get((table_arch, dtype, head_dim))
         if cfg is not None and cfg in compiled:

@@ -166,6 +166,9 @@ def test_sm90_config_validation():
         KernelConfig(family="sm90", block_q=128, block_kv=128, num_warps=12, swizzled=False)
     with pytest.raises(ValueError, match="stages=3 applies to family='sm90' only"):
         KernelConfig(stages=3)
+    with pytest.raises(ValueError, match="pingpong=False applies to family='sm90' only"):
+        KernelConfig(pingpong=False)
+    assert KernelConfig.sm90(pingpong=False).short_name() == "q128_kv128_st2_wg2_pp0"
     with pytest.raises(TypeError, match="KernelConfig.stages must be an int"):
         KernelConfig.sm90(stages=2.0)
 
@@ -179,6 +182,9 @@ def test_sm90_family_is_refused_below_sm90_at_lowering(monkeypatch):
     with pytest.raises(ValueError, match="is a family='sm90' .* config; this GPU is sm_80"):
         _primitive.resolve_gpu_config(KernelConfig.sm90(), jnp.float16, 128)
     assert _primitive.resolve_gpu_config(None, jnp.float16, 128).family == "sm80"
+    monkeypatch.setattr(_primitive, "_cuda_arch", lambda: 90)  # on Hopper cfg=None picks the sm90 family
+    assert _primitive.resolve_gpu_config(None, jnp.float16, 128) == jax_flash.config.SM90_CONFIGS[128][0]
+    assert _primitive.resolve_gpu_config(None, jnp.bfloat16, 256).family == "sm80"  # not built for sm90
 
 
 def test_generated_instantiations_are_fresh():

@@ -29,6 +29,7 @@ struct KernelKey {
   int family = 80;
   int stages = 2;               // K/V shared-memory pipeline depth
   int consumer_warpgroups = 2;  // math warpgroups, 64 query rows each (block_q = 64 * consumer_warpgroups)
+  bool pingpong = true;         // the consumers take turns issuing their products (named barriers)
 
   constexpr bool operator==(const KernelKey&) const = default;
 };
@@ -43,7 +44,8 @@ inline std::string describe(const KernelKey& key) {
   if (key.family == 90) {
     return std::string("family=sm90 ") + dtype_name(key.dtype) + " head_dim=" + std::to_string(key.head_dim) +
            " block_q=" + std::to_string(key.block_q) + " block_kv=" + std::to_string(key.block_kv) +
-           " stages=" + std::to_string(key.stages) + " consumer_warpgroups=" + std::to_string(key.consumer_warpgroups);
+           " stages=" + std::to_string(key.stages) + " consumer_warpgroups=" + std::to_string(key.consumer_warpgroups) +
+           " pingpong=" + b(key.pingpong);
   }
   return std::string("family=sm80 ") + dtype_name(key.dtype) + " head_dim=" + std::to_string(key.head_dim) +
          " block_q=" + std::to_string(key.block_q) + " block_kv=" + std::to_string(key.block_kv) +

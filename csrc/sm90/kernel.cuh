@@ -6,7 +6,9 @@
 //     barrier before refilling it. setmaxnreg hands most of its registers to the consumers.
 //   warpgroups 1..kConsumers, the consumers: each owns 64 query rows. Per key block: S = Q K^T by wgmma with both
 //     operands in shared memory, mask / softcap, the online softmax in registers (exp2 with the scale folded in),
-//     then O += P V by wgmma with P from registers and V (MN-major) from shared memory; then the stage is released.
+//     and O += P V by wgmma with P from registers and V (MN-major) from shared memory. The product of the previous
+//     block's P V is issued together with this block's Q K^T, so the softmax overlaps it (intra-warpgroup overlap),
+//     and with pingpong the two consumers take turns on the tensor cores.
 // The epilogue writes O through this consumer's rows of the Q tile (no longer read) with 16-byte coalesced stores.
 #pragma once
 
@@ -15,8 +17,8 @@
 #include "common/params.h"
 #include "common/visibility.h"
 #include "sm80/ptx.cuh"      // pack2, exp2_approx
-#include "sm80/softmax.cuh"  // OnlineSoftmax (the accumulator layouts agree, see Traits)
 #include "sm90/ptx.cuh"
+#include "sm90/softmax.cuh"
 #include "sm90/traits.cuh"
 #include "sm90/wgmma_ops.cuh"
 
@@ -36,7 +38,8 @@ __global__ void __launch_bounds__(T::kNumThreads, 1)
   uint64_t* q_full = bars;
   uint64_t* k_full = bars + 1;                   // [kStages]
   uint64_t* v_full = bars + 1 + T::kStages;      // [kStages]
-  uint64_t* kv_empty = bars + 1 + 2 * T::kStages;  // [kStages]
+  uint64_t* k_empty = bars + 1 + 2 * T::kStages;  // [kStages]
+  uint64_t* v_empty = bars + 1 + 3 * T::kStages;  // [kStages]
   auto sK = [&](int stage) { return smem + T::kKOffset + stage * T::kKVBytes; };
   auto sV = [&](int stage) { return smem + T::kVOffset + stage * T::kKVBytes; };
 
@@ -78,7 +81,8 @@ __global__ void __launch_bounds__(T::kNumThreads, 1)
     for (int s = 0; s < T::kStages; ++s) {
       mbarrier_init(&k_full[s], 1);
       mbarrier_init(&v_full[s], 1);
-      mbarrier_init(&kv_empty[s], T::kConsumers * 128);  // every consumer thread releases the stage
+      mbarrier_init(&k_empty[s], T::kConsumers * 128);  // every consumer thread releases the stage's K
+      mbarrier_init(&v_empty[s], T::kConsumers * 128);  // ... and, later, its V
     }
     fence_barrier_init();
   }
@@ -100,13 +104,14 @@ __global__ void __launch_bounds__(T::kNumThreads, 1)
       for (int j = block_begin, it = 0; j < block_end; ++j, ++it) {
         const int stage = it % T::kStages;
         const uint32_t parity = (it / T::kStages) & 1;
-        mbarrier_wait(&kv_empty[stage], parity ^ 1);  // the consumers are done with this stage's last contents
+        mbarrier_wait(&k_empty[stage], parity ^ 1);  // the consumers are done with this stage's last K
         mbarrier_arrive_expect_tx(&k_full[stage], T::kKVBytes);
 #pragma unroll
         for (int panel = 0; panel < T::kPanels; ++panel) {
           tma_load_4d(sK(stage) + panel * T::kKVPanelBytes, &tma_k, &k_full[stage], panel * 64, j * T::kBlockKV,
                       kv_head, batch);
         }
+        mbarrier_wait(&v_empty[stage], parity ^ 1);  // ... and with its last V
         mbarrier_arrive_expect_tx(&v_full[stage], T::kKVBytes);
 #pragma unroll
         for (int panel = 0; panel < T::kPanels; ++panel) {
@@ -132,7 +137,12 @@ __global__ void __launch_bounds__(T::kNumThreads, 1)
 #pragma unroll
     for (int e = 0; e < 4; ++e) acc_o[0][n][e] = 0.0f;
   auto& acc_o_flat = *reinterpret_cast<float(*)[T::kHeadDim / 2]>(&acc_o[0][0][0]);
-  sm80::OnlineSoftmax<T> softmax;
+  float acc_s[1][T::kSTiles][4];  // S of the current key block
+  auto& acc_s_flat = *reinterpret_cast<float(*)[T::kBlockKV / 2]>(&acc_s[0][0][0]);
+  uint32_t rP[T::kKVSteps][4];    // P of the previous key block as wgmma A fragments
+  auto& rP_flat = *reinterpret_cast<uint32_t(*)[T::kKVSteps * 4]>(&rP[0][0]);
+  SplitSoftmax<T::kSTiles, T::kOTiles> softmax;
+  float alpha[2];
 
   const int diag_offset = len.kv_len - len.q_len;
   const int lo_off = p.window_left >= kUnbounded ? -kUnbounded : diag_offset - p.window_left;
@@ -151,25 +161,21 @@ __global__ void __launch_bounds__(T::kNumThreads, 1)
   auto v_desc = [&](int stage, int t) {
     return smem_descriptor(smem_u32(sV(stage)) + t * 16 * T::kRowBytes, T::kKVPanelBytes, 1024);
   };
-
-  mbarrier_wait(q_full, 0);
-  for (int j = block_begin, it = 0; j < block_end; ++j, ++it) {
-    const int stage = it % T::kStages;
-    const uint32_t parity = (it / T::kStages) & 1;
-
-    // S = Q K_j^T
-    float acc_s[1][T::kSTiles][4];
-    auto& acc_s_flat = *reinterpret_cast<float(*)[T::kBlockKV / 2]>(&acc_s[0][0][0]);
-    mbarrier_wait(&k_full[stage], parity);
+  auto issue_s = [&](int stage) {  // S = Q K^T, one commit group
     wgmma_fence();
 #pragma unroll
     for (int kk = 0; kk < T::kDSteps; ++kk) {
       wgmma_ss<Element, T::kBlockKV>(acc_s_flat, q_desc(kk), k_desc(stage, kk), kk > 0);
     }
     wgmma_commit();
-    wgmma_wait<0>();
-    fence_registers(acc_s_flat);
-
+  };
+  auto issue_pv = [&](int stage) {  // O += P V, one commit group
+    wgmma_fence();
+#pragma unroll
+    for (int t = 0; t < T::kKVSteps; ++t) wgmma_rs<Element, T::kHeadDim>(acc_o_flat, rP[t], v_desc(stage, t), 1);
+    wgmma_commit();
+  };
+  auto scores_to_probabilities = [&](int j) {  // softcap, mask, online softmax of S_j; alpha for the O rescale
     if constexpr (kHasSoftcap) {  // S = softcap * tanh(S * scale / softcap); the softmax then runs with scale 1
 #pragma unroll
       for (int n = 0; n < T::kSTiles; ++n)
@@ -193,10 +199,9 @@ __global__ void __launch_bounds__(T::kNumThreads, 1)
           }
       }
     }
-    softmax.update(acc_s, acc_o, p.scale, p.scale_log2);
-
-    // P (fp32) -> wgmma A fragments: k16 step t covers S tiles 2t and 2t+1 (the mma.sync A layout per warp).
-    uint32_t rP[T::kKVSteps][4];
+    softmax.update(acc_s, p.scale_log2, alpha);
+  };
+  auto pack_probabilities = [&] {  // P (fp32) -> A fragments: k16 step t covers S tiles 2t and 2t+1
 #pragma unroll
     for (int t = 0; t < T::kKVSteps; ++t) {
       rP[t][0] = sm80::pack2<Element>(acc_s[0][2 * t][0], acc_s[0][2 * t][1]);
@@ -204,17 +209,66 @@ __global__ void __launch_bounds__(T::kNumThreads, 1)
       rP[t][2] = sm80::pack2<Element>(acc_s[0][2 * t + 1][0], acc_s[0][2 * t + 1][1]);
       rP[t][3] = sm80::pack2<Element>(acc_s[0][2 * t + 1][2], acc_s[0][2 * t + 1][3]);
     }
-
-    // O += P V_j
-    mbarrier_wait(&v_full[stage], parity);
-    wgmma_fence();
-#pragma unroll
-    for (int t = 0; t < T::kKVSteps; ++t) wgmma_rs<Element, T::kHeadDim>(acc_o_flat, rP[t], v_desc(stage, t), 1);
-    wgmma_commit();
-    wgmma_wait<0>();
-    fence_registers(acc_o_flat);
-    mbarrier_arrive(&kv_empty[stage]);  // this thread no longer reads stage `stage`
+  };
+  // Pingpong: the two consumers take turns issuing their GEMMs (named barriers 3 and 4), so one warpgroup's softmax
+  // runs while the other's products occupy the tensor cores. Each waits for its turn, issues, then hands the turn on.
+  auto wait_turn = [&] {
+    if constexpr (T::kPingpong) named_barrier_sync(3 + consumer, 256);
+  };
+  auto pass_turn = [&] {
+    if constexpr (T::kPingpong) named_barrier_arrive(3 + (1 - consumer), 256);
+  };
+  if constexpr (T::kPingpong) {
+    if (consumer == 1) named_barrier_arrive(3, 256);  // consumer 0 goes first
   }
+
+  // Key block j at pipeline step it = j - block_begin lives in stage it % kStages, filled for the (it / kStages)-th
+  // time: that fill completes the barrier phase of parity (it / kStages) & 1.
+  auto stage_of = [](int it) { return it % T::kStages; };
+  auto parity_of = [](int it) { return static_cast<uint32_t>((it / T::kStages) & 1); };
+
+  mbarrier_wait(q_full, 0);
+  // Prologue: S_0 and its softmax (O is still zero: no rescale).
+  mbarrier_wait(&k_full[0], 0);
+  wait_turn();
+  issue_s(0);
+  pass_turn();
+  wgmma_wait<0>();
+  fence_registers(acc_s_flat);
+  mbarrier_arrive(&k_empty[0]);
+  scores_to_probabilities(block_begin);
+  pack_probabilities();
+
+  // Steady state (intra-warpgroup overlap): issue S_j = Q K_j^T and O += P_{j-1} V_{j-1} back to back; the softmax
+  // of S_j runs while P_{j-1} V_{j-1} is still on the tensor cores; O is rescaled once that product is done.
+  int it = 1;
+  for (int j = block_begin + 1; j < block_end; ++j, ++it) {
+    mbarrier_wait(&k_full[stage_of(it)], parity_of(it));
+    mbarrier_wait(&v_full[stage_of(it - 1)], parity_of(it - 1));
+    wait_turn();
+    issue_s(stage_of(it));
+    issue_pv(stage_of(it - 1));
+    pass_turn();
+    wgmma_wait<1>();  // the older group, S_j, is done
+    fence_registers(acc_s_flat);
+    mbarrier_arrive(&k_empty[stage_of(it)]);
+    scores_to_probabilities(j);
+    wgmma_wait<0>();  // P_{j-1} V_{j-1} is done: O and the P fragments may change
+    fence_registers(acc_o_flat);
+    fence_registers(rP_flat);
+    mbarrier_arrive(&v_empty[stage_of(it - 1)]);
+    SplitSoftmax<T::kSTiles, T::kOTiles>::rescale(acc_o, alpha);
+    pack_probabilities();
+  }
+  // Drain: O += P_last V_last. Consumer 1 passes no turn after its last issue (consumer 0 waits for no more).
+  mbarrier_wait(&v_full[stage_of(it - 1)], parity_of(it - 1));
+  wait_turn();
+  issue_pv(stage_of(it - 1));
+  if (consumer == 0) pass_turn();
+  wgmma_wait<0>();
+  fence_registers(acc_o_flat);
+  fence_registers(rP_flat);
+  mbarrier_arrive(&v_empty[stage_of(it - 1)]);
 
   softmax.finalize(acc_o);
   if (p.lse != nullptr && lane % 4 == 0) {  // one lane of each quad owns the row
@@ -222,7 +276,7 @@ __global__ void __launch_bounds__(T::kNumThreads, 1)
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
       const int row = warp_row0 + lane / 4 + 8 * h;
-      if (row < q_rows) gLse[row] = row < q_rows_valid ? softmax.lse(0, h, p.scale) : -INFINITY;
+      if (row < q_rows) gLse[row] = row < q_rows_valid ? softmax.lse(h, p.scale) : -INFINITY;
     }
   }
 

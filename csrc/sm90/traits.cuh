@@ -20,6 +20,7 @@ struct Traits {
   static constexpr int kConsumers = kKey.consumer_warpgroups;  // math warpgroups
   static constexpr int kBlockQ = 64 * kConsumers;              // each consumer owns 64 query rows (one wgmma M)
   static constexpr int kNumThreads = 128 * (kConsumers + 1);   // warpgroup 0 is the producer
+  static constexpr bool kPingpong = kKey.pingpong;             // consumers alternate on the tensor cores
   static_assert(kKey.block_q == kBlockQ, "block_q must be 64 * consumer_warpgroups");
   static_assert(kHeadDim == 64 || kHeadDim == 128, "sm90 family: head_dim 64 or 128");
   static_assert(kBlockKV == 64 || kBlockKV == 128, "sm90 family: block_kv 64 or 128");
@@ -41,7 +42,7 @@ struct Traits {
   static constexpr int kKOffset = kQBytes;
   static constexpr int kVOffset = kKOffset + kStages * kKVBytes;
   static constexpr int kBarrierOffset = kVOffset + kStages * kKVBytes;
-  static constexpr int kNumBarriers = 1 + 3 * kStages;  // Q full; K full, V full, K/V empty per stage
+  static constexpr int kNumBarriers = 1 + 4 * kStages;  // Q full; K full, V full, K empty, V empty per stage
   // + 1024 so the kernel can round the dynamic shared-memory base up to the 1024-byte swizzle atom.
   static constexpr int kSmemBytes = kBarrierOffset + 8 * kNumBarriers + 1024;
 

@@ -1,0 +1,73 @@
+// Online softmax for one consumer warp's 16 rows of the wgmma accumulators, split so the O rescale can wait:
+// with the intra-warpgroup overlap, O += P_{j-1} V_{j-1} is still running on the tensor cores while the softmax of
+// S_j runs, so update() only returns each row's factor alpha = exp(m_old - m_new) and rescale() applies it to O
+// once that product has completed.
+// Fragment layout (per warp, the mma.sync m16n8 layout repeated): element e of n-tile n is row lane/4 + 8*(e/2),
+// column 8n + 2*(lane%4) + e%2; the four lanes of a quad share a row (reductions by shfl_xor 1 and 2).
+#pragma once
+
+#include <cmath>
+
+#include "sm80/ptx.cuh"      // exp2_approx
+#include "sm80/softmax.cuh"  // quad_max, quad_sum
+
+namespace jax_flash::sm90 {
+
+template <int kSTiles, int kOTiles>
+struct SplitSoftmax {
+  float row_max[2] = {-INFINITY, -INFINITY};  // raw score units (the scale is applied inside exp2)
+  float row_sum[2] = {0.0f, 0.0f};            // this thread's partial sums until finalize()
+
+  // S -> P = exp2(S * scale_log2 - m * scale_log2) in place; returns alpha per row half in `alpha`.
+  __device__ __forceinline__ void update(float (&acc_s)[1][kSTiles][4], float scale_log2, float (&alpha)[2]) {
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      float block_max = -INFINITY;
+#pragma unroll
+      for (int n = 0; n < kSTiles; ++n) block_max = fmaxf(block_max, fmaxf(acc_s[0][n][2 * h], acc_s[0][n][2 * h + 1]));
+      const float m_new = fmaxf(row_max[h], sm80::quad_max(block_max));
+      // A row that has seen only masked (-inf) scores keeps m = -inf: exponentiate against 0 so nothing is NaN.
+      const float m_scaled = (m_new == -INFINITY ? 0.0f : m_new) * scale_log2;
+      alpha[h] = sm80::exp2_approx(row_max[h] * scale_log2 - m_scaled);
+      float block_sum = 0.0f;
+#pragma unroll
+      for (int n = 0; n < kSTiles; ++n) {
+#pragma unroll
+        for (int e = 2 * h; e < 2 * h + 2; ++e) {
+          acc_s[0][n][e] = sm80::exp2_approx(fmaf(acc_s[0][n][e], scale_log2, -m_scaled));
+          block_sum += acc_s[0][n][e];
+        }
+      }
+      row_max[h] = m_new;
+      row_sum[h] = row_sum[h] * alpha[h] + block_sum;
+    }
+  }
+
+  __device__ __forceinline__ static void rescale(float (&acc_o)[1][kOTiles][4], const float (&alpha)[2]) {
+#pragma unroll
+    for (int n = 0; n < kOTiles; ++n) {
+      acc_o[0][n][0] *= alpha[0];
+      acc_o[0][n][1] *= alpha[0];
+      acc_o[0][n][2] *= alpha[1];
+      acc_o[0][n][3] *= alpha[1];
+    }
+  }
+
+  // O = O / l ; a row with l = 0 (it saw no key) becomes zeros.
+  __device__ __forceinline__ void finalize(float (&acc_o)[1][kOTiles][4]) {
+    float inv[2];
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      row_sum[h] = sm80::quad_sum(row_sum[h]);
+      inv[h] = row_sum[h] > 0.0f ? 1.0f / row_sum[h] : 0.0f;
+    }
+    rescale(acc_o, inv);
+  }
+
+  // Natural-log log-sum-exp of the scaled scores of row half h, after finalize(); -inf for a row that saw no key.
+  __device__ __forceinline__ float lse(int h, float scale) const {
+    return row_sum[h] <= 0.0f ? -INFINITY : row_max[h] * scale + logf(row_sum[h]);
+  }
+};
+
+}  // namespace jax_flash::sm90
