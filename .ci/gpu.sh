@@ -2,7 +2,8 @@
 # One call on the GPU machine (the device tool): build, GPU tests, benchmark; a short table last.
 #   bash .ci/gpu.sh [pytest -k expression] [benchmark args...]
 #   BUILD_ARGS="-Ccmake.define.JAX_FLASH_CONFIG_SET=sweep" bash .ci/gpu.sh ...   (extra pip build arguments)
-#   HARNESS=1 bash .ci/gpu.sh ...   (also the standalone kernel harness under compute-sanitizer: .ci/harness.sh)
+#   HARNESS=1 bash .ci/gpu.sh ...   (also the standalone kernel harness under compute-sanitizer: .ci/harness.sh;
+#                                    HARNESS_OUT=dir keeps its logs out of $OUT, SANITIZER_TOOLS picks the tools)
 # Writes build.log, pytest.log, bench.log, bench.json, bench.png under $OUT.
 set -uo pipefail
 OUT=${OUT:-/tmp/jax_flash_out}
@@ -32,7 +33,7 @@ tail -3 "$OUT/pytest.log"
 
 if [ -n "${HARNESS:-}" ]; then
   start=$(date +%s)
-  OUT="$OUT" bash "$REPO/.ci/harness.sh"
+  OUT="${HARNESS_OUT:-$OUT}" bash "$REPO/.ci/harness.sh"
   echo "harness: exit $? in $(( $(date +%s) - start )) s"
 fi
 

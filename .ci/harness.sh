@@ -14,7 +14,7 @@ cmake -S "$REPO" -B "$BUILD" -G Ninja -DSKBUILD_PROJECT_NAME=jax_flash -DJAX_FLA
 status=0
 echo "harness (full matrix): $("$BUILD/kernel_harness" > "$OUT/harness_plain.log" 2>&1; echo "exit $?"; tail -1 "$OUT/harness_plain.log")"
 grep -m5 FAIL "$OUT/harness_plain.log" && status=1
-for tool in memcheck racecheck initcheck synccheck; do
+for tool in ${SANITIZER_TOOLS:-memcheck racecheck initcheck synccheck}; do
   timeout "${SANITIZER_TIMEOUT:-150}" compute-sanitizer --tool "$tool" --error-exitcode 3 "$BUILD/kernel_harness" --quick \
     > "$OUT/harness_$tool.log" 2>&1
   rc=$?
