@@ -43,9 +43,10 @@ def devices(request):
     return _platform_devices(request.param)
 
 
-def _mesh(devices, axis_types=AxisType.Auto):
+def _mesh(devices, axis_types=AxisType.Auto, split="both"):
+    """(data, model) mesh: "both" (2, n/2): (2, 2) on 4 devices, (2, 1) on 2; "heads" (1, n); "batch" (n, 1)."""
     n = len(devices)
-    shape = (2, n // 2)  # (data, model): (2, 2) on 4 devices, (2, 1) on 2
+    shape = {"both": (2, n // 2), "heads": (1, n), "batch": (n, 1)}[split]
     return jax.make_mesh(shape, ("data", "model"), axis_types=(axis_types,) * 2, devices=devices)
 
 
@@ -62,10 +63,11 @@ def _collectives(hlo: str) -> list[str]:
     return sorted(set(re.findall(r"\b(all-gather|all-to-all|collective-permute|all-reduce|reduce-scatter)\b", hlo)))
 
 
-@pytest.mark.parametrize("heads_q,heads_k", [(8, 8), (8, 2), (8, 1)], ids=["mha", "gqa", "mqa"])
+@pytest.mark.parametrize("heads_q,heads_k", [(8, 8), (16, 4), (8, 1)], ids=["mha", "gqa", "mqa"])
 @pytest.mark.parametrize("axis_types", [AxisType.Auto, AxisType.Explicit], ids=["auto", "explicit"])
-def test_batch_and_head_sharding_runs_shard_local(devices, heads_q, heads_k, axis_types):
-    mesh = _mesh(devices, axis_types)
+@pytest.mark.parametrize("split", ["both", "heads"])
+def test_batch_and_head_sharding_runs_shard_local(devices, heads_q, heads_k, axis_types, split):
+    mesh = _mesh(devices, axis_types, split)
     q, k, v = _inputs(devices, heads_q, heads_k)
     lengths = jnp.array([80, 33, 0, 71], jnp.int32)
 
@@ -87,10 +89,10 @@ def test_batch_and_head_sharding_runs_shard_local(devices, heads_q, heads_k, axi
 
     hlo = jitted.lower(*args).compile().as_text()
     assert _collectives(hlo) == [], f"sharded attention should need no collectives, found {_collectives(hlo)}"
-    # The kernel sees one device's shard: batch / 2, heads / model size (kv heads too unless MQA).
-    n_model = mesh.shape["model"]
-    local_q = f"[2,80,{heads_q // n_model},64]"
-    local_k = f"[2,112,{heads_k // n_model if heads_k > 1 else 1},64]"
+    # The kernel sees one device's shard: batch / data size, heads / model size (kv heads too unless MQA).
+    n_data, n_model = mesh.shape["data"], mesh.shape["model"]
+    local_q = f"[{4 // n_data},80,{heads_q // n_model},64]"
+    local_k = f"[{4 // n_data},112,{heads_k // n_model if heads_k > 1 else 1},64]"
     call = next(line for line in hlo.splitlines() if 'custom_call_target="jax_flash_attention"' in line)
     assert local_q in call and local_k in call, call
 
@@ -117,7 +119,7 @@ def test_sequence_sharded_input_is_gathered_with_one_warning(devices):
     mesh = _mesh(devices)
     q, k, v = _inputs(devices)
     expected = _single_device(devices, jax_flash.attention, q, k, v)
-    seq_spec = NamedSharding(mesh, P(None, "model", None, None))
+    seq_spec = NamedSharding(mesh, P(None, "data", None, None))  # "data" has size 2 on every mesh here
     args = [jax.device_put(x, seq_spec) for x in (q, k, v)]
     _sharding._warned.clear()
     with pytest.warns(UserWarning, match="sharded along the sequence or head_dim axis; it is gathered"):
@@ -134,7 +136,7 @@ def test_head_dim_sharded_input_is_gathered(devices):
     mesh = _mesh(devices)
     q, k, v = _inputs(devices)
     expected = _single_device(devices, jax_flash.attention, q, k, v)
-    spec = NamedSharding(mesh, P("data", None, None, "model"))
+    spec = NamedSharding(mesh, P(None, None, None, "data"))
     _sharding._warned.clear()
     with pytest.warns(UserWarning, match="head_dim"):
         out = jax.jit(jax_flash.attention)(*(jax.device_put(x, spec) for x in (q, k, v)))
@@ -142,10 +144,8 @@ def test_head_dim_sharded_input_is_gathered(devices):
 
 
 def test_heads_that_cannot_split_consistently_are_replicated(devices):
-    mesh = _mesh(devices)
-    if mesh.shape["model"] < 2:
-        pytest.skip("needs a model axis of size >= 2 (4 devices)")
-    q, k, v = _inputs(devices, heads_q=6, heads_k=3)  # 3 kv heads over 2 devices: no consistent split
+    mesh = _mesh(devices, split="heads")
+    q, k, v = _inputs(devices, heads_q=6, heads_k=3)  # 3 kv heads over 2 or 4 devices: no consistent split
     expected = _single_device(devices, jax_flash.attention, q, k, v)
     spec = NamedSharding(mesh, P("data", None, "model", None))
     q_sharded = jax.device_put(q, spec)
