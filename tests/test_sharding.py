@@ -145,7 +145,7 @@ def test_head_dim_sharded_input_is_gathered(devices):
 
 def test_heads_that_cannot_split_consistently_are_replicated(devices):
     mesh = _mesh(devices, split="heads")
-    q, k, v = _inputs(devices, heads_q=6, heads_k=3)  # 3 kv heads over 2 or 4 devices: no consistent split
+    q, k, v = _inputs(devices, heads_q=12, heads_k=3)  # 3 kv heads over 2 or 4 devices: no consistent split
     expected = _single_device(devices, jax_flash.attention, q, k, v)
     spec = NamedSharding(mesh, P("data", None, "model", None))
     q_sharded = jax.device_put(q, spec)
