@@ -147,9 +147,9 @@ class KernelConfig:
         return self.block_q // self.num_warps
 
     def smem_bytes(self, head_dim: int, elem_bytes: int = 2) -> int:
-        if self.family == "sm90":  # Q + stages x (K + V) + barriers + 1024 alignment slack (csrc/sm90/traits.cuh)
-            return ((self.block_q + 2 * self.stages * self.block_kv) * head_dim * elem_bytes +
-                    8 * (1 + 4 * self.stages) + 1024)
+        if self.family == "sm90":  # Q + O + stages x (K + V) + barriers + 1024 alignment slack (csrc/sm90/traits.cuh)
+            return ((2 * self.block_q + 2 * self.stages * self.block_kv) * head_dim * elem_bytes +
+                    8 * (2 + 4 * self.stages) + 1024)
         # sQ (block_q, D) + sK (block_kv, D) + sV (block_kv, D); csrc/sm80/traits.cuh derives the same number.
         return (self.block_q + 2 * self.block_kv) * head_dim * elem_bytes
 

@@ -1,6 +1,6 @@
 // The sm90-family attention forward kernel: warp-specialised, wgmma for both products, TMA loads.
 //
-// One thread block = one (batch, query head, block of kBlockQ = 64 * kConsumers query rows), kNumThreads threads:
+// Persistent thread blocks of kNumThreads threads, each walking tiles of kBlockQ = 64 * kConsumers query rows:
 //   warpgroup 0, the producer: one thread issues TMA copies of Q (once) and of K and V blocks into a kStages-deep
 //     ring of shared-memory stages, each completing on its own mbarrier ("full"), and waits on the stage's "empty"
 //     barrier before refilling it. setmaxnreg hands most of its registers to the consumers.
@@ -9,7 +9,7 @@
 //     and O += P V by wgmma with P from registers and V (MN-major) from shared memory. The product of the previous
 //     block's P V is issued together with this block's Q K^T, so the softmax overlaps it (intra-warpgroup overlap),
 //     and with pingpong the two consumers take turns on the tensor cores.
-// The epilogue writes O through this consumer's rows of the Q tile (no longer read) with 16-byte coalesced stores.
+// The epilogue writes O through a shared-memory buffer of its own with 16-byte coalesced stores.
 #pragma once
 
 #include <cstdint>
@@ -24,60 +24,66 @@
 
 namespace jax_flash::sm90 {
 
+// One tile = one (batch, query head, block of kBlockQ query rows). Tile t -> (batch, head, query block) with query
+// blocks innermost (neighbours share K/V in L2); with a right bound (causal) the later, heavier query blocks go first.
+struct TileWork {
+  int batch, head, kv_head, row0;
+  int q_rows;        // rows of this tile inside the tensor (the rest of the block is past seqlen_q)
+  int q_rows_valid;  // rows that compute (below q_lengths[b]); the others write zeros
+  BatchLengths len;
+  int block_begin, block_end;  // key blocks some valid row can see; empty: the tile writes zeros and lse = -inf
+};
+
+template <class T>
+__device__ __forceinline__ TileWork tile_work(const AttentionParams& p, int64_t tile) {
+  TileWork w;
+  const int q_block_in_order = static_cast<int>(tile % p.num_q_blocks);
+  const int q_block = p.window_right < kUnbounded ? p.num_q_blocks - 1 - q_block_in_order : q_block_in_order;
+  const int64_t batch_head = tile / p.num_q_blocks;
+  w.head = static_cast<int>(batch_head % p.heads_q);
+  w.batch = static_cast<int>(batch_head / p.heads_q);
+  w.kv_head = w.head / p.q_heads_per_kv_head;
+  w.row0 = q_block * T::kBlockQ;
+  w.q_rows = min(T::kBlockQ, p.seqlen_q - w.row0);
+  w.len = batch_lengths(p, w.batch);
+  w.q_rows_valid = max(0, min(T::kBlockQ, w.len.q_len - w.row0));
+  const KeySpan keys = visible_keys_of_rows(p, w.len, w.row0, w.row0 + w.q_rows_valid);
+  w.block_begin = keys.begin / T::kBlockKV;
+  w.block_end = (keys.end + T::kBlockKV - 1) / T::kBlockKV;
+  return w;
+}
+
+// Persistent: gridDim.x blocks (at most one per SM) walk the tiles blockIdx.x, blockIdx.x + gridDim.x, ...; the
+// producer runs ahead across tile boundaries (the next tile's Q and first K/V land while the consumers finish the
+// current tile), the K/V ring's stage and phase counters run on across tiles, and O leaves through its own
+// shared-memory buffer so the next Q can arrive meanwhile.
 template <class T, bool kMaskBlocks, bool kHasSoftcap>
 __global__ void __launch_bounds__(T::kNumThreads, 1)
     attention_kernel(const __grid_constant__ AttentionParams p, const __grid_constant__ CUtensorMap tma_q,
-                     const __grid_constant__ CUtensorMap tma_k, const __grid_constant__ CUtensorMap tma_v) {
+                     const __grid_constant__ CUtensorMap tma_k, const __grid_constant__ CUtensorMap tma_v,
+                     int64_t num_tiles) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   using Element = typename T::Element;
   extern __shared__ char smem_raw[];
   // The 128-byte swizzle is a function of address bits 4-9: tiles must start on 1024-byte boundaries.
   char* smem = smem_raw + ((1024 - (smem_u32(smem_raw) & 1023)) & 1023);
   char* sQ = smem + T::kQOffset;
+  char* sO = smem + T::kOOffset;
   uint64_t* bars = reinterpret_cast<uint64_t*>(smem + T::kBarrierOffset);
-  uint64_t* q_full = bars;
-  uint64_t* k_full = bars + 1;                   // [kStages]
-  uint64_t* v_full = bars + 1 + T::kStages;      // [kStages]
-  uint64_t* k_empty = bars + 1 + 2 * T::kStages;  // [kStages]
-  uint64_t* v_empty = bars + 1 + 3 * T::kStages;  // [kStages]
+  uint64_t* q_full = bars;                        // Q of the current tile has landed
+  uint64_t* q_empty = bars + 1;                   // the consumers no longer read Q
+  uint64_t* k_full = bars + 2;                    // [kStages]
+  uint64_t* v_full = bars + 2 + T::kStages;       // [kStages]
+  uint64_t* k_empty = bars + 2 + 2 * T::kStages;  // [kStages]
+  uint64_t* v_empty = bars + 2 + 3 * T::kStages;  // [kStages]
   auto sK = [&](int stage) { return smem + T::kKOffset + stage * T::kKVBytes; };
   auto sV = [&](int stage) { return smem + T::kVOffset + stage * T::kKVBytes; };
-
-  const int tid = threadIdx.x;
-  // Block index -> (batch, head, query block), query blocks innermost (neighbours share K/V in L2); with a right
-  // bound (causal) the later, heavier query blocks go first.
-  const int64_t block = blockIdx.x;
-  const int q_block_in_order = static_cast<int>(block % p.num_q_blocks);
-  const int q_block = p.window_right < kUnbounded ? p.num_q_blocks - 1 - q_block_in_order : q_block_in_order;
-  const int64_t batch_head = block / p.num_q_blocks;
-  const int head = static_cast<int>(batch_head % p.heads_q);
-  const int batch = static_cast<int>(batch_head / p.heads_q);
-  const int kv_head = head / p.q_heads_per_kv_head;
-  const int row0 = q_block * T::kBlockQ;
-  const int q_rows = min(T::kBlockQ, p.seqlen_q - row0);
-  const BatchLengths len = batch_lengths(p, batch);
-  const int q_rows_valid = max(0, min(T::kBlockQ, len.q_len - row0));
-  const KeySpan keys = visible_keys_of_rows(p, len, row0, row0 + q_rows_valid);
-  const int block_begin = keys.begin / T::kBlockKV;
-  const int block_end = (keys.end + T::kBlockKV - 1) / T::kBlockKV;
-  Element* gO = static_cast<Element*>(p.o) + batch * p.o_batch_stride + int64_t{row0} * p.o_seq_stride +
-                head * p.o_head_stride;
   constexpr int kRowChunks = T::kHeadDim / 8;  // 16-byte chunks per row
-
-  if (block_begin >= block_end) {  // no row sees a key: zeros and lse = -inf, no loads
-    for (int i = tid; i < q_rows * kRowChunks; i += T::kNumThreads) {
-      *reinterpret_cast<uint4*>(gO + (i / kRowChunks) * p.o_seq_stride + (i % kRowChunks) * 8) =
-          make_uint4(0, 0, 0, 0);
-    }
-    if (p.lse) {
-      float* gLse = p.lse + batch * p.lse_batch_stride + head * p.lse_head_stride + row0;
-      for (int r = tid; r < q_rows; r += T::kNumThreads) gLse[r] = -INFINITY;
-    }
-    return;
-  }
+  const int tid = threadIdx.x;
 
   if (tid == 0) {
     mbarrier_init(q_full, 1);
+    mbarrier_init(q_empty, T::kConsumers * 128);
     for (int s = 0; s < T::kStages; ++s) {
       mbarrier_init(&k_full[s], 1);
       mbarrier_init(&v_full[s], 1);
@@ -88,6 +94,11 @@ __global__ void __launch_bounds__(T::kNumThreads, 1)
   }
   __syncthreads();
 
+  // Key block j of a tile is pipeline step it (counted over all of this block's tiles); it lives in stage
+  // it % kStages, filled for the (it / kStages)-th time: that fill completes the phase of parity (it / kStages) & 1.
+  auto stage_of = [](int it) { return it % T::kStages; };
+  auto parity_of = [](int it) { return static_cast<uint32_t>((it / T::kStages) & 1); };
+
   const int warpgroup = tid / 128;
   if (warpgroup == 0) {
     // ---------------------------------------- producer ----------------------------------------------------------
@@ -96,27 +107,34 @@ __global__ void __launch_bounds__(T::kNumThreads, 1)
       prefetch_tensor_map(&tma_q);
       prefetch_tensor_map(&tma_k);
       prefetch_tensor_map(&tma_v);
-      mbarrier_arrive_expect_tx(q_full, T::kQBytes);
-#pragma unroll
-      for (int panel = 0; panel < T::kPanels; ++panel) {
-        tma_load_4d(sQ + panel * T::kQPanelBytes, &tma_q, q_full, panel * 64, row0, head, batch);
-      }
-      for (int j = block_begin, it = 0; j < block_end; ++j, ++it) {
-        const int stage = it % T::kStages;
-        const uint32_t parity = (it / T::kStages) & 1;
-        mbarrier_wait(&k_empty[stage], parity ^ 1);  // the consumers are done with this stage's last K
-        mbarrier_arrive_expect_tx(&k_full[stage], T::kKVBytes);
+      int it = 0, tiles_done = 0;
+      for (int64_t tile = blockIdx.x; tile < num_tiles; tile += gridDim.x) {
+        const TileWork w = tile_work<T>(p, tile);
+        if (w.block_begin >= w.block_end) continue;  // the consumers write zeros; nothing to load
+        mbarrier_wait(q_empty, (tiles_done & 1) ^ 1);  // the previous tile's last Q K^T is done
+        mbarrier_arrive_expect_tx(q_full, T::kQBytes);
 #pragma unroll
         for (int panel = 0; panel < T::kPanels; ++panel) {
-          tma_load_4d(sK(stage) + panel * T::kKVPanelBytes, &tma_k, &k_full[stage], panel * 64, j * T::kBlockKV,
-                      kv_head, batch);
+          tma_load_4d(sQ + panel * T::kQPanelBytes, &tma_q, q_full, panel * 64, w.row0, w.head, w.batch);
         }
-        mbarrier_wait(&v_empty[stage], parity ^ 1);  // ... and with its last V
-        mbarrier_arrive_expect_tx(&v_full[stage], T::kKVBytes);
+        ++tiles_done;
+        for (int j = w.block_begin; j < w.block_end; ++j, ++it) {
+          const int stage = stage_of(it);
+          const uint32_t parity = parity_of(it);
+          mbarrier_wait(&k_empty[stage], parity ^ 1);  // the consumers are done with this stage's last K
+          mbarrier_arrive_expect_tx(&k_full[stage], T::kKVBytes);
 #pragma unroll
-        for (int panel = 0; panel < T::kPanels; ++panel) {
-          tma_load_4d(sV(stage) + panel * T::kKVPanelBytes, &tma_v, &v_full[stage], panel * 64, j * T::kBlockKV,
-                      kv_head, batch);
+          for (int panel = 0; panel < T::kPanels; ++panel) {
+            tma_load_4d(sK(stage) + panel * T::kKVPanelBytes, &tma_k, &k_full[stage], panel * 64, j * T::kBlockKV,
+                        w.kv_head, w.batch);
+          }
+          mbarrier_wait(&v_empty[stage], parity ^ 1);  // ... and with its last V
+          mbarrier_arrive_expect_tx(&v_full[stage], T::kKVBytes);
+#pragma unroll
+          for (int panel = 0; panel < T::kPanels; ++panel) {
+            tma_load_4d(sV(stage) + panel * T::kKVPanelBytes, &tma_v, &v_full[stage], panel * 64, j * T::kBlockKV,
+                        w.kv_head, w.batch);
+          }
         }
       }
     }
@@ -125,93 +143,23 @@ __global__ void __launch_bounds__(T::kNumThreads, 1)
 
   // ------------------------------------------ consumers -----------------------------------------------------------
   setmaxnreg_inc<T::kConsumerRegs>();
-  const int consumer = warpgroup - 1;  // rows [64 * consumer, 64 * consumer + 64) of the block
+  const int consumer = warpgroup - 1;  // rows [64 * consumer, 64 * consumer + 64) of each tile
   const int wg_tid = tid % 128;
   const int warp_in_wg = wg_tid / 32;
   const int lane = tid % 32;
-  const int warp_row0 = 64 * consumer + 16 * warp_in_wg;  // this warp's 16 rows within the block
+  const int warp_row0 = 64 * consumer + 16 * warp_in_wg;  // this warp's 16 rows within the tile
 
   float acc_o[1][T::kOTiles][4];  // O (16 rows of this warp, D): the wgmma m64nD fragment
-#pragma unroll
-  for (int n = 0; n < T::kOTiles; ++n)
-#pragma unroll
-    for (int e = 0; e < 4; ++e) acc_o[0][n][e] = 0.0f;
   auto& acc_o_flat = *reinterpret_cast<float(*)[T::kHeadDim / 2]>(&acc_o[0][0][0]);
   float acc_s[1][T::kSTiles][4];  // S of the current key block
   auto& acc_s_flat = *reinterpret_cast<float(*)[T::kBlockKV / 2]>(&acc_s[0][0][0]);
   uint32_t rP[T::kKVSteps][4];    // P of the previous key block as wgmma A fragments
   auto& rP_flat = *reinterpret_cast<uint32_t(*)[T::kKVSteps * 4]>(&rP[0][0]);
-  SplitSoftmax<T::kSTiles, T::kOTiles> softmax;
   float alpha[2];
 
-  const int diag_offset = len.kv_len - len.q_len;
-  const int lo_off = p.window_left >= kUnbounded ? -kUnbounded : diag_offset - p.window_left;
-  const int hi_off = p.window_right >= kUnbounded ? kUnbounded : diag_offset + p.window_right;
-
-  // Descriptors. Q (A, K-major): this consumer's 64 rows of each panel; k16 step kk is panel kk/4, byte 32*(kk%4)
-  // of the swizzled row. K (B, K-major): the same stepping over kBlockKV rows. V (B, MN-major): k16 step t is rows
-  // 16t..16t+15 (2048 bytes in), the N = D columns span the panels kKVPanelBytes apart (LBO).
-  const uint32_t sQ_addr = smem_u32(sQ) + consumer * 64 * T::kRowBytes;
-  auto q_desc = [&](int kk) {
-    return smem_descriptor(sQ_addr + (kk / 4) * T::kQPanelBytes + (kk % 4) * 32, 16, 1024);
-  };
-  auto k_desc = [&](int stage, int kk) {
-    return smem_descriptor(smem_u32(sK(stage)) + (kk / 4) * T::kKVPanelBytes + (kk % 4) * 32, 16, 1024);
-  };
-  auto v_desc = [&](int stage, int t) {
-    return smem_descriptor(smem_u32(sV(stage)) + t * 16 * T::kRowBytes, T::kKVPanelBytes, 1024);
-  };
-  auto issue_s = [&](int stage) {  // S = Q K^T, one commit group
-    wgmma_fence();
-#pragma unroll
-    for (int kk = 0; kk < T::kDSteps; ++kk) {
-      wgmma_ss<Element, T::kBlockKV>(acc_s_flat, q_desc(kk), k_desc(stage, kk), kk > 0);
-    }
-    wgmma_commit();
-  };
-  auto issue_pv = [&](int stage) {  // O += P V, one commit group
-    wgmma_fence();
-#pragma unroll
-    for (int t = 0; t < T::kKVSteps; ++t) wgmma_rs<Element, T::kHeadDim>(acc_o_flat, rP[t], v_desc(stage, t), 1);
-    wgmma_commit();
-  };
-  auto scores_to_probabilities = [&](int j) {  // softcap, mask, online softmax of S_j; alpha for the O rescale
-    if constexpr (kHasSoftcap) {  // S = softcap * tanh(S * scale / softcap); the softmax then runs with scale 1
-#pragma unroll
-      for (int n = 0; n < T::kSTiles; ++n)
-#pragma unroll
-        for (int e = 0; e < 4; ++e) acc_s[0][n][e] = p.softcap * tanhf(acc_s[0][n][e] * p.softcap_scale);
-    }
-    if constexpr (kMaskBlocks) {
-      const int kv0 = j * T::kBlockKV;
-      const int last_row = row0 + q_rows_valid - 1;
-      if (kv0 < last_row + lo_off || kv0 + T::kBlockKV - 1 > row0 + hi_off || kv0 + T::kBlockKV > len.kv_len) {
-        // col - row for element (n, e) = diag0 + n*8 + e%2 - 8*(e/2)
-        const int diag0 = kv0 + 2 * (lane % 4) - (row0 + warp_row0 + lane / 4);
-        const int col0 = kv0 + 2 * (lane % 4);
-#pragma unroll
-        for (int n = 0; n < T::kSTiles; ++n)
-#pragma unroll
-          for (int e = 0; e < 4; ++e) {
-            const int diag = diag0 + n * 8 + (e % 2) - 8 * (e / 2);
-            const int col = col0 + n * 8 + (e % 2);
-            if (diag < lo_off || diag > hi_off || col >= len.kv_len) acc_s[0][n][e] = -INFINITY;
-          }
-      }
-    }
-    softmax.update(acc_s, p.scale_log2, alpha);
-  };
-  auto pack_probabilities = [&] {  // P (fp32) -> A fragments: k16 step t covers S tiles 2t and 2t+1
-#pragma unroll
-    for (int t = 0; t < T::kKVSteps; ++t) {
-      rP[t][0] = sm80::pack2<Element>(acc_s[0][2 * t][0], acc_s[0][2 * t][1]);
-      rP[t][1] = sm80::pack2<Element>(acc_s[0][2 * t][2], acc_s[0][2 * t][3]);
-      rP[t][2] = sm80::pack2<Element>(acc_s[0][2 * t + 1][0], acc_s[0][2 * t + 1][1]);
-      rP[t][3] = sm80::pack2<Element>(acc_s[0][2 * t + 1][2], acc_s[0][2 * t + 1][3]);
-    }
-  };
   // Pingpong: the two consumers take turns issuing their GEMMs (named barriers 3 and 4), so one warpgroup's softmax
-  // runs while the other's products occupy the tensor cores. Each waits for its turn, issues, then hands the turn on.
+  // runs while the other's products occupy the tensor cores. Each waits for its turn, issues, then hands the turn
+  // on; consumer 1 hands on nothing after the last issue of the kernel (consumer 0 waits for no more turns).
   auto wait_turn = [&] {
     if constexpr (T::kPingpong) named_barrier_sync(3 + consumer, 256);
   };
@@ -222,81 +170,180 @@ __global__ void __launch_bounds__(T::kNumThreads, 1)
     if (consumer == 1) named_barrier_arrive(3, 256);  // consumer 0 goes first
   }
 
-  // Key block j at pipeline step it = j - block_begin lives in stage it % kStages, filled for the (it / kStages)-th
-  // time: that fill completes the barrier phase of parity (it / kStages) & 1.
-  auto stage_of = [](int it) { return it % T::kStages; };
-  auto parity_of = [](int it) { return static_cast<uint32_t>((it / T::kStages) & 1); };
+  int it = 0, tiles_done = 0;
+  for (int64_t tile = blockIdx.x; tile < num_tiles; tile += gridDim.x) {
+    const TileWork w = tile_work<T>(p, tile);
+    const int64_t batch = w.batch, head = w.head;
+    const int row0 = w.row0, q_rows = w.q_rows, q_rows_valid = w.q_rows_valid;
+    const int block_begin = w.block_begin, block_end = w.block_end;
+    const BatchLengths len = w.len;
+    Element* gO = static_cast<Element*>(p.o) + batch * p.o_batch_stride + int64_t{row0} * p.o_seq_stride +
+                  head * p.o_head_stride;
+    float* gLse = p.lse ? p.lse + batch * p.lse_batch_stride + head * p.lse_head_stride + row0 : nullptr;
 
-  mbarrier_wait(q_full, 0);
-  // Prologue: S_0 and its softmax (O is still zero: no rescale).
-  mbarrier_wait(&k_full[0], 0);
-  wait_turn();
-  issue_s(0);
-  pass_turn();
-  wgmma_wait<0>();
-  fence_registers(acc_s_flat);
-  mbarrier_arrive(&k_empty[0]);
-  scores_to_probabilities(block_begin);
-  pack_probabilities();
+    if (block_begin >= block_end) {  // no row sees a key: this consumer's rows are zeros and lse = -inf
+      for (int i = wg_tid; i < 64 * kRowChunks; i += 128) {
+        const int row = 64 * consumer + i / kRowChunks;
+        if (row < q_rows) *reinterpret_cast<uint4*>(gO + row * p.o_seq_stride + (i % kRowChunks) * 8) = make_uint4(0, 0, 0, 0);
+      }
+      if (gLse) {
+        for (int r = 64 * consumer + wg_tid; r < min(q_rows, 64 * consumer + 64); r += 128) gLse[r] = -INFINITY;
+      }
+      continue;
+    }
+    // Is there a later tile with work for this block? (decides consumer 1's last hand-over)
+    bool more_work = false;
+    for (int64_t next = tile + gridDim.x; next < num_tiles && !more_work; next += gridDim.x) {
+      const TileWork nw = tile_work<T>(p, next);
+      more_work = nw.block_begin < nw.block_end;
+    }
 
-  // Steady state (intra-warpgroup overlap): issue S_j = Q K_j^T and O += P_{j-1} V_{j-1} back to back; the softmax
-  // of S_j runs while P_{j-1} V_{j-1} is still on the tensor cores; O is rescaled once that product is done.
-  int it = 1;
-  for (int j = block_begin + 1; j < block_end; ++j, ++it) {
+#pragma unroll
+    for (int n = 0; n < T::kOTiles; ++n)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) acc_o[0][n][e] = 0.0f;
+    SplitSoftmax<T::kSTiles, T::kOTiles> softmax;
+
+    const int diag_offset = len.kv_len - len.q_len;
+    const int lo_off = p.window_left >= kUnbounded ? -kUnbounded : diag_offset - p.window_left;
+    const int hi_off = p.window_right >= kUnbounded ? kUnbounded : diag_offset + p.window_right;
+
+    // Descriptors. Q (A, K-major): this consumer's 64 rows of each panel; k16 step kk is panel kk/4, byte 32*(kk%4)
+    // of the swizzled row. K (B, K-major): the same stepping over kBlockKV rows. V (B, MN-major): k16 step t is rows
+    // 16t..16t+15 (2048 bytes in), the N = D columns span the panels kKVPanelBytes apart (LBO).
+    const uint32_t sQ_addr = smem_u32(sQ) + consumer * 64 * T::kRowBytes;
+    auto q_desc = [&](int kk) {
+      return smem_descriptor(sQ_addr + (kk / 4) * T::kQPanelBytes + (kk % 4) * 32, 16, 1024);
+    };
+    auto k_desc = [&](int stage, int kk) {
+      return smem_descriptor(smem_u32(sK(stage)) + (kk / 4) * T::kKVPanelBytes + (kk % 4) * 32, 16, 1024);
+    };
+    auto v_desc = [&](int stage, int t) {
+      return smem_descriptor(smem_u32(sV(stage)) + t * 16 * T::kRowBytes, T::kKVPanelBytes, 1024);
+    };
+    auto issue_s = [&](int stage) {  // S = Q K^T, one commit group
+      wgmma_fence();
+#pragma unroll
+      for (int kk = 0; kk < T::kDSteps; ++kk) {
+        wgmma_ss<Element, T::kBlockKV>(acc_s_flat, q_desc(kk), k_desc(stage, kk), kk > 0);
+      }
+      wgmma_commit();
+    };
+    auto issue_pv = [&](int stage) {  // O += P V, one commit group
+      wgmma_fence();
+#pragma unroll
+      for (int t = 0; t < T::kKVSteps; ++t) wgmma_rs<Element, T::kHeadDim>(acc_o_flat, rP[t], v_desc(stage, t), 1);
+      wgmma_commit();
+    };
+    auto scores_to_probabilities = [&](int j) {  // softcap, mask, online softmax of S_j; alpha for the O rescale
+      if constexpr (kHasSoftcap) {  // S = softcap * tanh(S * scale / softcap); the softmax then runs with scale 1
+#pragma unroll
+        for (int n = 0; n < T::kSTiles; ++n)
+#pragma unroll
+          for (int e = 0; e < 4; ++e) acc_s[0][n][e] = p.softcap * tanhf(acc_s[0][n][e] * p.softcap_scale);
+      }
+      if constexpr (kMaskBlocks) {
+        const int kv0 = j * T::kBlockKV;
+        const int last_row = row0 + q_rows_valid - 1;
+        if (kv0 < last_row + lo_off || kv0 + T::kBlockKV - 1 > row0 + hi_off || kv0 + T::kBlockKV > len.kv_len) {
+          // col - row for element (n, e) = diag0 + n*8 + e%2 - 8*(e/2)
+          const int diag0 = kv0 + 2 * (lane % 4) - (row0 + warp_row0 + lane / 4);
+          const int col0 = kv0 + 2 * (lane % 4);
+#pragma unroll
+          for (int n = 0; n < T::kSTiles; ++n)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) {
+              const int diag = diag0 + n * 8 + (e % 2) - 8 * (e / 2);
+              const int col = col0 + n * 8 + (e % 2);
+              if (diag < lo_off || diag > hi_off || col >= len.kv_len) acc_s[0][n][e] = -INFINITY;
+            }
+        }
+      }
+      softmax.update(acc_s, p.scale_log2, alpha);
+    };
+    auto pack_probabilities = [&] {  // P (fp32) -> A fragments: k16 step t covers S tiles 2t and 2t+1
+#pragma unroll
+      for (int t = 0; t < T::kKVSteps; ++t) {
+        rP[t][0] = sm80::pack2<Element>(acc_s[0][2 * t][0], acc_s[0][2 * t][1]);
+        rP[t][1] = sm80::pack2<Element>(acc_s[0][2 * t][2], acc_s[0][2 * t][3]);
+        rP[t][2] = sm80::pack2<Element>(acc_s[0][2 * t + 1][0], acc_s[0][2 * t + 1][1]);
+        rP[t][3] = sm80::pack2<Element>(acc_s[0][2 * t + 1][2], acc_s[0][2 * t + 1][3]);
+      }
+    };
+    mbarrier_wait(q_full, tiles_done & 1);
+    ++tiles_done;
+    // Prologue: S_0 and its softmax (O is still zero: no rescale).
     mbarrier_wait(&k_full[stage_of(it)], parity_of(it));
-    mbarrier_wait(&v_full[stage_of(it - 1)], parity_of(it - 1));
     wait_turn();
     issue_s(stage_of(it));
-    issue_pv(stage_of(it - 1));
     pass_turn();
-    wgmma_wait<1>();  // the older group, S_j, is done
+    wgmma_wait<0>();
     fence_registers(acc_s_flat);
     mbarrier_arrive(&k_empty[stage_of(it)]);
-    scores_to_probabilities(j);
-    wgmma_wait<0>();  // P_{j-1} V_{j-1} is done: O and the P fragments may change
+    if (block_end - block_begin == 1) mbarrier_arrive(q_empty);  // the tile's last read of Q
+    scores_to_probabilities(block_begin);
+    pack_probabilities();
+    ++it;
+
+    // Steady state (intra-warpgroup overlap): issue S_j = Q K_j^T and O += P_{j-1} V_{j-1} back to back; the
+    // softmax of S_j runs while P_{j-1} V_{j-1} is still on the tensor cores; O is rescaled once it is done.
+    for (int j = block_begin + 1; j < block_end; ++j, ++it) {
+      mbarrier_wait(&k_full[stage_of(it)], parity_of(it));
+      mbarrier_wait(&v_full[stage_of(it - 1)], parity_of(it - 1));
+      wait_turn();
+      issue_s(stage_of(it));
+      issue_pv(stage_of(it - 1));
+      pass_turn();
+      wgmma_wait<1>();  // the older group, S_j, is done
+      fence_registers(acc_s_flat);
+      mbarrier_arrive(&k_empty[stage_of(it)]);
+      if (j == block_end - 1) mbarrier_arrive(q_empty);  // the tile's last read of Q: the next Q may land
+      scores_to_probabilities(j);
+      wgmma_wait<0>();  // P_{j-1} V_{j-1} is done: O and the P fragments may change
+      fence_registers(acc_o_flat);
+      fence_registers(rP_flat);
+      mbarrier_arrive(&v_empty[stage_of(it - 1)]);
+      SplitSoftmax<T::kSTiles, T::kOTiles>::rescale(acc_o, alpha);
+      pack_probabilities();
+    }
+    // Drain: O += P_last V_last.
+    mbarrier_wait(&v_full[stage_of(it - 1)], parity_of(it - 1));
+    wait_turn();
+    issue_pv(stage_of(it - 1));
+    if (consumer == 0 || more_work) pass_turn();
+    wgmma_wait<0>();
     fence_registers(acc_o_flat);
     fence_registers(rP_flat);
     mbarrier_arrive(&v_empty[stage_of(it - 1)]);
-    SplitSoftmax<T::kSTiles, T::kOTiles>::rescale(acc_o, alpha);
-    pack_probabilities();
-  }
-  // Drain: O += P_last V_last. Consumer 1 passes no turn after its last issue (consumer 0 waits for no more).
-  mbarrier_wait(&v_full[stage_of(it - 1)], parity_of(it - 1));
-  wait_turn();
-  issue_pv(stage_of(it - 1));
-  if (consumer == 0) pass_turn();
-  wgmma_wait<0>();
-  fence_registers(acc_o_flat);
-  fence_registers(rP_flat);
-  mbarrier_arrive(&v_empty[stage_of(it - 1)]);
 
-  softmax.finalize(acc_o);
-  if (p.lse != nullptr && lane % 4 == 0) {  // one lane of each quad owns the row
-    float* gLse = p.lse + batch * p.lse_batch_stride + head * p.lse_head_stride + row0;
+    softmax.finalize(acc_o);
+    if (gLse != nullptr && lane % 4 == 0) {  // one lane of each quad owns the row
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const int row = warp_row0 + lane / 4 + 8 * h;
+        if (row < q_rows) gLse[row] = row < q_rows_valid ? softmax.lse(h, p.scale) : -INFINITY;
+      }
+    }
+
+    // ---- epilogue: O -> this consumer's rows of sO (swizzled like Q) -> 16-byte coalesced global stores --------
+    named_barrier_sync(1 + consumer, 128);  // every thread of this consumer is done reading the last tile's sO rows
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
       const int row = warp_row0 + lane / 4 + 8 * h;
-      if (row < q_rows) gLse[row] = row < q_rows_valid ? softmax.lse(h, p.scale) : -INFINITY;
-    }
-  }
-
-  // ---- epilogue: O -> this consumer's rows of sQ (swizzled like Q) -> 16-byte coalesced global stores ----------
 #pragma unroll
-  for (int h = 0; h < 2; ++h) {
-    const int row = warp_row0 + lane / 4 + 8 * h;
-#pragma unroll
-    for (int n = 0; n < T::kOTiles; ++n) {  // columns 8n + 2*(lane%4) + {0, 1}: chunk n of the row
-      char* dst = sQ + (n / 8) * T::kQPanelBytes + row * T::kRowBytes + (((n % 8) ^ (row % 8)) * 16) + 4 * (lane % 4);
-      *reinterpret_cast<uint32_t*>(dst) = sm80::pack2<Element>(acc_o[0][n][2 * h], acc_o[0][n][2 * h + 1]);
+      for (int n = 0; n < T::kOTiles; ++n) {  // columns 8n + 2*(lane%4) + {0, 1}: chunk n of the row
+        char* dst = sO + (n / 8) * T::kQPanelBytes + row * T::kRowBytes + (((n % 8) ^ (row % 8)) * 16) + 4 * (lane % 4);
+        *reinterpret_cast<uint32_t*>(dst) = sm80::pack2<Element>(acc_o[0][n][2 * h], acc_o[0][n][2 * h + 1]);
+      }
     }
-  }
-  named_barrier_sync(1 + consumer, 128);  // this consumer's rows are complete in shared memory
-  for (int i = wg_tid; i < 64 * kRowChunks; i += 128) {
-    const int row = 64 * consumer + i / kRowChunks, chunk = i % kRowChunks;
-    if (row < q_rows) {  // rows past q_lengths[b] are zeros
-      const char* src = sQ + (chunk / 8) * T::kQPanelBytes + row * T::kRowBytes + (((chunk % 8) ^ (row % 8)) * 16);
-      *reinterpret_cast<uint4*>(gO + row * p.o_seq_stride + chunk * 8) =
-          row < q_rows_valid ? *reinterpret_cast<const uint4*>(src) : make_uint4(0, 0, 0, 0);
+    named_barrier_sync(1 + consumer, 128);  // this consumer's rows are complete in sO
+    for (int i = wg_tid; i < 64 * kRowChunks; i += 128) {
+      const int row = 64 * consumer + i / kRowChunks, chunk = i % kRowChunks;
+      if (row < q_rows) {  // rows past q_lengths[b] are zeros
+        const char* src = sO + (chunk / 8) * T::kQPanelBytes + row * T::kRowBytes + (((chunk % 8) ^ (row % 8)) * 16);
+        *reinterpret_cast<uint4*>(gO + row * p.o_seq_stride + chunk * 8) =
+            row < q_rows_valid ? *reinterpret_cast<const uint4*>(src) : make_uint4(0, 0, 0, 0);
+      }
     }
   }
 #endif

@@ -24,13 +24,17 @@ template <class T, bool kMaskBlocks, bool kHasSoftcap>
 std::string launch_sm90(const AttentionParams& p, const CUtensorMap& map_q, const CUtensorMap& map_k,
                         const CUtensorMap& map_v, cudaStream_t stream) {
   auto kernel = attention_kernel<T, kMaskBlocks, kHasSoftcap>;
-  const int64_t num_blocks = static_cast<int64_t>(p.num_q_blocks) * p.heads_q * p.batch;
-  if (num_blocks > INT_MAX) {
-    return "grid of " + std::to_string(num_blocks) + " thread blocks exceeds 2^31-1; split the batch";
-  }
-  static std::atomic<uint64_t> opted_in_devices{0};  // above 48 KB of shared memory a kernel opts in per device
+  // Persistent grid: one block per SM (the shared memory allows no second), each walking tiles with a stride of
+  // the grid; fewer blocks when there are fewer tiles.
+  const int64_t num_tiles = static_cast<int64_t>(p.num_q_blocks) * p.heads_q * p.batch;
   int device = 0;
   if (cudaError_t err = cudaGetDevice(&device); err != cudaSuccess) return cuda_failure("cudaGetDevice", err);
+  int num_sms = 0;
+  if (cudaError_t err = cudaDeviceGetAttribute(&num_sms, cudaDevAttrMultiProcessorCount, device); err != cudaSuccess) {
+    return cuda_failure("cudaDeviceGetAttribute(MultiProcessorCount)", err);
+  }
+  const unsigned grid = static_cast<unsigned>(num_tiles < num_sms ? num_tiles : num_sms);
+  static std::atomic<uint64_t> opted_in_devices{0};  // above 48 KB of shared memory a kernel opts in per device
   const uint64_t bit = device < 64 ? (uint64_t{1} << device) : 0;
   if (!(opted_in_devices.load(std::memory_order_relaxed) & bit)) {
     cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, T::kSmemBytes);
@@ -41,7 +45,7 @@ std::string launch_sm90(const AttentionParams& p, const CUtensorMap& map_q, cons
     }
     opted_in_devices.fetch_or(bit, std::memory_order_relaxed);
   }
-  kernel<<<static_cast<unsigned>(num_blocks), T::kNumThreads, T::kSmemBytes, stream>>>(p, map_q, map_k, map_v);
+  kernel<<<grid, T::kNumThreads, T::kSmemBytes, stream>>>(p, map_q, map_k, map_v, num_tiles);
   if (cudaError_t err = cudaGetLastError(); err != cudaSuccess) return cuda_failure("attention kernel launch", err);
   return {};
 }

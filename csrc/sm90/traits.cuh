@@ -27,7 +27,7 @@ struct Traits {
 
   // Registers per thread after setmaxnreg: the producer gives its share to the consumers (the total stays within
   // the 64K-register file: 128 * (kProducerRegs + kConsumers * kConsumerRegs) <= 65536).
-  static constexpr int kProducerRegs = kConsumers == 2 ? 24 : 40;
+  static constexpr int kProducerRegs = kConsumers == 2 ? 32 : 40;
   static constexpr int kConsumerRegs = kConsumers == 2 ? 240 : 232;
 
   // Shared memory, every tile stored as head_dim/64 panels of [rows][64] elements with the 128-byte TMA / wgmma
@@ -39,10 +39,12 @@ struct Traits {
   static constexpr int kQBytes = kQPanelBytes * kPanels;    // (kBlockQ, D)
   static constexpr int kKVBytes = kKVPanelBytes * kPanels;  // (kBlockKV, D), one K or V stage
   static constexpr int kQOffset = 0;
-  static constexpr int kKOffset = kQBytes;
+  static constexpr int kOOffset = kQBytes;  // the epilogue's staging buffer for O, (kBlockQ, D) like Q
+  static constexpr int kKOffset = kOOffset + kQBytes;
   static constexpr int kVOffset = kKOffset + kStages * kKVBytes;
   static constexpr int kBarrierOffset = kVOffset + kStages * kKVBytes;
-  static constexpr int kNumBarriers = 1 + 4 * kStages;  // Q full; K full, V full, K empty, V empty per stage
+  // Q full, Q empty; K full, V full, K empty, V empty per stage
+  static constexpr int kNumBarriers = 2 + 4 * kStages;
   // + 1024 so the kernel can round the dynamic shared-memory base up to the 1024-byte swizzle atom.
   static constexpr int kSmemBytes = kBarrierOffset + 8 * kNumBarriers + 1024;
 
