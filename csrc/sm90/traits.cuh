@@ -25,10 +25,16 @@ struct Traits {
   static_assert(kHeadDim == 64 || kHeadDim == 128, "sm90 family: head_dim 64 or 128");
   static_assert(kBlockKV == 64 || kBlockKV == 128, "sm90 family: block_kv 64 or 128");
 
-  // Registers per thread after setmaxnreg: the producer gives its share to the consumers (the total stays within
-  // the 64K-register file: 128 * (kProducerRegs + kConsumers * kConsumerRegs) <= 65536).
-  static constexpr int kProducerRegs = kConsumers == 2 ? 32 : 40;
-  static constexpr int kConsumerRegs = kConsumers == 2 ? 240 : 232;
+  // Registers per thread after setmaxnreg: the producer gives its share to the consumers. setmaxnreg.inc only draws
+  // on what setmaxnreg.dec released inside this block, so the roles must fit the block's launch allocation:
+  // 128 * (kProducerRegs + kConsumers * kConsumerRegs) <= kNumThreads * kLaunchRegs, with kLaunchRegs = 168 (the
+  // 64K register file over 384 threads, rounded down to a multiple of 8). Asking for more blocks the consumers
+  // forever (seen on the H200 with 32 / 240: every launch hung).
+  static constexpr int kLaunchRegs = (65536 / kNumThreads) / 8 * 8;
+  static constexpr int kProducerRegs = 40;
+  static constexpr int kConsumerRegs = (kNumThreads * kLaunchRegs / 128 - kProducerRegs) / kConsumers / 8 * 8;
+  static_assert(128 * (kProducerRegs + kConsumers * kConsumerRegs) <= kNumThreads * kLaunchRegs,
+                "setmaxnreg split exceeds the block's register allocation");
 
   // Shared memory, every tile stored as head_dim/64 panels of [rows][64] elements with the 128-byte TMA / wgmma
   // swizzle (16-byte chunk c of row r sits at chunk c ^ (r % 8)); panels and tiles are 1024-byte aligned.
