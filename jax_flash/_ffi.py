@@ -49,6 +49,15 @@ def supported_configs() -> tuple[CompiledKernel, ...]:
     return tuple(kernels)
 
 
+def device_arch(device) -> int:
+    """Compute capability of a jax device as 80, 90, ...; 90 when the device does not say."""
+    try:
+        major, minor = str(device.compute_capability).split(".")
+        return int(major) * 10 + int(minor)
+    except (AttributeError, ValueError):
+        return 90
+
+
 def gpu_head_dims(dtype: str) -> list[int]:
     return sorted({k.head_dim for k in supported_configs() if k.dtype == dtype})
 

@@ -95,10 +95,10 @@ def _lower_cpu(ctx, *args, cfg, **params):
 def _cuda_arch() -> int:
     """Compute capability of the first CUDA device as 80, 90, ...; 90 when none is visible (cross-lowering)."""
     try:
-        major, minor = str(jax.devices("cuda")[0].compute_capability).split(".")
-        return int(major) * 10 + int(minor)
-    except (RuntimeError, AttributeError, ValueError, IndexError):
+        device = jax.devices("cuda")[0]
+    except (RuntimeError, IndexError):
         return 90
+    return _ffi.device_arch(device)
 
 
 def resolve_gpu_config(cfg: KernelConfig | None, dtype, head_dim: int, tuned: KernelConfig | None = None

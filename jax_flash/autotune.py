@@ -70,15 +70,6 @@ def lookup(key: str) -> KernelConfig | None:
         return None  # written by another version: ignore
 
 
-def _device_arch(device) -> int:
-    """Compute capability of `device` as 80, 90, ...; 90 when the device does not say."""
-    try:
-        major, minor = str(device.compute_capability).split(".")
-        return int(major) * 10 + int(minor)
-    except (AttributeError, ValueError):
-        return 90
-
-
 def autotune(q_shape, kv_shape, dtype, causal: bool = False, *, window=None, softcap=None, configs=None,
              device=None, iters: int = 5, reps: int = 3, progress: bool = True) -> KernelConfig:
     """Times every candidate config for these shapes on `device`, stores and returns the fastest.
@@ -91,7 +82,7 @@ def autotune(q_shape, kv_shape, dtype, causal: bool = False, *, window=None, sof
     dtype_name = jnp.dtype(dtype).name
     if configs is None:
         if device.platform == "gpu":
-            arch = _device_arch(device)  # the sm90 family runs on sm_90 only
+            arch = _ffi.device_arch(device)  # the sm90 family runs on sm_90 only
             configs = [c for c in _ffi.compiled_configs_for(dtype_name, head_dim) if c.fits(head_dim, arch) is None]
             if not configs:
                 raise ValueError(f"no compiled GPU kernel for {dtype_name} head_dim={head_dim}; compiled head dims: "

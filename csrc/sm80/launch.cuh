@@ -9,15 +9,12 @@
 #include <cstdint>
 #include <string>
 
+#include "common/launch_util.h"
 #include "sm80/api.h"
 #include "sm80/kernel.cuh"
 #include "sm80/traits.cuh"
 
 namespace jax_flash::sm80 {
-
-inline std::string cuda_failure(const char* what, cudaError_t err) {
-  return std::string(what) + " failed: " + cudaGetErrorName(err) + " (" + cudaGetErrorString(err) + ")";
-}
 
 template <class T, bool kMaskBlocks, bool kHasSoftcap>
 std::string launch_sm80(const AttentionParams& p, cudaStream_t stream) {
@@ -31,17 +28,8 @@ std::string launch_sm80(const AttentionParams& p, cudaStream_t stream) {
   if constexpr (T::kSmemBytes > 48 * 1024) {
     // Above 48 KB a kernel must opt in, once per device.
     static std::atomic<uint64_t> opted_in_devices{0};
-    int device = 0;
-    if (cudaError_t err = cudaGetDevice(&device); err != cudaSuccess) return cuda_failure("cudaGetDevice", err);
-    const uint64_t bit = device < 64 ? (uint64_t{1} << device) : 0;
-    if (!(opted_in_devices.load(std::memory_order_relaxed) & bit)) {
-      cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, T::kSmemBytes);
-      if (err != cudaSuccess) {
-        return cuda_failure(("cudaFuncSetAttribute(MaxDynamicSharedMemorySize=" + std::to_string(T::kSmemBytes) +
-                             ")").c_str(),
-                            err);
-      }
-      opted_in_devices.fetch_or(bit, std::memory_order_relaxed);
+    if (std::string failure = opt_in_shared_memory(kernel, T::kSmemBytes, opted_in_devices); !failure.empty()) {
+      return failure;
     }
   }
   kernel<<<static_cast<unsigned>(num_blocks), T::kNumThreads, T::kSmemBytes, stream>>>(p);

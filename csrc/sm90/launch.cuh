@@ -9,16 +9,13 @@
 #include <cstdint>
 #include <string>
 
+#include "common/launch_util.h"
 #include "sm90/api.h"
 #include "sm90/kernel.cuh"
 #include "sm90/tensor_map.h"
 #include "sm90/traits.cuh"
 
 namespace jax_flash::sm90 {
-
-inline std::string cuda_failure(const char* what, cudaError_t err) {
-  return std::string(what) + " failed: " + cudaGetErrorName(err) + " (" + cudaGetErrorString(err) + ")";
-}
 
 template <class T, bool kMaskBlocks, bool kHasSoftcap>
 std::string launch_sm90(const AttentionParams& p, const CUtensorMap& map_q, const CUtensorMap& map_k,
@@ -38,15 +35,8 @@ std::string launch_sm90(const AttentionParams& p, const CUtensorMap& map_q, cons
   const int64_t max_grid = p.window_right < kUnbounded ? int64_t{INT_MAX} : int64_t{num_sms};
   const unsigned grid = static_cast<unsigned>(num_tiles < max_grid ? num_tiles : max_grid);
   static std::atomic<uint64_t> opted_in_devices{0};  // above 48 KB of shared memory a kernel opts in per device
-  const uint64_t bit = device < 64 ? (uint64_t{1} << device) : 0;
-  if (!(opted_in_devices.load(std::memory_order_relaxed) & bit)) {
-    cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, T::kSmemBytes);
-    if (err != cudaSuccess) {
-      return cuda_failure(("cudaFuncSetAttribute(MaxDynamicSharedMemorySize=" + std::to_string(T::kSmemBytes) + ")")
-                              .c_str(),
-                          err);
-    }
-    opted_in_devices.fetch_or(bit, std::memory_order_relaxed);
+  if (std::string failure = opt_in_shared_memory(kernel, T::kSmemBytes, opted_in_devices); !failure.empty()) {
+    return failure;
   }
   kernel<<<grid, T::kNumThreads, T::kSmemBytes, stream>>>(p, map_q, map_k, map_v, num_tiles);
   if (cudaError_t err = cudaGetLastError(); err != cudaSuccess) return cuda_failure("attention kernel launch", err);
