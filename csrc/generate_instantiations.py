@@ -63,7 +63,7 @@ def render(config_module, kernel_set: str) -> dict[str, str]:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--set", default="shipped", choices=["shipped", "sweep", "all"], help="which kernels")
+    parser.add_argument("--set", default="shipped", choices=["shipped", "sweep", "sweep_sm90", "all"], help="which kernels")
     parser.add_argument("--out", type=pathlib.Path, default=DEFAULT_OUT)
     parser.add_argument("--check", action="store_true", help="compare with --out instead of writing")
     args = parser.parse_args()

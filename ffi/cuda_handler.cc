@@ -4,6 +4,7 @@
 
 #include <array>
 #include <atomic>
+#include <optional>
 #include <string>
 
 #include "ffi/attention_attrs.h"
@@ -59,7 +60,8 @@ std::string available_for(int dtype, int head_dim) {
   return list.empty() ? std::string(" none for this dtype and head_dim") : list;
 }
 
-ffi::Error attention_cuda_impl(cudaStream_t stream, ffi::AnyBuffer q, ffi::AnyBuffer k, ffi::AnyBuffer v,
+ffi::Error attention_cuda_impl(cudaStream_t stream, ffi::ScratchAllocator scratch, ffi::AnyBuffer q,
+                               ffi::AnyBuffer k, ffi::AnyBuffer v,
                                ffi::AnyBuffer q_lengths, ffi::AnyBuffer kv_lengths, ffi::Result<ffi::AnyBuffer> o,
                                ffi::Result<ffi::AnyBuffer> lse, AttentionAttrs attrs) {
   if (auto err = check_buffers(q, k, v, q_lengths, kv_lengths, *o, *lse, attrs)) return std::move(*err);
@@ -115,7 +117,15 @@ ffi::Error attention_cuda_impl(cudaStream_t stream, ffi::AnyBuffer q, ffi::AnyBu
                           std::to_string(limits.max_smem_optin) + ". Choose a config with smaller blocks.");
   }
   // Every block writes all its rows (zeros and lse = -inf for rows that see no key), also when Sk = 0.
-  const AttentionParams params = params_from_buffers(q, k, v, q_lengths, kv_lengths, *o, *lse, attrs);
+  AttentionParams params = params_from_buffers(q, k, v, q_lengths, kv_lengths, *o, *lse, attrs);
+  if (key.family == 90) {  // the dynamic tile scheduler's counter: XLA scratch memory, ordered on this stream
+    std::optional<void*> counter = scratch.Allocate(sizeof(unsigned long long), alignof(unsigned long long));
+    if (!counter.has_value()) {
+      return ffi::Error(ffi::ErrorCode::kResourceExhausted,
+                        "jax_flash: could not allocate the 8-byte tile counter from XLA's scratch memory");
+    }
+    params.tile_counter = static_cast<unsigned long long*>(*counter);
+  }
   if (std::string failure = entry->run(params, stream); !failure.empty()) {
     return ffi::Error(ffi::ErrorCode::kInternal, "jax_flash: " + failure);
   }
@@ -127,6 +137,7 @@ ffi::Error attention_cuda_impl(cudaStream_t stream, ffi::AnyBuffer q, ffi::AnyBu
 XLA_FFI_DEFINE_HANDLER_SYMBOL(AttentionCuda, attention_cuda_impl,
                               ffi::Ffi::Bind()
                                   .Ctx<ffi::PlatformStream<cudaStream_t>>()
+                                  .Ctx<ffi::ScratchAllocator>()
                                   .Arg<ffi::AnyBuffer>()  // q
                                   .Arg<ffi::AnyBuffer>()  // k
                                   .Arg<ffi::AnyBuffer>()  // v

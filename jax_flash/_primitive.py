@@ -101,9 +101,10 @@ def _cuda_arch() -> int:
     return _ffi.device_arch(device)
 
 
-def resolve_gpu_config(cfg: KernelConfig | None, dtype, head_dim: int, tuned: KernelConfig | None = None
-                       ) -> KernelConfig:
-    """The compiled kernel config a GPU call runs, or a clear error saying what is compiled."""
+def resolve_gpu_config(cfg: KernelConfig | None, dtype, head_dim: int, tuned: KernelConfig | None = None,
+                       right_bounded: bool = False, seq_k: int = 0) -> KernelConfig:
+    """The compiled kernel config a GPU call runs, or a clear error saying what is compiled. right_bounded
+    (causal, or a window with a right bound) and seq_k refine cfg=None's choice on sm_90 (jax_flash/defaults.py)."""
     dtype_name = jnp.dtype(dtype).name
     if not _ffi.BUILT_WITH_CUDA:
         raise RuntimeError("jax_flash was built without CUDA (no CUDA compiler at build time), so it cannot run on a "
@@ -123,7 +124,7 @@ def resolve_gpu_config(cfg: KernelConfig | None, dtype, head_dim: int, tuned: Ke
     if cfg is None:
         if tuned is not None and tuned in compiled:  # the autotune cache first, then the table
             return tuned
-        return default_gpu_config(arch, dtype_name, head_dim, compiled)
+        return default_gpu_config(arch, dtype_name, head_dim, compiled, right_bounded, seq_k)
     if cfg not in compiled:
         listing = "\n  ".join(repr(c) for c in compiled)
         raise ValueError(f"cfg={cfg!r} is not compiled into this build for {dtype_name} head_dim={head_dim}. "
@@ -135,7 +136,8 @@ def resolve_gpu_config(cfg: KernelConfig | None, dtype, head_dim: int, tuned: Ke
 def _lower_cuda(ctx, *args, cfg, **params):
     q_aval = ctx.avals_in[0]
     tuned = _tuned("cuda", q_aval, ctx.avals_in[1], params) if cfg is None else None
-    cfg = resolve_gpu_config(cfg, q_aval.dtype, q_aval.shape[3], tuned)
+    right_bounded = bool(params["causal"]) or params["window_right"] >= 0
+    cfg = resolve_gpu_config(cfg, q_aval.dtype, q_aval.shape[3], tuned, right_bounded, ctx.avals_in[1].shape[1])
     return jax.ffi.ffi_lowering(_ffi.TARGET_NAME)(ctx, *args, **_attrs(cfg, params))
 
 

@@ -44,19 +44,20 @@ def _other_families(dtype, head_dim: int) -> dict:
     return others
 
 
-def _implementations(platform: str, dtype, head_dim: int, configs: str, causal: bool):
-    """name -> fn(q, k, v) for everything that can run here."""
+def _implementations(platform: str, dtype, head_dim: int, configs: str, causal: bool, family: str = "all"):
+    """name -> fn(q, k, v) for everything that can run here (`family` filters `configs="compiled"`)."""
     impls = {}
     if configs == "default":
         impls["jax_flash"] = lambda q, k, v: jax_flash.attention(q, k, v, causal=causal)
         if platform == "gpu":  # the other family's best compiled config beside the default, where it can run
-            for family, cfg in _other_families(dtype, head_dim).items():
-                impls[f"jax_flash_{family}"] = lambda q, k, v, cfg=cfg: jax_flash.attention(q, k, v, cfg=cfg,
+            for other, cfg in _other_families(dtype, head_dim).items():
+                impls[f"jax_flash_{other}"] = lambda q, k, v, cfg=cfg: jax_flash.attention(q, k, v, cfg=cfg,
                                                                                              causal=causal)
     else:
         chosen = (config_module.PROGRESSION_CONFIGS if configs == "progression"
                   else [kc.config for kc in jax_flash.supported_configs()
-                        if kc.dtype == jnp.dtype(dtype).name and kc.head_dim == head_dim])
+                        if kc.dtype == jnp.dtype(dtype).name and kc.head_dim == head_dim
+                        and family in ("all", kc.config.family)])
         for i, cfg in enumerate(chosen):
             impls[f"jax_flash[{i}:{cfg.short_name()}]"] = (
                 lambda q, k, v, cfg=cfg: jax_flash.attention(q, k, v, cfg=cfg, causal=causal))
@@ -94,7 +95,7 @@ def run(args) -> list[dict]:
         print(f"[{index}/{len(cases)}] {dtype_name} D={head_dim} S={seq} B={batch} H={heads} causal={causal}",
               file=sys.stderr, flush=True)
         results = {}
-        for name, fn in _implementations(platform, dtype, head_dim, args.configs, causal).items():
+        for name, fn in _implementations(platform, dtype, head_dim, args.configs, causal, args.family).items():
             if name == "xla" and platform == "gpu" and seq > args.xla_max_seq:
                 continue  # materialises (S, S) scores: too slow and too large at long sequences
             try:
@@ -162,6 +163,8 @@ def main(argv=None) -> int:
     parser.add_argument("--hidden", type=int, default=2048 if on_gpu else 256)
     parser.add_argument("--configs", choices=["default", "progression", "compiled"], default="default")
     parser.add_argument("--causal", choices=["off", "on", "both"], default="off")
+    parser.add_argument("--family", choices=["all", "sm80", "sm90"], default="all",
+                        help="with --configs compiled: time only this family's configs")
     parser.add_argument("--iters", type=int, default=10 if on_gpu else 2)
     parser.add_argument("--reps", type=int, default=5 if on_gpu else 3)
     parser.add_argument("--xla-max-seq", type=int, default=4096)

@@ -24,7 +24,7 @@ _SM80_MAX_SMEM_BYTES = 163 * 1024
 # The kernel families; the integer is KernelKey::family (csrc/common/kernel_key.h).
 FAMILIES = {"sm80": 80, "sm90": 90}
 _SM90_HEAD_DIMS = (64, 128)
-_SM90_BLOCK_KV = (64, 128)
+_SM90_BLOCK_KV = (64, 128, 160, 192)
 _SM90_STAGES = (2, 3)
 _SM90_CONSUMERS = (2,)
 
@@ -45,7 +45,8 @@ class KernelConfig:
 
     family: "sm80" (the knobs above; mma.sync, runs on compute capability 8.0+) or "sm90" (Hopper only: wgmma, TMA,
         a producer warpgroup and consumer warpgroups; csrc/sm90/). An sm90 config sets block_q = 64 *
-        consumer_warpgroups, num_warps = 4 * (consumer_warpgroups + 1), block_kv in {64, 128} and its own knobs:
+        consumer_warpgroups, num_warps = 4 * (consumer_warpgroups + 1), block_kv in {64, 128, 160, 192} and its own
+        knobs:
     stages: depth of the K/V shared-memory pipeline the producer fills with TMA copies (sm90 only).
     consumer_warpgroups: math warpgroups of 64 query rows each (sm90 only).
     pingpong: the consumer warpgroups take turns issuing their wgmma products, so one's softmax overlaps the other's
@@ -147,9 +148,9 @@ class KernelConfig:
         return self.block_q // self.num_warps
 
     def smem_bytes(self, head_dim: int, elem_bytes: int = 2) -> int:
-        if self.family == "sm90":  # Q + O + stages x (K + V) + barriers + 1024 alignment slack (csrc/sm90/traits.cuh)
+        if self.family == "sm90":  # Q + O + stages x (K + V) + barriers + 2 tile slots + 1024 alignment slack
             return ((2 * self.block_q + 2 * self.stages * self.block_kv) * head_dim * elem_bytes +
-                    8 * (2 + 4 * self.stages) + 1024)
+                    8 * (6 + 4 * self.stages) + 16 + 1024)  # csrc/sm90/traits.cuh derives the same number
         # sQ (block_q, D) + sK (block_kv, D) + sV (block_kv, D); csrc/sm80/traits.cuh derives the same number.
         return (self.block_q + 2 * self.block_kv) * head_dim * elem_bytes
 
@@ -201,11 +202,20 @@ class KernelConfig:
         if self.smem_bytes(head_dim) > _MAX_SMEM_BYTES:
             return f"needs {self.smem_bytes(head_dim)} bytes of shared memory, more than {_MAX_SMEM_BYTES} on sm_90"
         # Per consumer thread: O (64 x D fp32 over 128 threads) + S (64 x block_kv) + P (bf16 pairs) + about 40 for
-        # softmax state and addresses, within the 240 that setmaxnreg gives each consumer (csrc/sm90/traits.cuh).
+        # softmax state and addresses, within what setmaxnreg gives each consumer (232 with two consumers;
+        # csrc/sm90/traits.cuh derives the same split).
         regs = head_dim // 2 + self.block_kv // 2 + self.block_kv // 4 + 40
-        if regs > 240:
-            return f"needs about {regs} registers per consumer thread at head_dim={head_dim} (limit 240)"
+        limit = self.consumer_registers()
+        if regs > limit:
+            return f"needs about {regs} registers per consumer thread at head_dim={head_dim} (limit {limit})"
         return None
+
+    def consumer_registers(self) -> int:
+        """Registers per consumer thread after setmaxnreg (sm90): the block's launch allocation (64K registers over
+        its threads, a multiple of 8) minus the producer's 40, split over the consumers (csrc/sm90/traits.cuh)."""
+        threads = 128 * (self.consumer_warpgroups + 1)
+        launch = (65536 // threads) // 8 * 8
+        return (threads * launch // 128 - 40) // self.consumer_warpgroups // 8 * 8
 
     def short_name(self) -> str:
         """Compact name used in generated file names: q128_kv64_w8_a1e1s1_f0-2-1_d1o1 (sm80), sm90_q128_kv128_st2_wg2."""
@@ -275,14 +285,14 @@ TUNED_CONFIGS: dict[int, tuple[KernelConfig, ...]] = {
 }
 
 
-# The Hopper family (csrc/sm90/): built for every dtype at these head dims; cfg=None picks it on sm_90 where
-# jax_flash/defaults.py says it is faster.
+# The Hopper family (csrc/sm90/): built for every dtype at these head dims; cfg=None picks among them on sm_90 by
+# mask and key length (jax_flash/defaults.py, with the measurements). Head dim 64: 128-key blocks for short keys,
+# 192-key blocks for long ones. Head dim 128: pingpong for non-causal, without it for causal / right-bounded windows
+# (it is also the pingpong ablation of `--configs compiled`).
 SM90_CONFIGS: dict[int, tuple[KernelConfig, ...]] = {
-    64: (KernelConfig.sm90(block_kv=128, stages=2),),
-    128: (KernelConfig.sm90(block_kv=128, stages=2),),
+    64: (KernelConfig.sm90(block_kv=128), KernelConfig.sm90(block_kv=192)),
+    128: (KernelConfig.sm90(block_kv=128), KernelConfig.sm90(block_kv=128, pingpong=False)),
 }
-# Built for bfloat16 at head_dim 128 only, to measure what pingpong adds (`--configs compiled`).
-SM90_ABLATION_CONFIGS: tuple[KernelConfig, ...] = (KernelConfig.sm90(block_kv=128, stages=2, pingpong=False),)
 
 
 def shipped_kernels() -> Iterator[tuple[str, int, KernelConfig]]:
@@ -294,8 +304,6 @@ def shipped_kernels() -> Iterator[tuple[str, int, KernelConfig]]:
             if head_dim == 128 and dtype == "bfloat16":  # the progression exists to be benchmarked: one dtype
                 candidates += list(PROGRESSION_CONFIGS)
             candidates += list(SM90_CONFIGS.get(head_dim, ()))
-            if head_dim == 128 and dtype == "bfloat16":
-                candidates += list(SM90_ABLATION_CONFIGS)
             for cfg in candidates:
                 key = (dtype, head_dim, cfg)
                 if key in seen:
@@ -325,17 +333,29 @@ SWEEP_CONFIGS: dict[int, tuple[KernelConfig, ...]] = {
 }
 
 
+# The sm90 family's candidates (build with -DJAX_FLASH_CONFIG_SET=sweep_sm90): wider key blocks (fewer softmax
+# rounds and barrier waits per key), pingpong off, a third stage.
+SM90_SWEEP_CONFIGS: dict[int, tuple[KernelConfig, ...]] = {
+    128: (KernelConfig.sm90(block_kv=160),),
+    64: (KernelConfig.sm90(block_kv=192, pingpong=False), KernelConfig.sm90(block_kv=128, pingpong=False),
+         KernelConfig.sm90(block_kv=128, stages=3)),
+}
+
+
 def kernel_set(name: str) -> list[tuple[str, int, KernelConfig]]:
     """(dtype, head_dim, config) of a build's kernel set: "shipped" (default), "sweep" (shipped + SWEEP_CONFIGS for
-    bfloat16) or "all" (every config of tuning_space() that fits)."""
+    bfloat16), "sweep_sm90" (shipped + SM90_SWEEP_CONFIGS for bfloat16) or "all" (every sm80 config of
+    tuning_space() that fits)."""
     kernels = list(shipped_kernels())
     if name == "sweep":
         kernels += [("bfloat16", hd, cfg) for hd, cfgs in SWEEP_CONFIGS.items() for cfg in cfgs]
+    elif name == "sweep_sm90":
+        kernels += [("bfloat16", hd, cfg) for hd, cfgs in SM90_SWEEP_CONFIGS.items() for cfg in cfgs]
     elif name == "all":
         kernels = [(dtype, hd, cfg) for dtype in GPU_DTYPES for hd in GPU_HEAD_DIMS for cfg in tuning_space()
                    if cfg.fits(hd) is None]
     elif name != "shipped":
-        raise ValueError(f"unknown kernel set {name!r}; choose shipped, sweep or all")
+        raise ValueError(f"unknown kernel set {name!r}; choose shipped, sweep, sweep_sm90 or all")
     unique = []
     for kernel in kernels:
         if kernel[2].fits(kernel[1]) is not None:

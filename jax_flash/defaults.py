@@ -41,10 +41,35 @@ DEFAULTS: dict[tuple[int, str, int], KernelConfig] = {
     for head_dim in (64, 128)
 }
 
+# sm_90 refinements by mask and key length: (head_dim, right_bounded) -> ((min_seq_k, config), ...) ascending; the
+# last entry whose min_seq_k <= seq_k wins, else DEFAULTS. right_bounded = causal or a window with a right bound.
+# H200, bf16, 2026-11-22, `--configs compiled --family sm90` with JAX_FLASH_CONFIG_SET=sweep_sm90, the dynamic
+# tile scheduler (docs/sweep_h200_sm90_2.json; run 1, docs/sweep_h200_sm90_1.json, agrees within 3%),
+# TFLOP/s at S = 1024 / 4096 / 16384:
+#   D=128 non-causal: kv128 pingpong 452 / 610 / 619, no pingpong 441 / 594 / 613, kv160 399 / 598 / 614 (cuDNN
+#         444 / 590 / 605)                                                              -> kv128 with pingpong
+#   D=128 causal:     kv128 pingpong 287 / 500 / 549, no pingpong 295 / 517 / 565, kv160 272 / 500 / 560 (cuDNN
+#         289 / 475 / 550)                                                              -> kv128 without pingpong
+#   D=64 non-causal:  kv128 312 / 402 / 423, kv192 292 / 405 / 449, kv128 no pingpong 323 / 388 / 405, kv128 3 stages
+#         311 / 393 / 423, kv192 no pingpong 265 / 358 / 392 (cuDNN 344 / 433 / 451)     -> kv192 from 4096 keys
+#   D=64 causal:      kv128 202 / 332 / 396, kv192 193 / 353 / 428, kv128 3 stages 212 / 339 / 402 (cuDNN
+#         225 / 369 / 419)                                                              -> kv192 from 2048 keys
+SM90_BY_SHAPE: dict[tuple[int, bool], tuple[tuple[int, KernelConfig], ...]] = {
+    (128, False): ((0, SM90_CONFIGS[128][0]),),
+    (128, True): ((0, SM90_CONFIGS[128][1]),),
+    (64, False): ((0, SM90_CONFIGS[64][0]), (4096, SM90_CONFIGS[64][1])),
+    (64, True): ((0, SM90_CONFIGS[64][0]), (2048, SM90_CONFIGS[64][1])),
+}
 
-def default_gpu_config(arch: int, dtype: str, head_dim: int, compiled: list[KernelConfig]) -> KernelConfig | None:
+
+def default_gpu_config(arch: int, dtype: str, head_dim: int, compiled: list[KernelConfig], right_bounded: bool = False,
+                       seq_k: int = 0) -> KernelConfig | None:
     """The config cfg=None runs on a GPU of compute capability `arch` (e.g. 90); None when nothing is compiled.
     `compiled` holds only configs this GPU can run (the caller drops the sm90 family below sm_90)."""
+    if arch == 90:
+        choice = [cfg for min_seq_k, cfg in SM90_BY_SHAPE.get((head_dim, right_bounded), ()) if min_seq_k <= seq_k]
+        if choice and choice[-1] in compiled:
+            return choice[-1]
     for table_arch in sorted({a for a, _, _ in DEFAULTS if a <= arch}, reverse=True):
         cfg = DEFAULTS.get((table_arch, dtype, head_dim))
         if cfg is not None and cfg in compiled:

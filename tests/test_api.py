@@ -173,6 +173,16 @@ def test_sm90_config_validation():
         KernelConfig.sm90(stages=2.0)
 
 
+def test_sm90_wide_key_blocks_validation():
+    assert KernelConfig.sm90(block_kv=192).fits(64) is None and KernelConfig.sm90(block_kv=160).fits(128) is None
+    # 128 x 192 at head dim 128: the K/V ring (2 x 2 x 48 KB) with Q and O (64 KB) exceeds 227 KB of shared memory
+    assert "needs 263296 bytes of shared memory" in KernelConfig.sm90(block_kv=192).fits(128)
+    assert KernelConfig.sm90(block_kv=160).smem_bytes(128) == 230528
+    assert KernelConfig.sm90().consumer_registers() == 232
+    with pytest.raises(ValueError, match="block_kv=256 is not allowed for family='sm90'"):
+        KernelConfig.sm90(block_kv=256)
+
+
 def test_sm90_family_is_refused_below_sm90_at_lowering(monkeypatch):
     from jax_flash import _primitive
 
@@ -183,7 +193,12 @@ def test_sm90_family_is_refused_below_sm90_at_lowering(monkeypatch):
         _primitive.resolve_gpu_config(KernelConfig.sm90(), jnp.float16, 128)
     assert _primitive.resolve_gpu_config(None, jnp.float16, 128).family == "sm80"
     monkeypatch.setattr(_primitive, "_cuda_arch", lambda: 90)  # on Hopper cfg=None picks the sm90 family
-    assert _primitive.resolve_gpu_config(None, jnp.float16, 128) == jax_flash.config.SM90_CONFIGS[128][0]
+    sm90 = jax_flash.config.SM90_CONFIGS
+    assert _primitive.resolve_gpu_config(None, jnp.float16, 128) == sm90[128][0]
+    assert _primitive.resolve_gpu_config(None, jnp.float16, 128, right_bounded=True) == sm90[128][1]  # no pingpong
+    assert _primitive.resolve_gpu_config(None, jnp.float16, 64, seq_k=2048) == sm90[64][0]
+    assert _primitive.resolve_gpu_config(None, jnp.float16, 64, seq_k=4096) == sm90[64][1]  # 192-key blocks
+    assert _primitive.resolve_gpu_config(None, jnp.float16, 64, right_bounded=True, seq_k=2048) == sm90[64][1]
     assert _primitive.resolve_gpu_config(None, jnp.bfloat16, 256).family == "sm80"  # not built for sm90
 
 

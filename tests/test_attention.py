@@ -84,6 +84,12 @@ def test_every_compiled_config_is_correct():
         q, k, v = random_qkv(kernel.head_dim, 2, 257, 301, 4, 2, kernel.head_dim, dtype, device)
         fn = jax.jit(jax_flash.attention, static_argnames=("cfg", "causal", "window", "softcap", "return_lse"))
         assert_flash_close(fn(q, k, v, cfg=kernel.config), q, k, v)
+        # the plain variant (no block masking: the key count is a multiple of every block_kv), with a NaN key that
+        # must reach the rows that see it
+        q2, k2, v2 = random_qkv(kernel.head_dim + 1, 1, 1920, 1920, 2, 2, kernel.head_dim, dtype, device)
+        assert_flash_close(fn(q2, k2, v2, cfg=kernel.config), q2, k2, v2)
+        out = np.asarray(fn(q2, k2.at[0, 1000, 1, 5].set(jnp.nan), v2, cfg=kernel.config).astype(jnp.float32))
+        assert np.isnan(out[0, :, 1]).all() and np.isfinite(out[0, :, 0]).all(), kernel
         # the masked + softcap variant, with padding lengths
         lengths = dict(q_lengths=jax.device_put(jnp.asarray([257, 100], jnp.int32), device),
                        kv_lengths=jax.device_put(jnp.asarray([290, 301], jnp.int32), device))

@@ -8,7 +8,8 @@ import pathlib
 import sys
 
 OUT = pathlib.Path(__file__).with_name("wgmma_ops.cuh")
-N_VALUES = (64, 128)
+SS_N_VALUES = (64, 128, 160, 192)  # S = Q K^T: N = block_kv
+RS_N_VALUES = (64, 128)            # O += P V: N = head_dim
 TYPES = {"__half": "f16", "__nv_bfloat16": "bf16"}
 
 
@@ -70,8 +71,9 @@ template <class Element, int N>
 __device__ void wgmma_rs(float (&d)[N / 2], const uint32_t (&a)[4], uint64_t desc_b, int accumulate);
 ''']
     for ctype, ptype in TYPES.items():
-        for n in N_VALUES:
+        for n in SS_N_VALUES:
             parts.append(_ss(ctype, ptype, n))
+        for n in RS_N_VALUES:
             parts.append(_rs(ctype, ptype, n))
     parts.append("}  // namespace jax_flash::sm90\n")
     return "\n".join(parts)

@@ -24,8 +24,12 @@
 
 namespace jax_flash::sm90 {
 
-// One tile = one (batch, query head, block of kBlockQ query rows). Tile t -> (batch, head, query block) with query
-// blocks innermost (neighbours share K/V in L2); with a right bound (causal) the later, heavier query blocks go first.
+// One tile = one (batch, query head, block of kBlockQ query rows). Tile t -> (batch, head, query block):
+//  - no right bound (every tile costs the same): query blocks innermost, so the tiles in flight share K/V in L2;
+//  - a right bound (causal; a tile costs up to its last row's keys): the (batch, head) pairs are cut into sections of
+//    p.section_heads whose K and V fit in L2 together, and inside a section the tiles go query block by query
+//    block, the last (heaviest) first, over all its heads: heavy tiles are handed out first and light ones fill the
+//    tail (longest-processing-time first), while K/V stay in L2.
 struct TileWork {
   int batch, head, kv_head, row0;
   int q_rows;        // rows of this tile inside the tensor (the rest of the block is past seqlen_q)
@@ -34,12 +38,34 @@ struct TileWork {
   int block_begin, block_end;  // key blocks some valid row can see; empty: the tile writes zeros and lse = -inf
 };
 
+// softcap * tanh(s * scale / softcap) as softcap - 2 softcap / (1 + 2^(s * exp2_scale)), exp2_scale = 2 log2(e) *
+// scale / softcap: two MUFU operations (ex2, rcp) and three FMA-pipe ones instead of tanhf's branchy polynomial, whose
+// temporaries made the wide-block variants spill. Absolute error ~1e-7 * softcap (the form loses relative accuracy
+// only where tanh is near 0, i.e. where the score is near 0 anyway); +-inf exponentials give +-softcap exactly.
+__device__ __forceinline__ float softcap_score(float s, float softcap, float exp2_scale) {
+  float r;
+  asm("rcp.approx.ftz.f32 %0, %1;" : "=f"(r) : "f"(1.0f + sm80::exp2_approx(s * exp2_scale)));
+  return fmaf(-2.0f * softcap, r, softcap);
+}
+
 template <class T>
 __device__ __forceinline__ TileWork tile_work(const AttentionParams& p, int64_t tile) {
   TileWork w;
-  const int q_block_in_order = static_cast<int>(tile % p.num_q_blocks);
-  const int q_block = p.window_right < kUnbounded ? p.num_q_blocks - 1 - q_block_in_order : q_block_in_order;
-  const int64_t batch_head = tile / p.num_q_blocks;
+  int q_block;
+  int64_t batch_head;
+  if (p.window_right < kUnbounded) {
+    const int64_t batch_heads = static_cast<int64_t>(p.batch) * p.heads_q;
+    const int64_t section_tiles = static_cast<int64_t>(p.section_heads) * p.num_q_blocks;
+    const int64_t section = tile / section_tiles;
+    const int64_t first = section * p.section_heads;
+    const int64_t heads_here = min(static_cast<int64_t>(p.section_heads), batch_heads - first);
+    const int64_t r = tile - section * section_tiles;
+    q_block = p.num_q_blocks - 1 - static_cast<int>(r / heads_here);
+    batch_head = first + r % heads_here;
+  } else {
+    q_block = static_cast<int>(tile % p.num_q_blocks);
+    batch_head = tile / p.num_q_blocks;
+  }
   w.head = static_cast<int>(batch_head % p.heads_q);
   w.batch = static_cast<int>(batch_head / p.heads_q);
   w.kv_head = w.head / p.q_heads_per_kv_head;
@@ -53,10 +79,13 @@ __device__ __forceinline__ TileWork tile_work(const AttentionParams& p, int64_t 
   return w;
 }
 
-// Persistent: gridDim.x blocks (at most one per SM) walk the tiles blockIdx.x, blockIdx.x + gridDim.x, ...; the
-// producer runs ahead across tile boundaries (the next tile's Q and first K/V land while the consumers finish the
-// current tile), the K/V ring's stage and phase counters run on across tiles, and O leaves through its own
-// shared-memory buffer so the next Q can arrive meanwhile.
+// Persistent: gridDim.x blocks (at most one per SM) each start at tile blockIdx.x and then draw their next tile
+// from p.tile_counter (gridDim.x + atomicAdd: a block that finishes early takes more tiles, which is what balances
+// causal tiles of different cost), or walk blockIdx.x + k * gridDim.x when it is null. The producer draws the tiles
+// and publishes each in a two-slot shared-memory ring (sched_full / sched_empty barriers) that the consumers read;
+// a tile index >= num_tiles ends the block. The producer runs ahead across tile boundaries (the next tile's Q and
+// first K/V land while the consumers finish the current tile), the K/V ring's stage and phase counters run on
+// across tiles, and O leaves through its own shared-memory buffer so the next Q can arrive meanwhile.
 template <class T, bool kMaskBlocks, bool kHasSoftcap>
 __global__ void __launch_bounds__(T::kNumThreads, 1)
     attention_kernel(const __grid_constant__ AttentionParams p, const __grid_constant__ CUtensorMap tma_q,
@@ -76,6 +105,9 @@ __global__ void __launch_bounds__(T::kNumThreads, 1)
   uint64_t* v_full = bars + 2 + T::kStages;       // [kStages]
   uint64_t* k_empty = bars + 2 + 2 * T::kStages;  // [kStages]
   uint64_t* v_empty = bars + 2 + 3 * T::kStages;  // [kStages]
+  uint64_t* sched_full = bars + 2 + 4 * T::kStages;   // [2] the slot holds the block's next tile
+  uint64_t* sched_empty = bars + 4 + 4 * T::kStages;  // [2] the consumers have read it
+  int64_t* sched_tile = reinterpret_cast<int64_t*>(smem + T::kSchedOffset);  // [2]
   auto sK = [&](int stage) { return smem + T::kKOffset + stage * T::kKVBytes; };
   auto sV = [&](int stage) { return smem + T::kVOffset + stage * T::kKVBytes; };
   constexpr int kRowChunks = T::kHeadDim / 8;  // 16-byte chunks per row
@@ -89,6 +121,10 @@ __global__ void __launch_bounds__(T::kNumThreads, 1)
       mbarrier_init(&v_full[s], 1);
       mbarrier_init(&k_empty[s], T::kConsumers * 128);  // every consumer thread releases the stage's K
       mbarrier_init(&v_empty[s], T::kConsumers * 128);  // ... and, later, its V
+    }
+    for (int s = 0; s < 2; ++s) {
+      mbarrier_init(&sched_full[s], 1);
+      mbarrier_init(&sched_empty[s], T::kConsumers * 128);
     }
     fence_barrier_init();
   }
@@ -108,7 +144,17 @@ __global__ void __launch_bounds__(T::kNumThreads, 1)
       prefetch_tensor_map(&tma_k);
       prefetch_tensor_map(&tma_v);
       int it = 0, tiles_done = 0;
-      for (int64_t tile = blockIdx.x; tile < num_tiles; tile += gridDim.x) {
+      int64_t next = blockIdx.x;
+      for (int n = 0;; ++n) {
+        const int slot = n & 1;
+        mbarrier_wait(&sched_empty[slot], ((n >> 1) & 1) ^ 1);  // the consumers have read this slot's last tile
+        sched_tile[slot] = next;
+        mbarrier_arrive(&sched_full[slot]);
+        if (next >= num_tiles) break;
+        const int64_t tile = next;
+        // Drawn now, used at the next iteration: the atomic's latency hides under this tile's loads.
+        next = p.tile_counter != nullptr ? int64_t{gridDim.x} + static_cast<int64_t>(atomicAdd(p.tile_counter, 1ull))
+                                         : next + gridDim.x;
         const TileWork w = tile_work<T>(p, tile);
         if (w.block_begin >= w.block_end) continue;  // the consumers write zeros; nothing to load
         mbarrier_wait(q_empty, (tiles_done & 1) ^ 1);  // the previous tile's last Q K^T is done
@@ -159,7 +205,8 @@ __global__ void __launch_bounds__(T::kNumThreads, 1)
 
   // Pingpong: the two consumers take turns issuing their GEMMs (named barriers 3 and 4), so one warpgroup's softmax
   // runs while the other's products occupy the tensor cores. Each waits for its turn, issues, then hands the turn
-  // on; consumer 1 hands on nothing after the last issue of the kernel (consumer 0 waits for no more turns).
+  // on. Consumer 1 hands on once more than consumer 0 waits inside the loop (its first hand-over precedes any
+  // issue), so consumer 0 takes that last turn after the loop: no arrival is left pending when the block exits.
   auto wait_turn = [&] {
     if constexpr (T::kPingpong) named_barrier_sync(3 + consumer, 256);
   };
@@ -171,31 +218,36 @@ __global__ void __launch_bounds__(T::kNumThreads, 1)
   }
 
   int it = 0, tiles_done = 0;
-  for (int64_t tile = blockIdx.x; tile < num_tiles; tile += gridDim.x) {
+  for (int n = 0;; ++n) {
+    const int slot = n & 1;
+    mbarrier_wait(&sched_full[slot], (n >> 1) & 1);
+    const int64_t tile = sched_tile[slot];
+    mbarrier_arrive(&sched_empty[slot]);
+    if (tile >= num_tiles) break;
     const TileWork w = tile_work<T>(p, tile);
-    const int64_t batch = w.batch, head = w.head;
+    const int batch = w.batch, head = w.head;
     const int row0 = w.row0, q_rows = w.q_rows, q_rows_valid = w.q_rows_valid;
     const int block_begin = w.block_begin, block_end = w.block_end;
     const BatchLengths len = w.len;
-    Element* gO = static_cast<Element*>(p.o) + batch * p.o_batch_stride + int64_t{row0} * p.o_seq_stride +
-                  head * p.o_head_stride;
-    float* gLse = p.lse ? p.lse + batch * p.lse_batch_stride + head * p.lse_head_stride + row0 : nullptr;
+    // The tile's O rows and lse entries, formed where they are written (held across the key loop, the 64-bit
+    // pointers cost registers the softcap variants do not have).
+    auto tile_o = [&] {
+      return static_cast<Element*>(p.o) + batch * p.o_batch_stride + int64_t{row0} * p.o_seq_stride +
+             head * p.o_head_stride;
+    };
+    auto tile_lse = [&] { return p.lse + batch * p.lse_batch_stride + head * p.lse_head_stride + row0; };
 
     if (block_begin >= block_end) {  // no row sees a key: this consumer's rows are zeros and lse = -inf
+      Element* gO = tile_o();
       for (int i = wg_tid; i < 64 * kRowChunks; i += 128) {
         const int row = 64 * consumer + i / kRowChunks;
         if (row < q_rows) *reinterpret_cast<uint4*>(gO + row * p.o_seq_stride + (i % kRowChunks) * 8) = make_uint4(0, 0, 0, 0);
       }
-      if (gLse) {
+      if (p.lse != nullptr) {
+        float* gLse = tile_lse();
         for (int r = 64 * consumer + wg_tid; r < min(q_rows, 64 * consumer + 64); r += 128) gLse[r] = -INFINITY;
       }
       continue;
-    }
-    // Is there a later tile with work for this block? (decides consumer 1's last hand-over)
-    bool more_work = false;
-    for (int64_t next = tile + gridDim.x; next < num_tiles && !more_work; next += gridDim.x) {
-      const TileWork nw = tile_work<T>(p, next);
-      more_work = nw.block_begin < nw.block_end;
     }
 
 #pragma unroll
@@ -235,12 +287,13 @@ __global__ void __launch_bounds__(T::kNumThreads, 1)
       for (int t = 0; t < T::kKVSteps; ++t) wgmma_rs<Element, T::kHeadDim>(acc_o_flat, rP[t], v_desc(stage, t), 1);
       wgmma_commit();
     };
+    const float softcap_exp2_scale = p.softcap_scale * 2.0f * 1.4426950408889634f;  // 2 log2(e) * scale / softcap
     auto scores_to_probabilities = [&](int j) {  // softcap, mask, online softmax of S_j; alpha for the O rescale
       if constexpr (kHasSoftcap) {  // S = softcap * tanh(S * scale / softcap); the softmax then runs with scale 1
 #pragma unroll
         for (int n = 0; n < T::kSTiles; ++n)
 #pragma unroll
-          for (int e = 0; e < 4; ++e) acc_s[0][n][e] = p.softcap * tanhf(acc_s[0][n][e] * p.softcap_scale);
+          for (int e = 0; e < 4; ++e) acc_s[0][n][e] = softcap_score(acc_s[0][n][e], p.softcap, softcap_exp2_scale);
       }
       if constexpr (kMaskBlocks) {
         const int kv0 = j * T::kBlockKV;
@@ -303,21 +356,22 @@ __global__ void __launch_bounds__(T::kNumThreads, 1)
       fence_registers(acc_o_flat);
       fence_registers(rP_flat);
       mbarrier_arrive(&v_empty[stage_of(it - 1)]);
-      SplitSoftmax<T::kSTiles, T::kOTiles>::rescale(acc_o, alpha);
+      decltype(softmax)::rescale(acc_o, alpha);
       pack_probabilities();
     }
     // Drain: O += P_last V_last.
     mbarrier_wait(&v_full[stage_of(it - 1)], parity_of(it - 1));
     wait_turn();
     issue_pv(stage_of(it - 1));
-    if (consumer == 0 || more_work) pass_turn();
+    pass_turn();
     wgmma_wait<0>();
     fence_registers(acc_o_flat);
     fence_registers(rP_flat);
     mbarrier_arrive(&v_empty[stage_of(it - 1)]);
 
     softmax.finalize(acc_o);
-    if (gLse != nullptr && lane % 4 == 0) {  // one lane of each quad owns the row
+    if (p.lse != nullptr && lane % 4 == 0) {  // one lane of each quad owns the row
+      float* gLse = tile_lse();
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
         const int row = warp_row0 + lane / 4 + 8 * h;
@@ -337,6 +391,7 @@ __global__ void __launch_bounds__(T::kNumThreads, 1)
       }
     }
     named_barrier_sync(1 + consumer, 128);  // this consumer's rows are complete in sO
+    Element* gO = tile_o();
     for (int i = wg_tid; i < 64 * kRowChunks; i += 128) {
       const int row = 64 * consumer + i / kRowChunks, chunk = i % kRowChunks;
       if (row < q_rows) {  // rows past q_lengths[b] are zeros
@@ -345,6 +400,9 @@ __global__ void __launch_bounds__(T::kNumThreads, 1)
             row < q_rows_valid ? *reinterpret_cast<const uint4*>(src) : make_uint4(0, 0, 0, 0);
       }
     }
+  }
+  if constexpr (T::kPingpong) {
+    if (consumer == 0) named_barrier_sync(3, 256);  // consumer 1's last hand-over
   }
 #endif
 }

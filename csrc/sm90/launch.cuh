@@ -6,6 +6,7 @@
 
 #include <atomic>
 #include <climits>
+#include <cstdlib>
 #include <cstdint>
 #include <string>
 
@@ -18,21 +19,43 @@
 namespace jax_flash::sm90 {
 
 template <class T, bool kMaskBlocks, bool kHasSoftcap>
-std::string launch_sm90(const AttentionParams& p, const CUtensorMap& map_q, const CUtensorMap& map_k,
+std::string launch_sm90(AttentionParams p, const CUtensorMap& map_q, const CUtensorMap& map_k,
                         const CUtensorMap& map_v, cudaStream_t stream) {
   auto kernel = attention_kernel<T, kMaskBlocks, kHasSoftcap>;
-  // Without a right bound every tile costs the same: a persistent grid, one block per SM (the shared memory allows
-  // no second), each walking tiles with a stride of the grid. With one (causal, windows) tiles differ by up to the
-  // whole key range and a static stride leaves some SMs with all the heavy ones (H200: causal S=16384 fell from 631
-  // to 416 TFLOP/s): one tile per block there, heaviest first, and the hardware scheduler balances them.
+  // A persistent grid, one block per SM (the shared memory allows no second). Tiles of equal cost (no right bound)
+  // could be walked with a static stride, but causal tiles differ by up to the whole key range and a static stride
+  // left some SMs with all the heavy ones (H200: causal S=16384 fell from 631 to 416 TFLOP/s with it): with a
+  // tile counter the blocks draw tiles dynamically, heaviest first (kernel.cuh, tile_work).
   const int64_t num_tiles = static_cast<int64_t>(p.num_q_blocks) * p.heads_q * p.batch;
   int device = 0;
   if (cudaError_t err = cudaGetDevice(&device); err != cudaSuccess) return cuda_failure("cudaGetDevice", err);
-  int num_sms = 0;
+  int num_sms = 0, l2_bytes = 0;
   if (cudaError_t err = cudaDeviceGetAttribute(&num_sms, cudaDevAttrMultiProcessorCount, device); err != cudaSuccess) {
     return cuda_failure("cudaDeviceGetAttribute(MultiProcessorCount)", err);
   }
-  const int64_t max_grid = p.window_right < kUnbounded ? int64_t{INT_MAX} : int64_t{num_sms};
+  if (cudaError_t err = cudaDeviceGetAttribute(&l2_bytes, cudaDevAttrL2CacheSize, device); err != cudaSuccess) {
+    return cuda_failure("cudaDeviceGetAttribute(L2CacheSize)", err);
+  }
+  // (batch, head) pairs per heaviest-first section: their K and V together fill at most half the L2.
+  const int64_t kv_bytes_per_head = 2 * int64_t{p.seqlen_k} * p.head_dim * 2 + 1;
+  const int64_t batch_heads = int64_t{p.batch} * p.heads_q;
+  int64_t section = (l2_bytes / 2) / kv_bytes_per_head;
+  section = section < 1 ? 1 : (section > batch_heads ? batch_heads : section);
+  p.section_heads = static_cast<int>(section < 1 ? 1 : section);
+  // Measurement switch (docs/NOTES.md, sm90 v4): JAX_FLASH_SM90_SCHEDULE=static walks tiles with a fixed stride of
+  // the grid, =per_tile launches one block per tile (the v2 launch); anything else is the dynamic scheduler.
+  static const int schedule = [] {
+    const char* s = std::getenv("JAX_FLASH_SM90_SCHEDULE");
+    return s == nullptr ? 0 : std::string(s) == "static" ? 1 : std::string(s) == "per_tile" ? 2 : 0;
+  }();
+  int64_t max_grid = num_sms;
+  if (schedule != 0) p.tile_counter = nullptr;
+  if (schedule == 2) max_grid = INT_MAX;
+  if (p.tile_counter != nullptr) {
+    if (cudaError_t err = cudaMemsetAsync(p.tile_counter, 0, sizeof(unsigned long long), stream); err != cudaSuccess) {
+      return cuda_failure("cudaMemsetAsync(tile counter)", err);
+    }
+  }
   const unsigned grid = static_cast<unsigned>(num_tiles < max_grid ? num_tiles : max_grid);
   static std::atomic<uint64_t> opted_in_devices{0};  // above 48 KB of shared memory a kernel opts in per device
   if (std::string failure = opt_in_shared_memory(kernel, T::kSmemBytes, opted_in_devices); !failure.empty()) {

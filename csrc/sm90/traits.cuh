@@ -23,7 +23,8 @@ struct Traits {
   static constexpr bool kPingpong = kKey.pingpong;             // consumers alternate on the tensor cores
   static_assert(kKey.block_q == kBlockQ, "block_q must be 64 * consumer_warpgroups");
   static_assert(kHeadDim == 64 || kHeadDim == 128, "sm90 family: head_dim 64 or 128");
-  static_assert(kBlockKV == 64 || kBlockKV == 128, "sm90 family: block_kv 64 or 128");
+  static_assert(kBlockKV == 64 || kBlockKV == 128 || kBlockKV == 160 || kBlockKV == 192,
+                "sm90 family: block_kv 64, 128, 160 or 192 (the S = Q K^T wgmma N of csrc/sm90/wgmma_ops.cuh)");
 
   // Registers per thread after setmaxnreg: the producer gives its share to the consumers. setmaxnreg.inc only draws
   // on what setmaxnreg.dec released inside this block, so the roles must fit the block's launch allocation:
@@ -49,10 +50,11 @@ struct Traits {
   static constexpr int kKOffset = kOOffset + kQBytes;
   static constexpr int kVOffset = kKOffset + kStages * kKVBytes;
   static constexpr int kBarrierOffset = kVOffset + kStages * kKVBytes;
-  // Q full, Q empty; K full, V full, K empty, V empty per stage
-  static constexpr int kNumBarriers = 2 + 4 * kStages;
+  // Q full, Q empty; K full, V full, K empty, V empty per stage; tile-slot full and empty, 2 each
+  static constexpr int kNumBarriers = 6 + 4 * kStages;
+  static constexpr int kSchedOffset = kBarrierOffset + 8 * kNumBarriers;  // two int64 tile slots
   // + 1024 so the kernel can round the dynamic shared-memory base up to the 1024-byte swizzle atom.
-  static constexpr int kSmemBytes = kBarrierOffset + 8 * kNumBarriers + 1024;
+  static constexpr int kSmemBytes = kSchedOffset + 16 + 1024;
 
   // The online softmax of the sm80 family, on one warp's 16 rows of the wgmma accumulator: the m64nN fp32
   // fragment is, per warp, the mma.sync m16n8 layout repeated N/8 times, so S is [1][kBlockKV/8][4] and O

@@ -112,6 +112,9 @@ RunResult run_gpu(const RegistryEntry& e, const Case& c, const std::vector<uint1
                                              c.heads_k, D, 1.0f / std::sqrt(static_cast<float>(D)));
   set_features(p, c.causal, c.window_left, c.window_right, c.softcap, c.lengths ? dql : nullptr,
                c.lengths ? dkl : nullptr, dlse);
+  unsigned long long* dcounter = nullptr;  // the sm90 dynamic tile scheduler's counter (the launcher zeroes it)
+  CHECK_CUDA(cudaMalloc(&dcounter, sizeof(unsigned long long)));
+  p.tile_counter = dcounter;
   cudaStream_t stream;
   CHECK_CUDA(cudaStreamCreate(&stream));
   failure = e.run(p, stream);
@@ -121,6 +124,7 @@ RunResult run_gpu(const RegistryEntry& e, const Case& c, const std::vector<uint1
   RunResult r{dout.read(), lse_host};
   CHECK_CUDA(cudaMemcpy(r.lse.data(), dlse, r.lse.size() * 4, cudaMemcpyDeviceToHost));
   cudaFree(dlse);
+  cudaFree(dcounter);
   cudaFree(dql);
   cudaFree(dkl);
   return r;
