@@ -14,6 +14,7 @@
 
 #include <cstdint>
 
+#include "common/mask_fragment.cuh"
 #include "common/params.h"
 #include "common/visibility.h"
 #include "sm80/ptx.cuh"      // pack2, exp2_approx
@@ -296,21 +297,8 @@ __global__ void __launch_bounds__(T::kNumThreads, 1)
           for (int e = 0; e < 4; ++e) acc_s[0][n][e] = softcap_score(acc_s[0][n][e], p.softcap, softcap_exp2_scale);
       }
       if constexpr (kMaskBlocks) {
-        const int kv0 = j * T::kBlockKV;
-        const int last_row = row0 + q_rows_valid - 1;
-        if (kv0 < last_row + lo_off || kv0 + T::kBlockKV - 1 > row0 + hi_off || kv0 + T::kBlockKV > len.kv_len) {
-          // col - row for element (n, e) = diag0 + n*8 + e%2 - 8*(e/2)
-          const int diag0 = kv0 + 2 * (lane % 4) - (row0 + warp_row0 + lane / 4);
-          const int col0 = kv0 + 2 * (lane % 4);
-#pragma unroll
-          for (int n = 0; n < T::kSTiles; ++n)
-#pragma unroll
-            for (int e = 0; e < 4; ++e) {
-              const int diag = diag0 + n * 8 + (e % 2) - 8 * (e / 2);
-              const int col = col0 + n * 8 + (e % 2);
-              if (diag < lo_off || diag > hi_off || col >= len.kv_len) acc_s[0][n][e] = -INFINITY;
-            }
-        }
+        mask_key_block<T::kBlockKV>(acc_s, j * T::kBlockKV, row0, q_rows_valid, warp_row0, lane, lo_off, hi_off,
+                                    len.kv_len);
       }
       softmax.update(acc_s, p.scale_log2, alpha);
     };

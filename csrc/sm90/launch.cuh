@@ -4,6 +4,7 @@
 
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <atomic>
 #include <climits>
 #include <cstdlib>
@@ -36,12 +37,12 @@ std::string launch_sm90(AttentionParams p, const CUtensorMap& map_q, const CUten
   if (cudaError_t err = cudaDeviceGetAttribute(&l2_bytes, cudaDevAttrL2CacheSize, device); err != cudaSuccess) {
     return cuda_failure("cudaDeviceGetAttribute(L2CacheSize)", err);
   }
-  // (batch, head) pairs per heaviest-first section: their K and V together fill at most half the L2.
+  // (batch, head) pairs per heaviest-first section: their K and V together fill at most half the L2 (+ 1 byte keeps
+  // seqlen_k = 0 from dividing by zero); at least 1, at most all pairs.
   const int64_t kv_bytes_per_head = 2 * int64_t{p.seqlen_k} * p.head_dim * 2 + 1;
   const int64_t batch_heads = int64_t{p.batch} * p.heads_q;
-  int64_t section = (l2_bytes / 2) / kv_bytes_per_head;
-  section = section < 1 ? 1 : (section > batch_heads ? batch_heads : section);
-  p.section_heads = static_cast<int>(section < 1 ? 1 : section);
+  const int64_t section = std::min<int64_t>((l2_bytes / 2) / kv_bytes_per_head, batch_heads);
+  p.section_heads = static_cast<int>(std::max<int64_t>(section, 1));
   // Measurement switch (docs/NOTES.md, sm90 v4): JAX_FLASH_SM90_SCHEDULE=static walks tiles with a fixed stride of
   // the grid, =per_tile launches one block per tile (the v2 launch); anything else is the dynamic scheduler.
   static const int schedule = [] {

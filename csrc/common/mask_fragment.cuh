@@ -1,0 +1,37 @@
+// Window / causal / key-length masking of one warp's score accumulators, shared by both GPU families: the sm80
+// mma.sync m16n8 fragments and the per-warp slice of an sm90 wgmma m64nN accumulator have the same layout
+// (element e of tile (m, n) is row 16m + lane/4 + 8*(e/2), column 8n + 2*(lane%4) + e%2 of the warp's rows).
+#pragma once
+
+#include <cmath>
+
+namespace jax_flash {
+
+// Sets to -inf every score of key block [kv0, kv0 + kBlockKV) that its row may not see (common/visibility.h:
+// lo_off <= col - row <= hi_off and col < kv_len). Blocks that every valid row sees whole are left untouched without
+// a per-element test: the block is fully visible when its first key is within the last valid row's lower bound and
+// its last key within the first row's upper bound (both bounds grow with the row) and below kv_len.
+//   acc_s: [kMTiles][kSTiles][4] scores of this warp's rows; row0: the tile's first row; q_rows_valid: rows of the
+//   tile below q_lengths[b]; warp_row0: this warp's first row within the tile.
+template <int kBlockKV, int kMTiles, int kSTiles>
+__device__ __forceinline__ void mask_key_block(float (&acc_s)[kMTiles][kSTiles][4], int kv0, int row0,
+                                               int q_rows_valid, int warp_row0, int lane, int lo_off, int hi_off,
+                                               int kv_len) {
+  const int last_row = row0 + q_rows_valid - 1;
+  if (kv0 >= last_row + lo_off && kv0 + kBlockKV - 1 <= row0 + hi_off && kv0 + kBlockKV <= kv_len) return;
+  // col - row for element (m, n, e) = diag0 + 8n + e%2 - 16m - 8*(e/2)
+  const int diag0 = kv0 + 2 * (lane % 4) - (row0 + warp_row0 + lane / 4);
+  const int col0 = kv0 + 2 * (lane % 4);
+#pragma unroll
+  for (int m = 0; m < kMTiles; ++m)
+#pragma unroll
+    for (int n = 0; n < kSTiles; ++n)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int diag = diag0 + n * 8 + (e % 2) - m * 16 - 8 * (e / 2);
+        const int col = col0 + n * 8 + (e % 2);
+        if (diag < lo_off || diag > hi_off || col >= kv_len) acc_s[m][n][e] = -INFINITY;
+      }
+}
+
+}  // namespace jax_flash
