@@ -26,7 +26,7 @@ FAMILIES = {"sm80": 80, "sm90": 90}
 _SM90_HEAD_DIMS = (64, 128)
 _SM90_BLOCK_KV = (64, 128, 160, 192)
 _SM90_STAGES = (2, 3)
-_SM90_CONSUMERS = (2,)
+_SM90_CONSUMERS = (2, 3)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -48,7 +48,8 @@ class KernelConfig:
         consumer_warpgroups, num_warps = 4 * (consumer_warpgroups + 1), block_kv in {64, 128, 160, 192} and its own
         knobs:
     stages: depth of the K/V shared-memory pipeline the producer fills with TMA copies (sm90 only).
-    consumer_warpgroups: math warpgroups of 64 query rows each (sm90 only).
+    consumer_warpgroups: math warpgroups of 64 query rows each (sm90 only): 2, or 3 with P (the probabilities) passed
+        to the P V product through shared memory, since each consumer then has 152 registers instead of 232.
     pingpong: the consumer warpgroups take turns issuing their wgmma products, so one's softmax overlaps the other's
         matrix work (sm90 only).
     The sm80-only knobs stay at their defaults in an sm90 config, and the sm90-only knobs in an sm80 config.
@@ -148,8 +149,9 @@ class KernelConfig:
         return self.block_q // self.num_warps
 
     def smem_bytes(self, head_dim: int, elem_bytes: int = 2) -> int:
-        if self.family == "sm90":  # Q + O + stages x (K + V) + barriers + 2 tile slots + 1024 alignment slack
-            return ((2 * self.block_q + 2 * self.stages * self.block_kv) * head_dim * elem_bytes +
+        if self.family == "sm90":  # Q + O + stages x (K + V) [+ P per consumer] + barriers + 2 tile slots + 1024 slack
+            p_bytes = self.block_q * self.block_kv * elem_bytes if self.consumer_warpgroups == 3 else 0
+            return ((2 * self.block_q + 2 * self.stages * self.block_kv) * head_dim * elem_bytes + p_bytes +
                     8 * (6 + 4 * self.stages) + 16 + 1024)  # csrc/sm90/traits.cuh derives the same number
         # sQ (block_q, D) + sK (block_kv, D) + sV (block_kv, D); csrc/sm80/traits.cuh derives the same number.
         return (self.block_q + 2 * self.block_kv) * head_dim * elem_bytes
@@ -201,10 +203,11 @@ class KernelConfig:
             return f"family='sm90' is built for head_dim in {_SM90_HEAD_DIMS}, not {head_dim}"
         if self.smem_bytes(head_dim) > _MAX_SMEM_BYTES:
             return f"needs {self.smem_bytes(head_dim)} bytes of shared memory, more than {_MAX_SMEM_BYTES} on sm_90"
-        # Per consumer thread: O (64 x D fp32 over 128 threads) + S (64 x block_kv) + P (bf16 pairs) + about 40 for
-        # softmax state and addresses, within what setmaxnreg gives each consumer (232 with two consumers;
-        # csrc/sm90/traits.cuh derives the same split).
-        regs = head_dim // 2 + self.block_kv // 2 + self.block_kv // 4 + 40
+        # Per consumer thread: O (64 x D fp32 over 128 threads) + S (64 x block_kv) + P (bf16 pairs; in shared memory
+        # with three consumers) + about 40 for softmax state and addresses, within what setmaxnreg gives each
+        # consumer (232 with two consumers, 152 with three; csrc/sm90/traits.cuh derives the same split).
+        p_regs = 0 if self.consumer_warpgroups == 3 else self.block_kv // 4
+        regs = head_dim // 2 + self.block_kv // 2 + p_regs + 40
         limit = self.consumer_registers()
         if regs > limit:
             return f"needs about {regs} registers per consumer thread at head_dim={head_dim} (limit {limit})"
@@ -333,12 +336,14 @@ SWEEP_CONFIGS: dict[int, tuple[KernelConfig, ...]] = {
 }
 
 
-# The sm90 family's candidates (build with -DJAX_FLASH_CONFIG_SET=sweep_sm90): wider key blocks (fewer softmax
-# rounds and barrier waits per key), pingpong off, a third stage.
+# The sm90 family's candidates (build with -DJAX_FLASH_CONFIG_SET=sweep_sm90): three consumer warpgroups (192-row
+# tiles, P through shared memory), with and without pingpong. (The v4 sweep's block_kv 160 / 192, pingpong off and
+# 3 stages are in docs/NOTES.md.)
 SM90_SWEEP_CONFIGS: dict[int, tuple[KernelConfig, ...]] = {
-    128: (KernelConfig.sm90(block_kv=160),),
-    64: (KernelConfig.sm90(block_kv=192, pingpong=False), KernelConfig.sm90(block_kv=128, pingpong=False),
-         KernelConfig.sm90(block_kv=128, stages=3)),
+    128: (KernelConfig.sm90(block_kv=64, consumer_warpgroups=3, pingpong=False),
+          KernelConfig.sm90(block_kv=64, consumer_warpgroups=3)),
+    64: (KernelConfig.sm90(block_kv=128, consumer_warpgroups=3, pingpong=False),
+         KernelConfig.sm90(block_kv=128, consumer_warpgroups=3)),
 }
 
 

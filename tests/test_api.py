@@ -183,6 +183,22 @@ def test_sm90_wide_key_blocks_validation():
         KernelConfig.sm90(block_kv=256)
 
 
+def test_sm90_three_consumers_validation():
+    cfg = KernelConfig.sm90(block_kv=128, consumer_warpgroups=3)
+    assert (cfg.block_q, cfg.num_warps, cfg.consumer_registers()) == (192, 16, 152)  # 512 threads: 40 + 3 x 152
+    assert cfg.fits(64) is None and KernelConfig.sm90(block_kv=64, consumer_warpgroups=3).fits(128) is None
+    # P lives in shared memory: Q + O (2 x 24 KB) + K/V ring (4 x 16 KB) + P (3 x 16 KB) + barriers, slots, slack
+    assert cfg.smem_bytes(64) == 2 * 24576 + 4 * 16384 + 3 * 16384 + 8 * 14 + 16 + 1024
+    # S (96) + O (32) + state is over the 152 registers three consumers get (ptxas spilled ~600 bytes)
+    assert "needs about 168 registers per consumer thread at head_dim=64 (limit 152)" in \
+        KernelConfig.sm90(block_kv=192, consumer_warpgroups=3).fits(64)
+    assert "needs 279680 bytes of shared memory" in cfg.fits(128)
+    with pytest.raises(ValueError, match="consumer_warpgroups=4 is not allowed for family='sm90'"):
+        KernelConfig.sm90(consumer_warpgroups=4)
+    with pytest.raises(ValueError, match="block_q=128 must be 64 \\* consumer_warpgroups = 192"):
+        KernelConfig(family="sm90", block_q=128, block_kv=128, num_warps=16, consumer_warpgroups=3)
+
+
 def test_sm90_family_is_refused_below_sm90_at_lowering(monkeypatch):
     from jax_flash import _primitive
 

@@ -82,8 +82,13 @@ SM90_GRID = [g for g in GRID if g[1] in (64, 128)]
                          ids=[f"{jnp.dtype(g[0]).name}-d{g[1]}-{g[2]}x{g[3]}-{g[4]}-h{g[5][0]}.{g[5][1]}"
                               f"{'-lse' if g[6] else ''}" for g in SM90_GRID])
 def test_semantics_grid_sm90(dtype, head_dim, seq_q, seq_k, feature, heads, return_lse):
-    """The same grid on the Hopper family (csrc/sm90/), alternating its two shipped configs per head dim."""
-    cfg = SM90_CONFIGS[head_dim][GRID.index((dtype, head_dim, seq_q, seq_k, feature, heads, return_lse)) % 2]
+    """The same grid on the Hopper family (csrc/sm90/), cycling over every sm90 config this build compiled for the
+    dtype and head dim (the shipped ones, plus the candidates of a sweep build)."""
+    compiled = sorted({k.config for k in jax_flash.supported_configs()
+                       if k.family == "sm90" and k.dtype == jnp.dtype(dtype).name and k.head_dim == head_dim},
+                      key=lambda c: c.short_name())
+    assert set(SM90_CONFIGS[head_dim]) <= set(compiled)
+    cfg = compiled[GRID.index((dtype, head_dim, seq_q, seq_k, feature, heads, return_lse)) % len(compiled)]
     run_case(GPU_DEVICES[0], dtype, head_dim, seq_q, seq_k, feature, heads, return_lse, cfg=cfg)
 
 

@@ -10,6 +10,7 @@ import sys
 OUT = pathlib.Path(__file__).with_name("wgmma_ops.cuh")
 SS_N_VALUES = (64, 128, 160, 192)  # S = Q K^T: N = block_kv
 RS_N_VALUES = (64, 128)            # O += P V: N = head_dim
+SS_TB_N_VALUES = (64, 128)         # O += P V with P from shared memory (three consumers): N = head_dim
 TYPES = {"__half": "f16", "__nv_bfloat16": "bf16"}
 
 
@@ -29,6 +30,20 @@ __device__ __forceinline__ void wgmma_ss<{ctype}, {n}>(float (&d)[{k}], uint64_t
   asm volatile(
       "{{\\n.reg .pred p;\\nsetp.ne.b32 p, %{k + 2}, 0;\\n"
       "wgmma.mma_async.sync.aligned.m64n{n}k16.f32.{ptype}.{ptype} {{{_acc_list(n)}}}, %{k}, %{k + 1}, p, 1, 1, 0, 0;\\n}}\\n"
+      : {_acc_operands(n)}
+      : "l"(desc_a), "l"(desc_b), "r"(accumulate));
+}}
+'''
+
+
+def _ss_tb(ctype: str, ptype: str, n: int) -> str:
+    k = n // 2
+    return f'''template <>
+__device__ __forceinline__ void wgmma_ss_tb<{ctype}, {n}>(float (&d)[{k}], uint64_t desc_a, uint64_t desc_b,
+                                                         int accumulate) {{
+  asm volatile(
+      "{{\\n.reg .pred p;\\nsetp.ne.b32 p, %{k + 2}, 0;\\n"
+      "wgmma.mma_async.sync.aligned.m64n{n}k16.f32.{ptype}.{ptype} {{{_acc_list(n)}}}, %{k}, %{k + 1}, p, 1, 1, 0, 1;\\n}}\\n"
       : {_acc_operands(n)}
       : "l"(desc_a), "l"(desc_b), "r"(accumulate));
 }}
@@ -56,6 +71,7 @@ def render() -> str:
 //   wgmma_ss: A (64 x 16) and B (N x 16) both K-major in shared memory (descriptors), D += A B^T.
 //   wgmma_rs: A (64 x 16) from registers (the mma.sync m16n8k16 A layout per warp), B (16 x N) MN-major in shared
 //             memory (transposed: imm-trans-b = 1), D += A B.
+//   wgmma_ss_tb: A (64 x 16) K-major and B (16 x N) MN-major, both in shared memory, D += A B.
 #pragma once
 
 #include <cuda_bf16.h>
@@ -69,12 +85,16 @@ template <class Element, int N>
 __device__ void wgmma_ss(float (&d)[N / 2], uint64_t desc_a, uint64_t desc_b, int accumulate);
 template <class Element, int N>
 __device__ void wgmma_rs(float (&d)[N / 2], const uint32_t (&a)[4], uint64_t desc_b, int accumulate);
+template <class Element, int N>
+__device__ void wgmma_ss_tb(float (&d)[N / 2], uint64_t desc_a, uint64_t desc_b, int accumulate);
 ''']
     for ctype, ptype in TYPES.items():
         for n in SS_N_VALUES:
             parts.append(_ss(ctype, ptype, n))
         for n in RS_N_VALUES:
             parts.append(_rs(ctype, ptype, n))
+        for n in SS_TB_N_VALUES:
+            parts.append(_ss_tb(ctype, ptype, n))
     parts.append("}  // namespace jax_flash::sm90\n")
     return "\n".join(parts)
 

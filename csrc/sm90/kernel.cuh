@@ -204,18 +204,21 @@ __global__ void __launch_bounds__(T::kNumThreads, 1)
   auto& rP_flat = *reinterpret_cast<uint32_t(*)[T::kKVSteps * 4]>(&rP[0][0]);
   float alpha[2];
 
-  // Pingpong: the two consumers take turns issuing their GEMMs (named barriers 3 and 4), so one warpgroup's softmax
-  // runs while the other's products occupy the tensor cores. Each waits for its turn, issues, then hands the turn
-  // on. Consumer 1 hands on once more than consumer 0 waits inside the loop (its first hand-over precedes any
-  // issue), so consumer 0 takes that last turn after the loop: no arrival is left pending when the block exits.
+  // Pingpong: the consumers take turns issuing their GEMMs in a ring (consumer c waits on named barrier
+  // kTurnBarrier + c, then hands the turn to consumer (c + 1) % kConsumers), so one warpgroup's softmax runs while
+  // another's products occupy the tensor cores. The last consumer hands on once before anyone issues, so it hands on
+  // once more than consumer 0 waits inside the loop: consumer 0 takes that last turn after the loop, and no arrival
+  // is left pending when the block exits. Every consumer takes the same turns (one per product group of each tile,
+  // idle ones included), so the ring never waits on a consumer that has left.
+  constexpr int kTurnBarrier = 1 + T::kConsumers;  // ids 1 .. kConsumers are the consumers' epilogue barriers
   auto wait_turn = [&] {
-    if constexpr (T::kPingpong) named_barrier_sync(3 + consumer, 256);
+    if constexpr (T::kPingpong) named_barrier_sync(kTurnBarrier + consumer, 256);
   };
   auto pass_turn = [&] {
-    if constexpr (T::kPingpong) named_barrier_arrive(3 + (1 - consumer), 256);
+    if constexpr (T::kPingpong) named_barrier_arrive(kTurnBarrier + (consumer + 1) % T::kConsumers, 256);
   };
   if constexpr (T::kPingpong) {
-    if (consumer == 1) named_barrier_arrive(3, 256);  // consumer 0 goes first
+    if (consumer == T::kConsumers - 1) named_barrier_arrive(kTurnBarrier, 256);  // consumer 0 goes first
   }
 
   int it = 0, tiles_done = 0;
@@ -238,7 +241,7 @@ __global__ void __launch_bounds__(T::kNumThreads, 1)
     };
     auto tile_lse = [&] { return p.lse + batch * p.lse_batch_stride + head * p.lse_head_stride + row0; };
 
-    if (block_begin >= block_end) {  // no row sees a key: this consumer's rows are zeros and lse = -inf
+    auto write_zero_rows = [&] {  // this consumer's rows inside the tensor: zeros and lse = -inf
       Element* gO = tile_o();
       for (int i = wg_tid; i < 64 * kRowChunks; i += 128) {
         const int row = 64 * consumer + i / kRowChunks;
@@ -248,6 +251,34 @@ __global__ void __launch_bounds__(T::kNumThreads, 1)
         float* gLse = tile_lse();
         for (int r = 64 * consumer + wg_tid; r < min(q_rows, 64 * consumer + 64); r += 128) gLse[r] = -INFINITY;
       }
+    };
+    if (block_begin >= block_end) {  // no row sees a key (nothing was loaded)
+      write_zero_rows();
+      continue;
+    }
+    if (T::kConsumers > 2 && 64 * consumer >= q_rows_valid) {
+      // Every row of this consumer is past the tile's valid rows (the last query block of a length that is not a
+      // multiple of kBlockQ, or a padded batch entry): no math, but the consumer still takes part in the pipeline:
+      // it releases each K/V stage and Q once the producer's fill of them has landed (an arrival before that would
+      // count toward the barrier's previous phase) and takes its pingpong turns. (Three consumers only: with two,
+      // the extra path made ptxas spill in the D = 128 kernels, and 192-row tiles are the ones that waste a third.)
+      mbarrier_wait(q_full, tiles_done & 1);
+      ++tiles_done;
+      for (int j = block_begin; j <= block_end; ++j, ++it) {  // turn j: S_j (j < block_end) and P_{j-1} V_{j-1}
+        wait_turn();
+        pass_turn();
+        if (j < block_end) {
+          mbarrier_wait(&k_full[stage_of(it)], parity_of(it));
+          mbarrier_arrive(&k_empty[stage_of(it)]);
+          if (j == block_end - 1) mbarrier_arrive(q_empty);
+        }
+        if (j > block_begin) {
+          mbarrier_wait(&v_full[stage_of(it - 1)], parity_of(it - 1));
+          mbarrier_arrive(&v_empty[stage_of(it - 1)]);
+        }
+      }
+      --it;  // the loop ran block_end - block_begin + 1 times; the math path advances it once per key block
+      write_zero_rows();
       continue;
     }
 
@@ -282,10 +313,21 @@ __global__ void __launch_bounds__(T::kNumThreads, 1)
       }
       wgmma_commit();
     };
+    // P (kPInSmem): this consumer's (64, kBlockKV) tile, A operand stepped like Q.
+    const uint32_t sP_addr = smem_u32(smem + T::kPOffset) + consumer * T::kPBytes;
+    auto p_desc = [&](int t) {
+      return smem_descriptor(sP_addr + (t / 4) * T::kPPanelBytes + (t % 4) * 32, 16, 1024);
+    };
     auto issue_pv = [&](int stage) {  // O += P V, one commit group
       wgmma_fence();
 #pragma unroll
-      for (int t = 0; t < T::kKVSteps; ++t) wgmma_rs<Element, T::kHeadDim>(acc_o_flat, rP[t], v_desc(stage, t), 1);
+      for (int t = 0; t < T::kKVSteps; ++t) {
+        if constexpr (T::kPInSmem) {
+          wgmma_ss_tb<Element, T::kHeadDim>(acc_o_flat, p_desc(t), v_desc(stage, t), 1);
+        } else {
+          wgmma_rs<Element, T::kHeadDim>(acc_o_flat, rP[t], v_desc(stage, t), 1);
+        }
+      }
       wgmma_commit();
     };
     const float softcap_exp2_scale = p.softcap_scale * 2.0f * 1.4426950408889634f;  // 2 log2(e) * scale / softcap
@@ -302,14 +344,34 @@ __global__ void __launch_bounds__(T::kNumThreads, 1)
       }
       softmax.update(acc_s, p.scale_log2, alpha);
     };
+    // stmatrix addresses (kPInSmem): lane l gives row l%8 of 8x8 matrix l/8 of each k16 step t, i.e. row
+    // 16 * warp + l%8 + 8 * ((l/8) % 2), 16-byte chunk 2t + (l/8)/2 of the keys (panel t/4, chunk 2(t%4) + (l/8)/2
+    // inside it, XOR-swizzled by the row's low 3 bits, which are l%8).
+    const int st_row = 16 * warp_in_wg + lane % 8 + 8 * ((lane / 8) % 2);
+    const uint32_t st_base = sP_addr + st_row * T::kRowBytes;
     auto pack_probabilities = [&] {  // P (fp32) -> A fragments: k16 step t covers S tiles 2t and 2t+1
 #pragma unroll
       for (int t = 0; t < T::kKVSteps; ++t) {
-        rP[t][0] = sm80::pack2<Element>(acc_s[0][2 * t][0], acc_s[0][2 * t][1]);
-        rP[t][1] = sm80::pack2<Element>(acc_s[0][2 * t][2], acc_s[0][2 * t][3]);
-        rP[t][2] = sm80::pack2<Element>(acc_s[0][2 * t + 1][0], acc_s[0][2 * t + 1][1]);
-        rP[t][3] = sm80::pack2<Element>(acc_s[0][2 * t + 1][2], acc_s[0][2 * t + 1][3]);
+        uint32_t a[4];
+        a[0] = sm80::pack2<Element>(acc_s[0][2 * t][0], acc_s[0][2 * t][1]);
+        a[1] = sm80::pack2<Element>(acc_s[0][2 * t][2], acc_s[0][2 * t][3]);
+        a[2] = sm80::pack2<Element>(acc_s[0][2 * t + 1][0], acc_s[0][2 * t + 1][1]);
+        a[3] = sm80::pack2<Element>(acc_s[0][2 * t + 1][2], acc_s[0][2 * t + 1][3]);
+        if constexpr (T::kPInSmem) {
+          const uint32_t chunk = (2 * (t % 4) + (lane / 8) / 2) ^ (lane % 8);
+          stmatrix_x4(st_base + (t / 4) * T::kPPanelBytes + chunk * 16, a);
+        } else {
+#pragma unroll
+          for (int e = 0; e < 4; ++e) rP[t][e] = a[e];
+        }
       }
+      if constexpr (T::kPInSmem) {  // the whole warpgroup's P is written and visible to wgmma (the async proxy)
+        fence_proxy_async_smem();
+        named_barrier_sync(1 + consumer, 128);
+      }
+    };
+    auto fence_p = [&] {  // P V has completed: the compiler may now reuse P's registers
+      if constexpr (!T::kPInSmem) fence_registers(rP_flat);
     };
     mbarrier_wait(q_full, tiles_done & 1);
     ++tiles_done;
@@ -342,7 +404,7 @@ __global__ void __launch_bounds__(T::kNumThreads, 1)
       scores_to_probabilities(j);
       wgmma_wait<0>();  // P_{j-1} V_{j-1} is done: O and the P fragments may change
       fence_registers(acc_o_flat);
-      fence_registers(rP_flat);
+      fence_p();
       mbarrier_arrive(&v_empty[stage_of(it - 1)]);
       decltype(softmax)::rescale(acc_o, alpha);
       pack_probabilities();
@@ -354,7 +416,7 @@ __global__ void __launch_bounds__(T::kNumThreads, 1)
     pass_turn();
     wgmma_wait<0>();
     fence_registers(acc_o_flat);
-    fence_registers(rP_flat);
+    fence_p();
     mbarrier_arrive(&v_empty[stage_of(it - 1)]);
 
     softmax.finalize(acc_o);
@@ -390,7 +452,7 @@ __global__ void __launch_bounds__(T::kNumThreads, 1)
     }
   }
   if constexpr (T::kPingpong) {
-    if (consumer == 0) named_barrier_sync(3, 256);  // consumer 1's last hand-over
+    if (consumer == 0) named_barrier_sync(kTurnBarrier, 256);  // the last consumer's last hand-over
   }
 #endif
 }

@@ -103,6 +103,15 @@ __device__ __forceinline__ void setmaxnreg_dec() {
   asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(kRegs));
 }
 
+// ---- stmatrix: four 8x8 b16 matrices from mma-fragment registers to shared memory --------------------------------
+// Register k of lane t holds row t/4, columns 2*(t%4) and +1 of matrix k (the ldmatrix / mma.sync fragment layout);
+// lane t gives the shared address of row t%8 of matrix t/8.
+__device__ __forceinline__ void stmatrix_x4(uint32_t smem_addr, const uint32_t (&r)[4]) {
+  asm volatile("stmatrix.sync.aligned.m8n8.x4.shared.b16 [%0], {%1, %2, %3, %4};\n" ::"r"(smem_addr), "r"(r[0]),
+               "r"(r[1]), "r"(r[2]), "r"(r[3])
+               : "memory");
+}
+
 // ---- named barriers (id 0 is __syncthreads) and proxy fences ----------------------------------------------------
 __device__ __forceinline__ void named_barrier_sync(int id, int threads) {
   asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(threads) : "memory");

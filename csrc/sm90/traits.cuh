@@ -20,19 +20,25 @@ struct Traits {
   static constexpr int kConsumers = kKey.consumer_warpgroups;  // math warpgroups
   static constexpr int kBlockQ = 64 * kConsumers;              // each consumer owns 64 query rows (one wgmma M)
   static constexpr int kNumThreads = 128 * (kConsumers + 1);   // warpgroup 0 is the producer
-  static constexpr bool kPingpong = kKey.pingpong;             // consumers alternate on the tensor cores
+  static constexpr bool kPingpong = kKey.pingpong;             // consumers take turns on the tensor cores
+  // P (the softmax's probabilities, the A operand of O += P V) from registers (wgmma RS) with two consumers; with
+  // three, each consumer has 152 registers (below) and S + O + P do not fit (D = 64, 128 keys: 64 + 32 + 32 plus
+  // the softmax state and addresses spilled 64-100 bytes), so P goes through shared memory (wgmma SS), as in FA3.
+  static constexpr bool kPInSmem = kConsumers == 3;
   static_assert(kKey.block_q == kBlockQ, "block_q must be 64 * consumer_warpgroups");
+  static_assert(kConsumers == 2 || kConsumers == 3, "sm90 family: 2 or 3 consumer warpgroups");
   static_assert(kHeadDim == 64 || kHeadDim == 128, "sm90 family: head_dim 64 or 128");
   static_assert(kBlockKV == 64 || kBlockKV == 128 || kBlockKV == 160 || kBlockKV == 192,
                 "sm90 family: block_kv 64, 128, 160 or 192 (the S = Q K^T wgmma N of csrc/sm90/wgmma_ops.cuh)");
 
   // Registers per thread after setmaxnreg: the producer gives its share to the consumers. setmaxnreg.inc only draws
   // on what setmaxnreg.dec released inside this block, so the roles must fit the block's launch allocation:
-  // 128 * (kProducerRegs + kConsumers * kConsumerRegs) <= kNumThreads * kLaunchRegs, with kLaunchRegs = 168 (the
-  // 64K register file over 384 threads, rounded down to a multiple of 8). Asking for more blocks the consumers
+  // 128 * (kProducerRegs + kConsumers * kConsumerRegs) <= kNumThreads * kLaunchRegs, with kLaunchRegs the 64K
+  // register file over the block's threads rounded down to a multiple of 8 (168 for 384 threads, 128 for 512: the
+  // consumers get 232 with two consumers, 152 with three). Asking for more blocks the consumers
   // forever (seen on the H200 with 32 / 240: every launch hung).
   static constexpr int kLaunchRegs = (65536 / kNumThreads) / 8 * 8;
-  static constexpr int kProducerRegs = 40;
+  static constexpr int kProducerRegs = 40;  // 32 spilled the tile scheduler's bookkeeping (and, with three consumers, theirs)
   static constexpr int kConsumerRegs = (kNumThreads * kLaunchRegs / 128 - kProducerRegs) / kConsumers / 8 * 8;
   static_assert(128 * (kProducerRegs + kConsumers * kConsumerRegs) <= kNumThreads * kLaunchRegs,
                 "setmaxnreg split exceeds the block's register allocation");
@@ -49,7 +55,11 @@ struct Traits {
   static constexpr int kOOffset = kQBytes;  // the epilogue's staging buffer for O, (kBlockQ, D) like Q
   static constexpr int kKOffset = kOOffset + kQBytes;
   static constexpr int kVOffset = kKOffset + kStages * kKVBytes;
-  static constexpr int kBarrierOffset = kVOffset + kStages * kKVBytes;
+  // P of each consumer (kPInSmem): (64, kBlockKV) as kBlockKV/64 panels of [64][64], swizzled like Q (wgmma's A).
+  static constexpr int kPBytes = kPInSmem ? 64 * kBlockKV * 2 : 0;  // per consumer
+  static constexpr int kPPanelBytes = 64 * kRowBytes;
+  static constexpr int kPOffset = kVOffset + kStages * kKVBytes;
+  static constexpr int kBarrierOffset = kPOffset + kConsumers * kPBytes;
   // Q full, Q empty; K full, V full, K empty, V empty per stage; tile-slot full and empty, 2 each
   static constexpr int kNumBarriers = 6 + 4 * kStages;
   static constexpr int kSchedOffset = kBarrierOffset + 8 * kNumBarriers;  // two int64 tile slots
