@@ -99,7 +99,7 @@ def run(args) -> list[dict]:
             if name == "xla" and platform == "gpu" and seq > args.xla_max_seq:
                 continue  # materialises (S, S) scores: too slow and too large at long sequences
             try:
-                ms = time_loop_ms(fn, q, k, v, iters=args.iters, reps=args.reps)
+                ms = time_loop_ms(fn, q, k, v, iters=args.iters, reps=args.reps, loop=args.loop)
                 results[name] = {"ms": ms, "tflops": flops / ms / 1e9}
             except Exception as error:
                 print(f"#   {name} failed: {type(error).__name__}: {str(error)[:200]}", file=sys.stderr)
@@ -167,6 +167,8 @@ def main(argv=None) -> int:
                         help="with --configs compiled: time only this family's configs")
     parser.add_argument("--iters", type=int, default=10 if on_gpu else 2)
     parser.add_argument("--reps", type=int, default=5 if on_gpu else 3)
+    parser.add_argument("--loop", choices=["while", "unrolled"], default="while",
+                        help="the timed calls inside XLA's while loop or unrolled back to back (jax_flash.timing)")
     parser.add_argument("--xla-max-seq", type=int, default=4096)
     parser.add_argument("--json", help="write the rows as JSON here")
     parser.add_argument("--plot", help="write a PNG of TFLOP/s against sequence length here")

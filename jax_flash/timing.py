@@ -1,7 +1,9 @@
 """Device timing of attention implementations: many calls inside one jitted loop, median over repetitions.
 
 Each iteration feeds its output back as the next q, so XLA can neither hoist nor merge the calls, and host dispatch
-is paid once per loop rather than once per call (it would otherwise dominate short sequences).
+is paid once per loop rather than once per call (it would otherwise dominate short sequences). loop="while" keeps
+XLA's while loop (its condition is evaluated and read back every iteration), loop="unrolled" issues the calls back to
+back in straight-line code.
 """
 
 from __future__ import annotations
@@ -13,9 +15,12 @@ import jax
 from jax import lax
 
 
-def time_loop_ms(fn, q, k, v, *, iters: int = 10, reps: int = 5) -> float:
+def time_loop_ms(fn, q, k, v, *, iters: int = 10, reps: int = 5, loop: str = "while") -> float:
     """Median milliseconds of one fn(q, k, v) call (fn must return q's shape and dtype); compiled and warmed first."""
-    loop = jax.jit(lambda q, k, v: lax.fori_loop(0, iters, lambda _, x: fn(x, k, v), q))
+    if loop not in ("while", "unrolled"):
+        raise ValueError(f"loop={loop!r} is not allowed; choose 'while' or 'unrolled'")
+    unroll = loop == "unrolled"
+    loop = jax.jit(lambda q, k, v: lax.fori_loop(0, iters, lambda _, x: fn(x, k, v), q, unroll=unroll))
     loop(q, k, v).block_until_ready()  # compile + warm-up
     loop(q, k, v).block_until_ready()
     samples = []
