@@ -167,7 +167,7 @@ def main(argv=None) -> int:
                         help="with --configs compiled: time only this family's configs")
     parser.add_argument("--iters", type=int, default=10 if on_gpu else 2)
     parser.add_argument("--reps", type=int, default=5 if on_gpu else 3)
-    parser.add_argument("--loop", choices=["while", "unrolled"], default="while",
+    parser.add_argument("--loop", choices=["while", "unrolled"], default="unrolled",
                         help="the timed calls inside XLA's while loop or unrolled back to back (jax_flash.timing)")
     parser.add_argument("--xla-max-seq", type=int, default=4096)
     parser.add_argument("--json", help="write the rows as JSON here")

@@ -1,0 +1,53 @@
+"""jax_flash.time_attention and the benchmark entry point, on the CPU handler (the GPU numbers come from the
+benchmark itself, not from timed tests)."""
+
+from __future__ import annotations
+
+import json
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import jax_flash
+from jax_flash import benchmark
+from jax_flash.timing import time_loop_ms, timed_loop
+from conftest import random_qkv
+
+
+@pytest.mark.parametrize("loop", ["unrolled", "while"])
+def test_time_loop_ms_runs_both_loop_forms(loop):
+    q, k, v = random_qkv(3, 1, 64, 64, 2, 2, 32, jnp.float32, jax.devices("cpu")[0])
+    ms = time_loop_ms(jax_flash.attention, q, k, v, iters=3, reps=2, loop=loop)
+    assert np.isfinite(ms) and ms > 0
+    hlo = timed_loop(jax_flash.attention, iters=3, loop=loop).lower(q, k, v).compile().as_text()
+    # unrolled: three chained custom calls and no while loop (whose condition XLA evaluates every iteration)
+    assert ("while" in hlo) == (loop == "while")
+    if loop == "unrolled":
+        assert hlo.count("custom_call_target=") == 3
+
+
+def test_time_loop_ms_rejects_unknown_loop():
+    q, k, v = random_qkv(3, 1, 8, 8, 1, 1, 32, jnp.float32, jax.devices("cpu")[0])
+    with pytest.raises(ValueError, match="loop='scan' is not allowed; choose 'while' or 'unrolled'"):
+        time_loop_ms(lambda q, k, v: q, q, k, v, loop="scan")
+
+
+def test_time_attention_returns_the_output_and_a_time():
+    q, k, v = random_qkv(5, 2, 48, 80, 4, 2, 64, jnp.float32, jax.devices("cpu")[0])
+    out, ms = jax_flash.time_attention(q, k, v, iters=2, reps=2)
+    np.testing.assert_array_equal(np.asarray(out), np.asarray(jax_flash.attention(q, k, v)))
+    assert np.isfinite(ms) and ms > 0
+
+
+def test_benchmark_writes_rows_for_every_case(tmp_path, capsys):
+    path = tmp_path / "bench.json"
+    assert benchmark.main(["--dtypes", "fp32", "--head-dims", "32", "--seqs", "64,128", "--tokens", "128",
+                           "--hidden", "64", "--causal", "both", "--iters", "1", "--reps", "1",
+                           "--json", str(path)]) == 0
+    rows = json.loads(path.read_text())["rows"]
+    assert [(r["seq"], r["causal"]) for r in rows] == [(64, False), (128, False), (64, True), (128, True)]
+    for r in rows:
+        assert {"jax_flash", "xla"} <= set(r["results"]) and r["results"]["jax_flash"]["tflops"] > 0
+    assert "TFLOP/s" in capsys.readouterr().out
