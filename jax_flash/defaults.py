@@ -13,6 +13,9 @@ from jax_flash.config import SM90_CONFIGS, TUNED_CONFIGS, KernelConfig
 CPU_DEFAULT = KernelConfig(block_q=64, block_kv=64, num_warps=4)
 
 # (arch, dtype, head_dim) -> config. Entries carry the measurement that put them there (benchmark, device, date).
+# The numbers below were timed inside XLA's while loop (`--loop while`, the benchmark's method until session 3), which
+# adds the same fixed cost per call to every config: the orderings that chose these entries stand, the absolute
+# values at short S are low (docs/NOTES.md, "Timing method").
 # H200 sweep, bf16, 2026-11-22 (docs/sweep_h200_1.json; `.ci/gpu.sh` with JAX_FLASH_CONFIG_SET=sweep and
 # `--configs compiled --seqs 2048,16384`), TFLOP/s at S=2048 / S=16384 (cuDNN 525 / 594 at D=128, 400 / 451 at D=64):
 #   D=128: q128_kv32_w4 f2-1-1 296 / 343 (best of 15); q64_kv64_w4 f0-2-1 288 / 319; q128_kv64_w8 f0-2-1 272 / 318.
