@@ -26,13 +26,13 @@ def timed_loop(fn, *, iters: int = 10, loop: str = "unrolled"):
 
 def time_loop_ms(fn, q, k, v, *, iters: int = 10, reps: int = 5, loop: str = "unrolled") -> float:
     """Median milliseconds of one fn(q, k, v) call (fn must return q's shape and dtype); compiled and warmed first."""
-    loop = timed_loop(fn, iters=iters, loop=loop)
-    loop(q, k, v).block_until_ready()  # compile + warm-up
-    loop(q, k, v).block_until_ready()
+    chained = timed_loop(fn, iters=iters, loop=loop)
+    chained(q, k, v).block_until_ready()  # compile + warm-up
+    chained(q, k, v).block_until_ready()
     samples = []
     for _ in range(reps):
         start = time.perf_counter()
-        loop(q, k, v).block_until_ready()
+        chained(q, k, v).block_until_ready()
         samples.append((time.perf_counter() - start) / iters)
     return statistics.median(samples) * 1e3
 

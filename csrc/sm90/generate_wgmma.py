@@ -22,28 +22,16 @@ def _acc_operands(n: int) -> str:
     return ", ".join(f'"+f"(d[{i}])' for i in range(n // 2))
 
 
-def _ss(ctype: str, ptype: str, n: int) -> str:
+def _ss(ctype: str, ptype: str, n: int, name: str = "wgmma_ss", trans_b: int = 0) -> str:
+    """Both operands from shared-memory descriptors; trans_b = 1 reads B MN-major (wgmma_ss_tb)."""
     k = n // 2
+    pad = " " * (46 + len(name))  # aligns the last parameter under the first
     return f'''template <>
-__device__ __forceinline__ void wgmma_ss<{ctype}, {n}>(float (&d)[{k}], uint64_t desc_a, uint64_t desc_b,
-                                                      int accumulate) {{
+__device__ __forceinline__ void {name}<{ctype}, {n}>(float (&d)[{k}], uint64_t desc_a, uint64_t desc_b,
+{pad}int accumulate) {{
   asm volatile(
       "{{\\n.reg .pred p;\\nsetp.ne.b32 p, %{k + 2}, 0;\\n"
-      "wgmma.mma_async.sync.aligned.m64n{n}k16.f32.{ptype}.{ptype} {{{_acc_list(n)}}}, %{k}, %{k + 1}, p, 1, 1, 0, 0;\\n}}\\n"
-      : {_acc_operands(n)}
-      : "l"(desc_a), "l"(desc_b), "r"(accumulate));
-}}
-'''
-
-
-def _ss_tb(ctype: str, ptype: str, n: int) -> str:
-    k = n // 2
-    return f'''template <>
-__device__ __forceinline__ void wgmma_ss_tb<{ctype}, {n}>(float (&d)[{k}], uint64_t desc_a, uint64_t desc_b,
-                                                         int accumulate) {{
-  asm volatile(
-      "{{\\n.reg .pred p;\\nsetp.ne.b32 p, %{k + 2}, 0;\\n"
-      "wgmma.mma_async.sync.aligned.m64n{n}k16.f32.{ptype}.{ptype} {{{_acc_list(n)}}}, %{k}, %{k + 1}, p, 1, 1, 0, 1;\\n}}\\n"
+      "wgmma.mma_async.sync.aligned.m64n{n}k16.f32.{ptype}.{ptype} {{{_acc_list(n)}}}, %{k}, %{k + 1}, p, 1, 1, 0, {trans_b};\\n}}\\n"
       : {_acc_operands(n)}
       : "l"(desc_a), "l"(desc_b), "r"(accumulate));
 }}
@@ -94,7 +82,7 @@ __device__ void wgmma_ss_tb(float (&d)[N / 2], uint64_t desc_a, uint64_t desc_b,
         for n in RS_N_VALUES:
             parts.append(_rs(ctype, ptype, n))
         for n in SS_TB_N_VALUES:
-            parts.append(_ss_tb(ctype, ptype, n))
+            parts.append(_ss(ctype, ptype, n, name="wgmma_ss_tb", trans_b=1))
     parts.append("}  // namespace jax_flash::sm90\n")
     return "\n".join(parts)
 
