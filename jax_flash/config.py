@@ -150,7 +150,8 @@ class KernelConfig:
 
     def smem_bytes(self, head_dim: int, elem_bytes: int = 2) -> int:
         if self.family == "sm90":  # Q + O + stages x (K + V) [+ P per consumer] + barriers + 2 tile slots + 1024 slack
-            p_bytes = self.block_q * self.block_kv * elem_bytes if self.consumer_warpgroups == 3 else 0
+            # P: per consumer 64 rows x whole 64-key panels (block_kv 160 fills 2.5 of 3)
+            p_bytes = self.block_q * -(-self.block_kv // 64) * 64 * elem_bytes if self.consumer_warpgroups == 3 else 0
             return ((2 * self.block_q + 2 * self.stages * self.block_kv) * head_dim * elem_bytes + p_bytes +
                     8 * (6 + 4 * self.stages) + 16 + 1024)  # csrc/sm90/traits.cuh derives the same number
         # sQ (block_q, D) + sK (block_kv, D) + sV (block_kv, D); csrc/sm80/traits.cuh derives the same number.

@@ -55,9 +55,10 @@ struct Traits {
   static constexpr int kOOffset = kQBytes;  // the epilogue's staging buffer for O, (kBlockQ, D) like Q
   static constexpr int kKOffset = kOOffset + kQBytes;
   static constexpr int kVOffset = kKOffset + kStages * kKVBytes;
-  // P of each consumer (kPInSmem): (64, kBlockKV) as kBlockKV/64 panels of [64][64], swizzled like Q (wgmma's A).
-  static constexpr int kPBytes = kPInSmem ? 64 * kBlockKV * 2 : 0;  // per consumer
+  // P of each consumer (kPInSmem): (64, kBlockKV) as ceil(kBlockKV/64) panels of [64][64] (the last one partly
+  // used when kBlockKV = 160), swizzled like Q (wgmma's A).
   static constexpr int kPPanelBytes = 64 * kRowBytes;
+  static constexpr int kPBytes = kPInSmem ? (kBlockKV + 63) / 64 * kPPanelBytes : 0;  // per consumer
   static constexpr int kPOffset = kVOffset + kStages * kKVBytes;
   static constexpr int kBarrierOffset = kPOffset + kConsumers * kPBytes;
   // Q full, Q empty; K full, V full, K empty, V empty per stage; tile-slot full and empty, 2 each
