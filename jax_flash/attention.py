@@ -71,6 +71,12 @@ def attention(q, k, v, cfg: KernelConfig | None = None, *, causal: bool = False,
         softmax_scale = 1.0 / math.sqrt(head_dim) if head_dim > 0 else 1.0
     elif not _is_real(softmax_scale) or not math.isfinite(softmax_scale):
         raise ValueError(f"softmax_scale must be a finite number, got {softmax_scale!r}")
+    # The kernels keep each row's running maximum of the raw scores q.k and exponentiate scale * (s - max), which
+    # is <= 0 only for scale > 0 (and 0 * -inf, a masked score, is NaN). Both rewrites below are exact:
+    if softmax_scale < 0:  # scale * (q.k) = (-scale) * (q.(-k))
+        k, softmax_scale = -k, -softmax_scale
+    elif softmax_scale == 0:  # every visible score is 0: the same as q = 0 with any scale (lse = log(#visible))
+        q, softmax_scale = jnp.zeros_like(q), 1.0
     window_left, window_right = _check_window(window)
     if softcap is not None and (not _is_real(softcap) or not math.isfinite(softcap) or softcap <= 0):
         raise ValueError(f"softcap must be a finite number > 0 (or None for no softcap), got {softcap!r}")

@@ -149,13 +149,20 @@ class KernelConfig:
         return self.block_q // self.num_warps
 
     def smem_bytes(self, head_dim: int, elem_bytes: int = 2) -> int:
-        if self.family == "sm90":  # Q + O + stages x (K + V) [+ P per consumer] + barriers + 2 tile slots + 1024 slack
-            # P: per consumer 64 rows x whole 64-key panels (block_kv 160 fills 2.5 of 3)
-            p_bytes = self.block_q * -(-self.block_kv // 64) * 64 * elem_bytes if self.consumer_warpgroups == 3 else 0
-            return ((2 * self.block_q + 2 * self.stages * self.block_kv) * head_dim * elem_bytes + p_bytes +
-                    8 * (6 + 4 * self.stages) + 16 + 1024)  # csrc/sm90/traits.cuh derives the same number
+        if self.family == "sm90":  # Q x 1-2 + O + stages x (K + V) [+ P per consumer] + barriers + 2 tile slots + 1024
+            return self._sm90_smem_bytes(head_dim, elem_bytes, self.sm90_q_buffers(head_dim, elem_bytes))
         # sQ (block_q, D) + sK (block_kv, D) + sV (block_kv, D); csrc/sm80/traits.cuh derives the same number.
         return (self.block_q + 2 * self.block_kv) * head_dim * elem_bytes
+
+    def _sm90_smem_bytes(self, head_dim: int, elem_bytes: int, q_buffers: int) -> int:
+        # P: per consumer 64 rows x whole 64-key panels (block_kv 160 fills 2.5 of 3)
+        p_bytes = self.block_q * -(-self.block_kv // 64) * 64 * elem_bytes if self.consumer_warpgroups == 3 else 0
+        return (((q_buffers + 1) * self.block_q + 2 * self.stages * self.block_kv) * head_dim * elem_bytes + p_bytes +
+                8 * (2 * q_buffers + 4 * self.stages + 4) + 16 + 1024)  # csrc/sm90/traits.cuh derives the same
+
+    def sm90_q_buffers(self, head_dim: int, elem_bytes: int = 2) -> int:
+        """Q buffers of an sm90 kernel: 2 (the next tile's Q loads during this one) where 227 KB allow, else 1."""
+        return 2 if self._sm90_smem_bytes(head_dim, elem_bytes, 2) <= _MAX_SMEM_BYTES else 1
 
     def estimated_registers(self, head_dim: int) -> int:
         """Upper estimate of live 32-bit registers per thread at the busiest point of the loop.

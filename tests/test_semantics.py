@@ -131,9 +131,19 @@ def test_matches_jax_nn_where_semantics_coincide(device):
     np.testing.assert_allclose(np.asarray(f32(got)), np.asarray(expected), atol=1e-2, rtol=0)
 
 
-def test_softmax_scale(device):
-    q, k, v = random_qkv(4, 1, 64, 64, 2, 2, 64, jnp.bfloat16, device)
-    assert_flash_close(jax_flash.attention(q, k, v, softmax_scale=0.3), q, k, v, softmax_scale=0.3)
+@pytest.mark.parametrize("dtype", [jnp.bfloat16, jnp.float16])
+@pytest.mark.parametrize("scale", [0.3, 2.0, 0.0, -2.0])
+def test_softmax_scale(device, scale, dtype):
+    # Any finite scale, as in jax.nn.dot_product_attention. A negative one turns each row's largest raw score into
+    # its smallest scaled one (exp(scale * (s - max s)) would reach 2^46 here and overflow fp16); 0 averages V.
+    # 200 keys: several key blocks, so the running maximum and the O rescale are exercised.
+    q, k, v = random_qkv(4, 1, 200, 200, 2, 2, 64, dtype, device)
+    out, lse = jax_flash.attention(q, k, v, softmax_scale=scale, return_lse=True)
+    assert_flash_close(out, q, k, v, softmax_scale=scale)
+    _, lse_ref = jax_flash.attention_reference(*(jax.device_put(x, jax.devices("cpu")[0]) for x in (q, k, v)),
+                                               softmax_scale=scale, return_lse=True)
+    np.testing.assert_allclose(np.asarray(jax.device_put(lse, jax.devices("cpu")[0])), np.asarray(lse_ref),
+                               atol=2e-2, rtol=1e-3)
 
 
 def test_lengths_are_traced_and_do_not_recompile(device):

@@ -27,7 +27,9 @@ struct AttentionParams {
   int head_dim;
   int q_heads_per_kv_head;  // heads_q / heads_k (GQA group size)
 
-  // Softmax scaling: s = scale * q.k ; scale_log2 = scale * log2(e) for the exp2 path.
+  // Softmax scaling: s = scale * q.k ; scale_log2 = scale * log2(e) for the exp2 path. scale > 0: jax_flash.attention
+  // rewrites scale < 0 (negated k) and scale = 0 (q = 0, scale 1) exactly, so the kernels' running maximum of the
+  // raw scores is also the maximum of the scaled ones.
   float scale;
   float scale_log2;
 

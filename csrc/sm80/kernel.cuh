@@ -123,6 +123,7 @@ __global__ void __launch_bounds__(T::kNumThreads) attention_kernel(const __grid_
 #pragma unroll
       for (int e = 0; e < 4; ++e) acc_o[m][n][e] = 0.0f;
   OnlineSoftmax<T> softmax;
+  const float max_growth = 8.0f / p.scale_log2;  // the lazy rescale's threshold (softmax.cuh), raw score units
 
   // Key j is visible to row i when  i + lo_off <= j <= i + hi_off  and  j < kv_len  (common/visibility.h, with the
   // unbounded sides mapped to +-kUnbounded). Two offsets per block keep the mask cheap in registers.
@@ -192,7 +193,7 @@ __global__ void __launch_bounds__(T::kNumThreads) attention_kernel(const __grid_
       mask_key_block<T::kBlockKV>(acc_s, j * T::kBlockKV, row0, q_rows_valid, warp_row0, lane, lo_off, hi_off,
                                   len.kv_len);
     }
-    softmax.update(acc_s, acc_o, p.scale, p.scale_log2);
+    softmax.update(acc_s, acc_o, p.scale, p.scale_log2, max_growth);
 
     // P (fp32 accumulators) -> A fragments: k16 step t covers S tiles 2t and 2t+1.
 #pragma unroll

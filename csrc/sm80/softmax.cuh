@@ -37,9 +37,17 @@ struct OnlineSoftmax {
     }
   }
 
-  // acc_s: S of this block (overwritten with P = exp(scale*S - m_new)); acc_o is rescaled by exp(m_old - m_new).
+  // acc_s: S of this block (overwritten with P = exp(scale*S - m)); acc_o is rescaled by exp(m_old - m_new).
+  // Optimized (exp2, the seed's last step) also rescales lazily (FlashAttention-4): m moves only when some row of
+  // the warp has grown by more than max_growth (raw units, 8 / scale_log2: a factor 2^8 after exp2); otherwise P
+  // is taken against the old m (entries <= 2^8: the same relative rounding in bf16 / fp16; sums and O stay fp32)
+  // and the O rescale, D/8 * 4 * kMTiles FMUL per thread, is skipped. The decision is one vote per warp, so the
+  // branch never diverges. Needs scale_log2 > 0 (csrc/common/params.h).
   __device__ __forceinline__ void update(float (&acc_s)[T::kMTiles][T::kSTiles][4],
-                                         float (&acc_o)[T::kMTiles][T::kOTiles][4], float scale, float scale_log2) {
+                                         float (&acc_o)[T::kMTiles][T::kOTiles][4], float scale, float scale_log2,
+                                         float max_growth) {
+    float m_new[T::kMTiles][2];
+    bool grows = false;
 #pragma unroll
     for (int m = 0; m < T::kMTiles; ++m) {
 #pragma unroll
@@ -53,40 +61,49 @@ struct OnlineSoftmax {
             block_max = fmaxf(block_max, acc_s[m][n][e]);
           }
         }
-        const float m_new = fmaxf(row_max[m][h], quad_max(block_max));
-        // A row that has seen only masked (-inf) scores keeps m = -inf: exponentiate against 0 so nothing is NaN.
-        const float m_use = m_new == -INFINITY ? 0.0f : m_new;
-        float alpha, block_sum = 0.0f;
-        if constexpr (T::kOptimizedSoftmax) {
-          // P = exp2(S * scale_log2 - m * scale_log2): one FFMA and one MUFU.EX2 per score.
-          const float m_scaled = m_use * scale_log2;
-          alpha = exp2_approx(row_max[m][h] * scale_log2 - m_scaled);
+        m_new[m][h] = fmaxf(row_max[m][h], quad_max(block_max));
+        // true for a row's first finite maximum (-inf + max_growth is -inf); false while every score is masked
+        if constexpr (T::kOptimizedSoftmax) grows |= !(m_new[m][h] <= row_max[m][h] + max_growth);
+      }
+    }
+    // The seed's plain softmax rescales every block; the optimized one when some row of the warp needs it.
+    const bool rescale = !T::kOptimizedSoftmax || __any_sync(0xffffffffu, grows);
+    if (rescale) {
 #pragma unroll
-          for (int n = 0; n < T::kSTiles; ++n) {
+      for (int m = 0; m < T::kMTiles; ++m) {
 #pragma unroll
-            for (int e = 2 * h; e < 2 * h + 2; ++e) {
-              acc_s[m][n][e] = exp2_approx(fmaf(acc_s[m][n][e], scale_log2, -m_scaled));
-              block_sum += acc_s[m][n][e];
-            }
-          }
-        } else {
-          alpha = expf(row_max[m][h] - m_use);
+        for (int h = 0; h < 2; ++h) {
+          // A row that has seen only masked (-inf) scores keeps m = -inf: exponentiate against 0 so nothing is NaN.
+          const float m_use = m_new[m][h] == -INFINITY ? 0.0f : m_new[m][h];
+          const float alpha = T::kOptimizedSoftmax ? exp2_approx(row_max[m][h] * scale_log2 - m_use * scale_log2)
+                                                   : expf(row_max[m][h] - m_use);
+          row_max[m][h] = m_new[m][h];
+          row_sum[m][h] *= alpha;
 #pragma unroll
-          for (int n = 0; n < T::kSTiles; ++n) {
-#pragma unroll
-            for (int e = 2 * h; e < 2 * h + 2; ++e) {
-              acc_s[m][n][e] = expf(acc_s[m][n][e] - m_use);
-              block_sum += acc_s[m][n][e];
-            }
+          for (int n = 0; n < T::kOTiles; ++n) {  // O = diag(alpha) O
+            acc_o[m][n][2 * h] *= alpha;
+            acc_o[m][n][2 * h + 1] *= alpha;
           }
         }
-        row_max[m][h] = m_new;
-        row_sum[m][h] = row_sum[m][h] * alpha + block_sum;
+      }
+    }
 #pragma unroll
-        for (int n = 0; n < T::kOTiles; ++n) {  // O = diag(alpha) O
-          acc_o[m][n][2 * h] *= alpha;
-          acc_o[m][n][2 * h + 1] *= alpha;
+    for (int m = 0; m < T::kMTiles; ++m) {
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const float m_use = row_max[m][h] == -INFINITY ? 0.0f : row_max[m][h];
+        float block_sum = 0.0f;
+#pragma unroll
+        for (int n = 0; n < T::kSTiles; ++n) {
+#pragma unroll
+          for (int e = 2 * h; e < 2 * h + 2; ++e) {
+            // optimized: P = exp2(S * scale_log2 - m * scale_log2), one FFMA and one MUFU.EX2 per score
+            acc_s[m][n][e] = T::kOptimizedSoftmax ? exp2_approx(fmaf(acc_s[m][n][e], scale_log2, -m_use * scale_log2))
+                                                  : expf(acc_s[m][n][e] - m_use);
+            block_sum += acc_s[m][n][e];
+          }
         }
+        row_sum[m][h] += block_sum;
       }
     }
   }

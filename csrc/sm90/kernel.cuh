@@ -1,7 +1,8 @@
 // The sm90-family attention forward kernel: warp-specialised, wgmma for both products, TMA loads.
 //
 // Persistent thread blocks of kNumThreads threads, each walking tiles of kBlockQ = 64 * kConsumers query rows:
-//   warpgroup 0, the producer: one thread issues TMA copies of Q (once) and of K and V blocks into a kStages-deep
+//   warpgroup 0, the producer: one thread issues TMA copies of Q (once per tile, into one of kQBuffers buffers) and
+//     of K and V blocks into a kStages-deep
 //     ring of shared-memory stages, each completing on its own mbarrier ("full"), and waits on the stage's "empty"
 //     barrier before refilling it. setmaxnreg hands most of its registers to the consumers.
 //   warpgroups 1..kConsumers, the consumers: each owns 64 query rows. Per key block: S = Q K^T by wgmma with both
@@ -86,7 +87,8 @@ __device__ __forceinline__ TileWork tile_work(const AttentionParams& p, int64_t 
 // and publishes each in a two-slot shared-memory ring (sched_full / sched_empty barriers) that the consumers read;
 // a tile index >= num_tiles ends the block. The producer runs ahead across tile boundaries (the next tile's Q and
 // first K/V land while the consumers finish the current tile), the K/V ring's stage and phase counters run on
-// across tiles, and O leaves through its own shared-memory buffer so the next Q can arrive meanwhile.
+// across tiles, Q is double-buffered where shared memory allows (the next tile's Q lands while this tile's is still
+// read), and O leaves through its own shared-memory buffer.
 template <class T, bool kMaskBlocks, bool kHasSoftcap>
 __global__ void __launch_bounds__(T::kNumThreads, 1)
     attention_kernel(const __grid_constant__ AttentionParams p, const __grid_constant__ CUtensorMap tma_q,
@@ -97,17 +99,18 @@ __global__ void __launch_bounds__(T::kNumThreads, 1)
   extern __shared__ char smem_raw[];
   // The 128-byte swizzle is a function of address bits 4-9: tiles must start on 1024-byte boundaries.
   char* smem = smem_raw + ((1024 - (smem_u32(smem_raw) & 1023)) & 1023);
-  char* sQ = smem + T::kQOffset;
   char* sO = smem + T::kOOffset;
+  auto sQ = [&](int buffer) { return smem + T::kQOffset + buffer * T::kQBytes; };
   uint64_t* bars = reinterpret_cast<uint64_t*>(smem + T::kBarrierOffset);
-  uint64_t* q_full = bars;                        // Q of the current tile has landed
-  uint64_t* q_empty = bars + 1;                   // the consumers no longer read Q
-  uint64_t* k_full = bars + 2;                    // [kStages]
-  uint64_t* v_full = bars + 2 + T::kStages;       // [kStages]
-  uint64_t* k_empty = bars + 2 + 2 * T::kStages;  // [kStages]
-  uint64_t* v_empty = bars + 2 + 3 * T::kStages;  // [kStages]
-  uint64_t* sched_full = bars + 2 + 4 * T::kStages;   // [2] the slot holds the block's next tile
-  uint64_t* sched_empty = bars + 4 + 4 * T::kStages;  // [2] the consumers have read it
+  constexpr int kQB = T::kQBuffers;
+  uint64_t* q_full = bars;                                // [kQBuffers] the buffer's Q has landed
+  uint64_t* q_empty = bars + kQB;                         // [kQBuffers] the consumers no longer read it
+  uint64_t* k_full = bars + 2 * kQB;                      // [kStages]
+  uint64_t* v_full = bars + 2 * kQB + T::kStages;         // [kStages]
+  uint64_t* k_empty = bars + 2 * kQB + 2 * T::kStages;    // [kStages]
+  uint64_t* v_empty = bars + 2 * kQB + 3 * T::kStages;    // [kStages]
+  uint64_t* sched_full = bars + 2 * kQB + 4 * T::kStages;       // [2] the slot holds the block's next tile
+  uint64_t* sched_empty = bars + 2 * kQB + 4 * T::kStages + 2;  // [2] the consumers have read it
   int64_t* sched_tile = reinterpret_cast<int64_t*>(smem + T::kSchedOffset);  // [2]
   auto sK = [&](int stage) { return smem + T::kKOffset + stage * T::kKVBytes; };
   auto sV = [&](int stage) { return smem + T::kVOffset + stage * T::kKVBytes; };
@@ -115,8 +118,10 @@ __global__ void __launch_bounds__(T::kNumThreads, 1)
   const int tid = threadIdx.x;
 
   if (tid == 0) {
-    mbarrier_init(q_full, 1);
-    mbarrier_init(q_empty, T::kConsumers * 128);
+    for (int b = 0; b < kQB; ++b) {
+      mbarrier_init(&q_full[b], 1);
+      mbarrier_init(&q_empty[b], T::kConsumers * 128);
+    }
     for (int s = 0; s < T::kStages; ++s) {
       mbarrier_init(&k_full[s], 1);
       mbarrier_init(&v_full[s], 1);
@@ -135,6 +140,10 @@ __global__ void __launch_bounds__(T::kNumThreads, 1)
   // it % kStages, filled for the (it / kStages)-th time: that fill completes the phase of parity (it / kStages) & 1.
   auto stage_of = [](int it) { return it % T::kStages; };
   auto parity_of = [](int it) { return static_cast<uint32_t>((it / T::kStages) & 1); };
+  // Likewise the block's loaded tile number t (tiles with nothing to load are not counted) uses Q buffer
+  // t % kQBuffers, filled for the (t / kQBuffers)-th time.
+  auto q_buffer_of = [](int t) { return t % kQB; };
+  auto q_parity_of = [](int t) { return static_cast<uint32_t>((t / kQB) & 1); };
 
   const int warpgroup = tid / 128;
   if (warpgroup == 0) {
@@ -158,11 +167,12 @@ __global__ void __launch_bounds__(T::kNumThreads, 1)
                                          : next + gridDim.x;
         const TileWork w = tile_work<T>(p, tile);
         if (w.block_begin >= w.block_end) continue;  // the consumers write zeros; nothing to load
-        mbarrier_wait(q_empty, (tiles_done & 1) ^ 1);  // the previous tile's last Q K^T is done
-        mbarrier_arrive_expect_tx(q_full, T::kQBytes);
+        const int qb = q_buffer_of(tiles_done);
+        mbarrier_wait(&q_empty[qb], q_parity_of(tiles_done) ^ 1);  // the buffer's last tile's last Q K^T is done
+        mbarrier_arrive_expect_tx(&q_full[qb], T::kQBytes);
 #pragma unroll
         for (int panel = 0; panel < T::kPanels; ++panel) {
-          tma_load_4d(sQ + panel * T::kQPanelBytes, &tma_q, q_full, panel * 64, w.row0, w.head, w.batch);
+          tma_load_4d(sQ(qb) + panel * T::kQPanelBytes, &tma_q, &q_full[qb], panel * 64, w.row0, w.head, w.batch);
         }
         ++tiles_done;
         for (int j = w.block_begin; j < w.block_end; ++j, ++it) {
@@ -262,7 +272,8 @@ __global__ void __launch_bounds__(T::kNumThreads, 1)
       // it releases each K/V stage and Q once the producer's fill of them has landed (an arrival before that would
       // count toward the barrier's previous phase) and takes its pingpong turns. (Three consumers only: with two,
       // the extra path made ptxas spill in the D = 128 kernels, and 192-row tiles are the ones that waste a third.)
-      mbarrier_wait(q_full, tiles_done & 1);
+      const int qb = q_buffer_of(tiles_done);
+      mbarrier_wait(&q_full[qb], q_parity_of(tiles_done));
       ++tiles_done;
       for (int j = block_begin; j <= block_end; ++j, ++it) {  // turn j: S_j (j < block_end) and P_{j-1} V_{j-1}
         wait_turn();
@@ -270,7 +281,7 @@ __global__ void __launch_bounds__(T::kNumThreads, 1)
         if (j < block_end) {
           mbarrier_wait(&k_full[stage_of(it)], parity_of(it));
           mbarrier_arrive(&k_empty[stage_of(it)]);
-          if (j == block_end - 1) mbarrier_arrive(q_empty);
+          if (j == block_end - 1) mbarrier_arrive(&q_empty[qb]);
         }
         if (j > block_begin) {
           mbarrier_wait(&v_full[stage_of(it - 1)], parity_of(it - 1));
@@ -295,16 +306,18 @@ __global__ void __launch_bounds__(T::kNumThreads, 1)
     // Descriptors. Q (A, K-major): this consumer's 64 rows of each panel; k16 step kk is panel kk/4, byte 32*(kk%4)
     // of the swizzled row. K (B, K-major): the same stepping over kBlockKV rows. V (B, MN-major): k16 step t is rows
     // 16t..16t+15 (2048 bytes in), the N = D columns span the panels kKVPanelBytes apart (LBO).
-    const uint32_t sQ_addr = smem_u32(sQ) + consumer * 64 * T::kRowBytes;
-    auto q_desc = [&](int kk) {
-      return smem_descriptor(sQ_addr + (kk / 4) * T::kQPanelBytes + (kk % 4) * 32, 16, 1024);
-    };
+    // Each is a base descriptor (stage 0, step 0) plus a byte offset added to its start-address field (smem_offset:
+    // the per-step masks and shifts of a full descriptor were a fifth of the key loop's instructions).
+    const int qb = q_buffer_of(tiles_done);
+    const uint32_t sQ_addr = smem_u32(sQ(qb)) + consumer * 64 * T::kRowBytes;
+    const uint64_t q_desc0 = smem_descriptor(sQ_addr, 16, 1024);
+    const uint64_t k_desc0 = smem_descriptor(smem_u32(sK(0)), 16, 1024);
+    const uint64_t v_desc0 = smem_descriptor(smem_u32(sV(0)), T::kKVPanelBytes, 1024);
+    auto q_desc = [&](int kk) { return smem_offset(q_desc0, (kk / 4) * T::kQPanelBytes + (kk % 4) * 32); };
     auto k_desc = [&](int stage, int kk) {
-      return smem_descriptor(smem_u32(sK(stage)) + (kk / 4) * T::kKVPanelBytes + (kk % 4) * 32, 16, 1024);
+      return smem_offset(k_desc0, stage * T::kKVBytes + (kk / 4) * T::kKVPanelBytes + (kk % 4) * 32);
     };
-    auto v_desc = [&](int stage, int t) {
-      return smem_descriptor(smem_u32(sV(stage)) + t * 16 * T::kRowBytes, T::kKVPanelBytes, 1024);
-    };
+    auto v_desc = [&](int stage, int t) { return smem_offset(v_desc0, stage * T::kKVBytes + t * 16 * T::kRowBytes); };
     auto issue_s = [&](int stage) {  // S = Q K^T, one commit group
       wgmma_fence();
 #pragma unroll
@@ -315,9 +328,8 @@ __global__ void __launch_bounds__(T::kNumThreads, 1)
     };
     // P (kPInSmem): this consumer's (64, kBlockKV) tile, A operand stepped like Q.
     const uint32_t sP_addr = smem_u32(smem + T::kPOffset) + consumer * T::kPBytes;
-    auto p_desc = [&](int t) {
-      return smem_descriptor(sP_addr + (t / 4) * T::kPPanelBytes + (t % 4) * 32, 16, 1024);
-    };
+    const uint64_t p_desc0 = smem_descriptor(sP_addr, 16, 1024);
+    auto p_desc = [&](int t) { return smem_offset(p_desc0, (t / 4) * T::kPPanelBytes + (t % 4) * 32); };
     auto issue_pv = [&](int stage) {  // O += P V, one commit group
       wgmma_fence();
 #pragma unroll
@@ -331,7 +343,9 @@ __global__ void __launch_bounds__(T::kNumThreads, 1)
       wgmma_commit();
     };
     const float softcap_exp2_scale = p.softcap_scale * 2.0f * 1.4426950408889634f;  // 2 log2(e) * scale / softcap
-    auto scores_to_probabilities = [&](int j) {  // softcap, mask, online softmax of S_j; alpha for the O rescale
+    const float max_growth = 8.0f / p.scale_log2;  // the lazy rescale's threshold (softmax.cuh), raw score units
+    // softcap, mask, online softmax of S_j; alpha for the O rescale and whether it is needed
+    auto scores_to_probabilities = [&](int j) {
       if constexpr (kHasSoftcap) {  // S = softcap * tanh(S * scale / softcap); the softmax then runs with scale 1
 #pragma unroll
         for (int n = 0; n < T::kSTiles; ++n)
@@ -342,7 +356,7 @@ __global__ void __launch_bounds__(T::kNumThreads, 1)
         mask_key_block<T::kBlockKV>(acc_s, j * T::kBlockKV, row0, q_rows_valid, warp_row0, lane, lo_off, hi_off,
                                     len.kv_len);
       }
-      softmax.update(acc_s, p.scale_log2, alpha);
+      return softmax.update(acc_s, p.scale_log2, max_growth, alpha);
     };
     // stmatrix addresses (kPInSmem): lane l gives row l%8 of 8x8 matrix l/8 of each k16 step t, i.e. row
     // 16 * warp + l%8 + 8 * ((l/8) % 2), 16-byte chunk 2t + (l/8)/2 of the keys (panel t/4, chunk 2(t%4) + (l/8)/2
@@ -373,7 +387,7 @@ __global__ void __launch_bounds__(T::kNumThreads, 1)
     auto fence_p = [&] {  // P V has completed: the compiler may now reuse P's registers
       if constexpr (!T::kPInSmem) fence_registers(rP_flat);
     };
-    mbarrier_wait(q_full, tiles_done & 1);
+    mbarrier_wait(&q_full[qb], q_parity_of(tiles_done));
     ++tiles_done;
     // Prologue: S_0 and its softmax (O is still zero: no rescale).
     mbarrier_wait(&k_full[stage_of(it)], parity_of(it));
@@ -383,7 +397,7 @@ __global__ void __launch_bounds__(T::kNumThreads, 1)
     wgmma_wait<0>();
     fence_registers(acc_s_flat);
     mbarrier_arrive(&k_empty[stage_of(it)]);
-    if (block_end - block_begin == 1) mbarrier_arrive(q_empty);  // the tile's last read of Q
+    if (block_end - block_begin == 1) mbarrier_arrive(&q_empty[qb]);  // the tile's last read of Q
     scores_to_probabilities(block_begin);
     pack_probabilities();
     ++it;
@@ -400,13 +414,13 @@ __global__ void __launch_bounds__(T::kNumThreads, 1)
       wgmma_wait<1>();  // the older group, S_j, is done
       fence_registers(acc_s_flat);
       mbarrier_arrive(&k_empty[stage_of(it)]);
-      if (j == block_end - 1) mbarrier_arrive(q_empty);  // the tile's last read of Q: the next Q may land
-      scores_to_probabilities(j);
+      if (j == block_end - 1) mbarrier_arrive(&q_empty[qb]);  // the tile's last read of Q: its buffer may refill
+      const bool rescale_o = scores_to_probabilities(j);
       wgmma_wait<0>();  // P_{j-1} V_{j-1} is done: O and the P fragments may change
       fence_registers(acc_o_flat);
       fence_p();
       mbarrier_arrive(&v_empty[stage_of(it - 1)]);
-      decltype(softmax)::rescale(acc_o, alpha);
+      if (rescale_o) decltype(softmax)::rescale(acc_o, alpha);
       pack_probabilities();
     }
     // Drain: O += P_last V_last.

@@ -93,6 +93,17 @@ __device__ __forceinline__ uint64_t smem_descriptor(uint32_t smem_addr, uint32_t
          (static_cast<uint64_t>((stride_bytes & 0x3FFFF) >> 4) << 32) | (uint64_t{1} << 62);
 }
 
+// The descriptor of the shared-memory address `bytes` further on: the start address (bits 0-13, in 16-byte units)
+// plus bytes / 16, added to the low word alone. Shared-memory addresses stay below 2^18 (228 KB), so the field never
+// carries into the leading-byte offset; the halves are re-paired with mov.b64 (no 64-bit add, no masks).
+__device__ __forceinline__ uint64_t smem_offset(uint64_t desc, uint32_t bytes) {
+  uint64_t r;
+  asm("mov.b64 %0, {%1, %2};"
+      : "=l"(r)
+      : "r"(static_cast<uint32_t>(desc) + (bytes >> 4)), "r"(static_cast<uint32_t>(desc >> 32)));
+  return r;
+}
+
 // ---- register reallocation between warpgroup roles ---------------------------------------------------------------
 template <int kRegs>
 __device__ __forceinline__ void setmaxnreg_inc() {

@@ -1,7 +1,7 @@
 // Online softmax for one consumer warp's 16 rows of the wgmma accumulators, split so the O rescale can wait:
 // with the intra-warpgroup overlap, O += P_{j-1} V_{j-1} is still running on the tensor cores while the softmax of
-// S_j runs, so update() only returns each row's factor alpha = exp(m_old - m_new) and rescale() applies it to O
-// once that product has completed.
+// S_j runs, so update() only returns each row's factor alpha = exp(m_old - m_new) (and whether it is needed) and
+// rescale() applies it to O once that product has completed.
 // Fragment layout (per warp, the mma.sync m16n8 layout repeated): element e of n-tile n is row lane/4 + 8*(e/2),
 // column 8n + 2*(lane%4) + e%2; the four lanes of a quad share a row (reductions by shfl_xor 1 and 2).
 #pragma once
@@ -18,17 +18,39 @@ struct SplitSoftmax {
   float row_max[2] = {-INFINITY, -INFINITY};  // raw score units (the scale is applied inside exp2)
   float row_sum[2] = {0.0f, 0.0f};            // this thread's partial sums until finalize()
 
-  // S -> P = exp2(S * scale_log2 - m * scale_log2) in place; returns alpha per row half in `alpha`.
-  __device__ __forceinline__ void update(float (&acc_s)[1][kSTiles][4], float scale_log2, float (&alpha)[2]) {
+  // S -> P = exp2(S * scale_log2 - m * scale_log2) in place. Returns whether O must be rescaled by `alpha`
+  // (= exp2((m_old - m_new) * scale_log2) per row half), the same answer on every lane of the warp.
+  // Lazy rescale (FlashAttention-4): the running maximum m moves only when some row of the warp has grown by more
+  // than max_growth (raw units; 8 / scale_log2, i.e. a factor 2^8 after exp2). Otherwise P is taken against the old
+  // m, so its entries are <= 2^8 (exact enough in bf16 / fp16: the relative rounding is the same), the row sums and
+  // O stay in fp32, and the O rescale (D / 2 FMUL per thread) and the alpha exponentials are skipped: after the
+  // first key blocks the maximum of a row rarely grows that much. Needs scale_log2 > 0 (csrc/common/params.h).
+  __device__ __forceinline__ bool update(float (&acc_s)[1][kSTiles][4], float scale_log2, float max_growth,
+                                         float (&alpha)[2]) {
+    float m_new[2];
+    bool grows = false;
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
       float block_max = -INFINITY;
 #pragma unroll
       for (int n = 0; n < kSTiles; ++n) block_max = fmaxf(block_max, fmaxf(acc_s[0][n][2 * h], acc_s[0][n][2 * h + 1]));
-      const float m_new = fmaxf(row_max[h], sm80::quad_max(block_max));
-      // A row that has seen only masked (-inf) scores keeps m = -inf: exponentiate against 0 so nothing is NaN.
-      const float m_scaled = (m_new == -INFINITY ? 0.0f : m_new) * scale_log2;
-      alpha[h] = sm80::exp2_approx(row_max[h] * scale_log2 - m_scaled);
+      m_new[h] = fmaxf(row_max[h], sm80::quad_max(block_max));
+      // true for a row's first finite maximum (-inf + max_growth is -inf); false while every score is masked
+      grows |= !(m_new[h] <= row_max[h] + max_growth);
+    }
+    const bool rescale = __any_sync(0xffffffffu, grows);
+    if (rescale) {
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        // A row that has seen only masked (-inf) scores keeps m = -inf: exponentiate against 0 so nothing is NaN.
+        alpha[h] = sm80::exp2_approx(row_max[h] * scale_log2 - (m_new[h] == -INFINITY ? 0.0f : m_new[h]) * scale_log2);
+        row_max[h] = m_new[h];
+        row_sum[h] *= alpha[h];
+      }
+    }
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const float m_scaled = (row_max[h] == -INFINITY ? 0.0f : row_max[h]) * scale_log2;
       float block_sum = 0.0f;
 #pragma unroll
       for (int n = 0; n < kSTiles; ++n) {
@@ -38,9 +60,9 @@ struct SplitSoftmax {
           block_sum += acc_s[0][n][e];
         }
       }
-      row_max[h] = m_new;
-      row_sum[h] = row_sum[h] * alpha[h] + block_sum;
+      row_sum[h] += block_sum;
     }
+    return rescale;
   }
 
   __device__ __forceinline__ static void rescale(float (&acc_o)[1][kOTiles][4], const float (&alpha)[2]) {

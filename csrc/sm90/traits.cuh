@@ -51,20 +51,29 @@ struct Traits {
   static constexpr int kKVPanelBytes = kBlockKV * kRowBytes;
   static constexpr int kQBytes = kQPanelBytes * kPanels;    // (kBlockQ, D)
   static constexpr int kKVBytes = kKVPanelBytes * kPanels;  // (kBlockKV, D), one K or V stage
-  static constexpr int kQOffset = 0;
-  static constexpr int kOOffset = kQBytes;  // the epilogue's staging buffer for O, (kBlockQ, D) like Q
-  static constexpr int kKOffset = kOOffset + kQBytes;
-  static constexpr int kVOffset = kKOffset + kStages * kKVBytes;
   // P of each consumer (kPInSmem): (64, kBlockKV) as ceil(kBlockKV/64) panels of [64][64] (the last one partly
   // used when kBlockKV = 160), swizzled like Q (wgmma's A).
   static constexpr int kPPanelBytes = 64 * kRowBytes;
   static constexpr int kPBytes = kPInSmem ? (kBlockKV + 63) / 64 * kPPanelBytes : 0;  // per consumer
+  // Everything but Q: O staging (like Q), the K/V ring, P, barriers (at most 2 x 2 for Q, 4 per stage, 4 for the
+  // tile slots), two int64 tile slots, and 1024 bytes so the kernel can round the dynamic shared-memory base up to
+  // the 1024-byte swizzle atom.
+  static constexpr int kMaxSmemBytes = 227 * 1024;  // opt-in dynamic shared memory per block on sm_90
+  static constexpr int kFixedBytes = kQBytes + 2 * kStages * kKVBytes + kConsumers * kPBytes +
+                                     8 * (4 + 4 * kStages + 4) + 16 + 1024;
+  // Q is double-buffered where it fits (227 KB): the producer then loads the next tile's Q while the consumers
+  // still read this tile's, instead of after their last Q K^T (at 4-8 key blocks per tile that wait was a
+  // visible part of each tile). D = 128 with 128-key blocks fits with 1.9 KB to spare; 160-key blocks do not.
+  static constexpr int kQBuffers = kFixedBytes + 2 * kQBytes <= kMaxSmemBytes ? 2 : 1;
+  static constexpr int kQOffset = 0;                        // [kQBuffers] (kBlockQ, D)
+  static constexpr int kOOffset = kQBuffers * kQBytes;      // the epilogue's staging buffer for O, (kBlockQ, D) like Q
+  static constexpr int kKOffset = kOOffset + kQBytes;
+  static constexpr int kVOffset = kKOffset + kStages * kKVBytes;
   static constexpr int kPOffset = kVOffset + kStages * kKVBytes;
   static constexpr int kBarrierOffset = kPOffset + kConsumers * kPBytes;
-  // Q full, Q empty; K full, V full, K empty, V empty per stage; tile-slot full and empty, 2 each
-  static constexpr int kNumBarriers = 6 + 4 * kStages;
+  // Q full and Q empty per Q buffer; K full, V full, K empty, V empty per stage; tile-slot full and empty, 2 each
+  static constexpr int kNumBarriers = 2 * kQBuffers + 4 * kStages + 4;
   static constexpr int kSchedOffset = kBarrierOffset + 8 * kNumBarriers;  // two int64 tile slots
-  // + 1024 so the kernel can round the dynamic shared-memory base up to the 1024-byte swizzle atom.
   static constexpr int kSmemBytes = kSchedOffset + 16 + 1024;
 
   // The online softmax of the sm80 family, on one warp's 16 rows of the wgmma accumulator: the m64nN fp32
