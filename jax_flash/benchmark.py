@@ -25,6 +25,18 @@ from jax_flash import config as config_module
 from jax_flash.timing import time_loop_ms
 
 DTYPES = {"bf16": jnp.bfloat16, "fp16": jnp.float16, "fp32": jnp.float32}
+# the numpy / jax names name the same dtypes
+_DTYPE_ALIASES = {"bfloat16": "bf16", "float16": "fp16", "half": "fp16", "float32": "fp32"}
+
+
+def _dtype_list(text: str) -> list[str]:
+    """--dtypes: a comma list of bf16, fp16, fp32 (or bfloat16, float16, float32), as the short names."""
+    names = [_DTYPE_ALIASES.get(x.strip(), x.strip()) for x in text.split(",")]
+    for name in names:
+        if name not in DTYPES:
+            raise argparse.ArgumentTypeError(
+                f"dtype {name!r} is not supported; choose from {', '.join(DTYPES)} (or {', '.join(_DTYPE_ALIASES)})")
+    return names
 
 
 def _other_families(dtype, head_dim: int) -> dict:
@@ -155,7 +167,7 @@ def plot(rows: list[dict], path: str) -> None:
 def main(argv=None) -> int:
     on_gpu = jax.default_backend() == "gpu"
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--dtypes", type=lambda s: s.split(","), default=["bf16", "fp16"] if on_gpu else ["fp32"])
+    parser.add_argument("--dtypes", type=_dtype_list, default=["bf16", "fp16"] if on_gpu else ["fp32"])
     parser.add_argument("--head-dims", type=lambda s: [int(x) for x in s.split(",")], default=[64, 128])
     parser.add_argument("--seqs", type=lambda s: [int(x) for x in s.split(",")],
                         default=[512, 1024, 2048, 4096, 8192, 16384] if on_gpu else [256, 512, 1024])

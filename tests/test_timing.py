@@ -52,3 +52,12 @@ def test_benchmark_writes_rows_for_every_case(tmp_path, capsys):
     for r in rows:
         assert {"jax_flash", "xla"} <= set(r["results"]) and r["results"]["jax_flash"]["tflops"] > 0
     assert "TFLOP/s" in capsys.readouterr().out
+
+
+def test_benchmark_dtype_names(capsys):
+    # jnp names are accepted as the short ones; anything else is refused by argparse with the allowed names
+    assert benchmark._dtype_list("bfloat16,float16, fp32") == ["bf16", "fp16", "fp32"]
+    with pytest.raises(SystemExit):
+        benchmark.main(["--dtypes", "int8"])
+    err = capsys.readouterr().err
+    assert "dtype 'int8' is not supported; choose from bf16, fp16, fp32" in err

@@ -19,6 +19,38 @@ __device__ __forceinline__ float quad_sum(float x) {
   return x + __shfl_xor_sync(0xffffffffu, x, 2);
 }
 
+// The maximum / sum of one thread's part of row half h (elements 2h, 2h + 1 of every n-tile) of an accumulator
+// m-tile, in kChains independent partial results combined at the end: one long chain of dependent FMNMX / FADD was
+// the kernels' most common stall (a fixed-latency dependency) at 2 warps per scheduler. Max is exact in any order;
+// the sum's rounding changes within fp32.
+template <int kNTiles, int kChains = (kNTiles >= 8 ? 4 : kNTiles >= 2 ? 2 : 1)>
+__device__ __forceinline__ float row_half_max(const float (&acc)[kNTiles][4], int h) {
+  float part[kChains];
+#pragma unroll
+  for (int c = 0; c < kChains; ++c) part[c] = -INFINITY;
+#pragma unroll
+  for (int n = 0; n < kNTiles; ++n) part[n % kChains] = fmaxf(part[n % kChains], fmaxf(acc[n][2 * h], acc[n][2 * h + 1]));
+#pragma unroll
+  for (int width = kChains / 2; width > 0; width /= 2)
+#pragma unroll
+    for (int c = 0; c < width; ++c) part[c] = fmaxf(part[c], part[c + width]);
+  return part[0];
+}
+
+template <int kNTiles, int kChains = (kNTiles >= 8 ? 4 : kNTiles >= 2 ? 2 : 1)>
+__device__ __forceinline__ float row_half_sum(const float (&acc)[kNTiles][4], int h) {
+  float part[kChains];
+#pragma unroll
+  for (int c = 0; c < kChains; ++c) part[c] = 0.0f;
+#pragma unroll
+  for (int n = 0; n < kNTiles; ++n) part[n % kChains] += acc[n][2 * h] + acc[n][2 * h + 1];
+#pragma unroll
+  for (int width = kChains / 2; width > 0; width /= 2)
+#pragma unroll
+    for (int c = 0; c < width; ++c) part[c] += part[c + width];
+  return part[0];
+}
+
 template <class T>
 struct OnlineSoftmax {
   // Two rows per m-tile per thread. Optimized: row_max in raw score units (scale applied inside exp2);
@@ -52,16 +84,14 @@ struct OnlineSoftmax {
     for (int m = 0; m < T::kMTiles; ++m) {
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
-        float block_max = -INFINITY;
+        if constexpr (!T::kOptimizedSoftmax) {
 #pragma unroll
-        for (int n = 0; n < T::kSTiles; ++n) {
-#pragma unroll
-          for (int e = 2 * h; e < 2 * h + 2; ++e) {
-            if constexpr (!T::kOptimizedSoftmax) acc_s[m][n][e] *= scale;
-            block_max = fmaxf(block_max, acc_s[m][n][e]);
+          for (int n = 0; n < T::kSTiles; ++n) {
+            acc_s[m][n][2 * h] *= scale;
+            acc_s[m][n][2 * h + 1] *= scale;
           }
         }
-        m_new[m][h] = fmaxf(row_max[m][h], quad_max(block_max));
+        m_new[m][h] = fmaxf(row_max[m][h], quad_max(row_half_max<T::kSTiles>(acc_s[m], h)));
         // true for a row's first finite maximum (-inf + max_growth is -inf); false while every score is masked
         if constexpr (T::kOptimizedSoftmax) grows |= !(m_new[m][h] <= row_max[m][h] + max_growth);
       }
@@ -92,7 +122,6 @@ struct OnlineSoftmax {
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
         const float m_use = row_max[m][h] == -INFINITY ? 0.0f : row_max[m][h];
-        float block_sum = 0.0f;
 #pragma unroll
         for (int n = 0; n < T::kSTiles; ++n) {
 #pragma unroll
@@ -100,10 +129,9 @@ struct OnlineSoftmax {
             // optimized: P = exp2(S * scale_log2 - m * scale_log2), one FFMA and one MUFU.EX2 per score
             acc_s[m][n][e] = T::kOptimizedSoftmax ? exp2_approx(fmaf(acc_s[m][n][e], scale_log2, -m_use * scale_log2))
                                                   : expf(acc_s[m][n][e] - m_use);
-            block_sum += acc_s[m][n][e];
           }
         }
-        row_sum[m][h] += block_sum;
+        row_sum[m][h] += row_half_sum<T::kSTiles>(acc_s[m], h);
       }
     }
   }

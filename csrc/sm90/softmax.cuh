@@ -9,7 +9,7 @@
 #include <cmath>
 
 #include "sm80/ptx.cuh"      // exp2_approx
-#include "sm80/softmax.cuh"  // quad_max, quad_sum
+#include "sm80/softmax.cuh"  // quad_max, quad_sum, row_half_max, row_half_sum
 
 namespace jax_flash::sm90 {
 
@@ -17,6 +17,9 @@ template <int kSTiles, int kOTiles>
 struct SplitSoftmax {
   float row_max[2] = {-INFINITY, -INFINITY};  // raw score units (the scale is applied inside exp2)
   float row_sum[2] = {0.0f, 0.0f};            // this thread's partial sums until finalize()
+  // Independent partial max / sum chains per row half (sm80/softmax.cuh): 4, but 2 for 192-key blocks, where the
+  // extra partials made the soft-capped variant spill.
+  static constexpr int kChains = kSTiles > 16 ? 2 : 4;
 
   // S -> P = exp2(S * scale_log2 - m * scale_log2) in place. Returns whether O must be rescaled by `alpha`
   // (= exp2((m_old - m_new) * scale_log2) per row half), the same answer on every lane of the warp.
@@ -31,10 +34,7 @@ struct SplitSoftmax {
     bool grows = false;
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
-      float block_max = -INFINITY;
-#pragma unroll
-      for (int n = 0; n < kSTiles; ++n) block_max = fmaxf(block_max, fmaxf(acc_s[0][n][2 * h], acc_s[0][n][2 * h + 1]));
-      m_new[h] = fmaxf(row_max[h], sm80::quad_max(block_max));
+      m_new[h] = fmaxf(row_max[h], sm80::quad_max(sm80::row_half_max<kSTiles, kChains>(acc_s[0], h)));
       // true for a row's first finite maximum (-inf + max_growth is -inf); false while every score is masked
       grows |= !(m_new[h] <= row_max[h] + max_growth);
     }
@@ -51,16 +51,14 @@ struct SplitSoftmax {
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
       const float m_scaled = (row_max[h] == -INFINITY ? 0.0f : row_max[h]) * scale_log2;
-      float block_sum = 0.0f;
 #pragma unroll
       for (int n = 0; n < kSTiles; ++n) {
 #pragma unroll
         for (int e = 2 * h; e < 2 * h + 2; ++e) {
           acc_s[0][n][e] = sm80::exp2_approx(fmaf(acc_s[0][n][e], scale_log2, -m_scaled));
-          block_sum += acc_s[0][n][e];
         }
       }
-      row_sum[h] += block_sum;
+      row_sum[h] += sm80::row_half_sum<kSTiles, kChains>(acc_s[0], h);
     }
     return rescale;
   }
