@@ -123,7 +123,7 @@ __global__ void __launch_bounds__(T::kNumThreads) attention_kernel(const __grid_
 #pragma unroll
       for (int e = 0; e < 4; ++e) acc_o[m][n][e] = 0.0f;
   OnlineSoftmax<T> softmax;
-  const float max_growth = 8.0f / p.scale_log2;  // the lazy rescale's threshold (softmax.cuh), raw score units
+  const float max_growth = lazy_rescale_threshold(p.scale_log2);
 
   // Key j is visible to row i when  i + lo_off <= j <= i + hi_off  and  j < kv_len  (common/visibility.h, with the
   // unbounded sides mapped to +-kUnbounded). Two offsets per block keep the mask cheap in registers.

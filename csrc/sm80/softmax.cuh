@@ -19,6 +19,10 @@ __device__ __forceinline__ float quad_sum(float x) {
   return x + __shfl_xor_sync(0xffffffffu, x, 2);
 }
 
+// The lazy rescale's threshold (OnlineSoftmax::update here, SplitSoftmax::update in sm90/softmax.cuh) in raw score
+// units: a row's running max moves once it has grown by a factor 2^8 after exp2, so P stays <= 2^8.
+__device__ __forceinline__ float lazy_rescale_threshold(float scale_log2) { return 8.0f / scale_log2; }
+
 // The maximum / sum of one thread's part of row half h (elements 2h, 2h + 1 of every n-tile) of an accumulator
 // m-tile, in kChains independent partial results combined at the end: one long chain of dependent FMNMX / FADD was
 // the kernels' most common stall (a fixed-latency dependency) at 2 warps per scheduler. Max is exact in any order;
@@ -71,7 +75,7 @@ struct OnlineSoftmax {
 
   // acc_s: S of this block (overwritten with P = exp(scale*S - m)); acc_o is rescaled by exp(m_old - m_new).
   // Optimized (exp2, the seed's last step) also rescales lazily (FlashAttention-4): m moves only when some row of
-  // the warp has grown by more than max_growth (raw units, 8 / scale_log2: a factor 2^8 after exp2); otherwise P
+  // the warp has grown by more than max_growth (raw units, lazy_rescale_threshold: a factor 2^8 after exp2); otherwise P
   // is taken against the old m (entries <= 2^8: the same relative rounding in bf16 / fp16; sums and O stay fp32)
   // and the O rescale, D/8 * 4 * kMTiles FMUL per thread, is skipped. The decision is one vote per warp, so the
   // branch never diverges. Needs scale_log2 > 0 (csrc/common/params.h).

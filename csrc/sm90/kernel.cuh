@@ -213,6 +213,7 @@ __global__ void __launch_bounds__(T::kNumThreads, 1)
   uint32_t rP[T::kKVSteps][4];    // P of the previous key block as wgmma A fragments
   auto& rP_flat = *reinterpret_cast<uint32_t(*)[T::kKVSteps * 4]>(&rP[0][0]);
   float alpha[2];
+  const float max_growth = sm80::lazy_rescale_threshold(p.scale_log2);
 
   // Pingpong: the consumers take turns issuing their GEMMs in a ring (consumer c waits on named barrier
   // kTurnBarrier + c, then hands the turn to consumer (c + 1) % kConsumers), so one warpgroup's softmax runs while
@@ -343,7 +344,6 @@ __global__ void __launch_bounds__(T::kNumThreads, 1)
       wgmma_commit();
     };
     const float softcap_exp2_scale = p.softcap_scale * 2.0f * 1.4426950408889634f;  // 2 log2(e) * scale / softcap
-    const float max_growth = 8.0f / p.scale_log2;  // the lazy rescale's threshold (softmax.cuh), raw score units
     // softcap, mask, online softmax of S_j; alpha for the O rescale and whether it is needed
     auto scores_to_probabilities = [&](int j) {
       if constexpr (kHasSoftcap) {  // S = softcap * tanh(S * scale / softcap); the softmax then runs with scale 1

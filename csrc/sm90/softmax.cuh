@@ -24,7 +24,7 @@ struct SplitSoftmax {
   // S -> P = exp2(S * scale_log2 - m * scale_log2) in place. Returns whether O must be rescaled by `alpha`
   // (= exp2((m_old - m_new) * scale_log2) per row half), the same answer on every lane of the warp.
   // Lazy rescale (FlashAttention-4): the running maximum m moves only when some row of the warp has grown by more
-  // than max_growth (raw units; 8 / scale_log2, i.e. a factor 2^8 after exp2). Otherwise P is taken against the old
+  // than max_growth (raw units, sm80::lazy_rescale_threshold: a factor 2^8 after exp2). Otherwise P is taken against the old
   // m, so its entries are <= 2^8 (exact enough in bf16 / fp16: the relative rounding is the same), the row sums and
   // O stay in fp32, and the O rescale (D / 2 FMUL per thread) and the alpha exponentials are skipped: after the
   // first key blocks the maximum of a row rarely grows that much. Needs scale_log2 > 0 (csrc/common/params.h).
