@@ -93,7 +93,6 @@ template <class T, bool kMaskBlocks, bool kHasSoftcap>
 __global__ void __launch_bounds__(T::kNumThreads, 1)
     attention_kernel(const __grid_constant__ AttentionParams p, const __grid_constant__ CUtensorMap tma_q,
                      const __grid_constant__ CUtensorMap tma_k, const __grid_constant__ CUtensorMap tma_v,
-                     const __grid_constant__ CUtensorMap tma_o,
                      int64_t num_tiles) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   using Element = typename T::Element;
@@ -154,7 +153,6 @@ __global__ void __launch_bounds__(T::kNumThreads, 1)
       prefetch_tensor_map(&tma_q);
       prefetch_tensor_map(&tma_k);
       prefetch_tensor_map(&tma_v);
-      prefetch_tensor_map(&tma_o);
       int it = 0, tiles_done = 0;
       int64_t next = blockIdx.x;
       for (int n = 0;; ++n) {
@@ -221,8 +219,8 @@ __global__ void __launch_bounds__(T::kNumThreads, 1)
   // kTurnBarrier + c, then hands the turn to consumer (c + 1) % kConsumers), so one warpgroup's softmax runs while
   // another's products occupy the tensor cores. The last consumer hands on once before anyone issues, so it hands on
   // once more than consumer 0 waits inside the loop: consumer 0 takes that last turn after the loop, and no arrival
-  // is left pending when the block exits. Every consumer takes the same turns (one per key block of each tile plus
-  // one per flush of a pending tile, below; idle consumers included), so the ring never waits on one that has left.
+  // is left pending when the block exits. Every consumer takes the same turns (one per product group of each tile,
+  // idle ones included), so the ring never waits on a consumer that has left.
   constexpr int kTurnBarrier = 1 + T::kConsumers;  // ids 1 .. kConsumers are the consumers' epilogue barriers
   auto wait_turn = [&] {
     if constexpr (T::kPingpong) named_barrier_sync(kTurnBarrier + consumer, 256);
@@ -234,194 +232,7 @@ __global__ void __launch_bounds__(T::kNumThreads, 1)
     if (consumer == T::kConsumers - 1) named_barrier_arrive(kTurnBarrier, 256);  // consumer 0 goes first
   }
 
-  // Descriptors. Q (A, K-major): this consumer's 64 rows of each panel; k16 step kk is panel kk/4, byte 32*(kk%4)
-  // of the swizzled row. K (B, K-major): the same stepping over kBlockKV rows. V (B, MN-major): k16 step t is rows
-  // 16t..16t+15 (2048 bytes in), the N = D columns span the panels kKVPanelBytes apart (LBO).
-  // Each is a base descriptor (buffer or stage 0, step 0) plus a byte offset added to its start-address field
-  // (smem_offset: the per-step masks and shifts of a full descriptor were a fifth of the key loop's instructions).
-  const uint64_t q_desc0 = smem_descriptor(smem_u32(sQ(0)) + consumer * 64 * T::kRowBytes, 16, 1024);
-  const uint64_t k_desc0 = smem_descriptor(smem_u32(sK(0)), 16, 1024);
-  const uint64_t v_desc0 = smem_descriptor(smem_u32(sV(0)), T::kKVPanelBytes, 1024);
-  auto q_desc = [&](int buffer, int kk) {
-    return smem_offset(q_desc0, buffer * T::kQBytes + (kk / 4) * T::kQPanelBytes + (kk % 4) * 32);
-  };
-  auto k_desc = [&](int stage, int kk) {
-    return smem_offset(k_desc0, stage * T::kKVBytes + (kk / 4) * T::kKVPanelBytes + (kk % 4) * 32);
-  };
-  auto v_desc = [&](int stage, int t) { return smem_offset(v_desc0, stage * T::kKVBytes + t * 16 * T::kRowBytes); };
-  auto issue_s = [&](int q_buffer, int stage) {  // S = Q K^T, one commit group
-    wgmma_fence();
-#pragma unroll
-    for (int kk = 0; kk < T::kDSteps; ++kk) {
-      wgmma_ss<Element, T::kBlockKV>(acc_s_flat, q_desc(q_buffer, kk), k_desc(stage, kk), kk > 0);
-    }
-    wgmma_commit();
-  };
-  // P (kPInSmem): this consumer's (64, kBlockKV) tile, A operand stepped like Q.
-  const uint32_t sP_addr = smem_u32(smem + T::kPOffset) + consumer * T::kPBytes;
-  const uint64_t p_desc0 = smem_descriptor(sP_addr, 16, 1024);
-  auto p_desc = [&](int t) { return smem_offset(p_desc0, (t / 4) * T::kPPanelBytes + (t % 4) * 32); };
-  auto issue_pv = [&](int stage) {  // O += P V, one commit group
-    wgmma_fence();
-#pragma unroll
-    for (int t = 0; t < T::kKVSteps; ++t) {
-      if constexpr (T::kPInSmem) {
-        wgmma_ss_tb<Element, T::kHeadDim>(acc_o_flat, p_desc(t), v_desc(stage, t), 1);
-      } else {
-        wgmma_rs<Element, T::kHeadDim>(acc_o_flat, rP[t], v_desc(stage, t), 1);
-      }
-    }
-    wgmma_commit();
-  };
-  // stmatrix addresses (kPInSmem): lane l gives row l%8 of 8x8 matrix l/8 of each k16 step t, i.e. row
-  // 16 * warp + l%8 + 8 * ((l/8) % 2), 16-byte chunk 2t + (l/8)/2 of the keys (panel t/4, chunk 2(t%4) + (l/8)/2
-  // inside it, XOR-swizzled by the row's low 3 bits, which are l%8).
-  const int st_row = 16 * warp_in_wg + lane % 8 + 8 * ((lane / 8) % 2);
-  const uint32_t st_base = sP_addr + st_row * T::kRowBytes;
-  auto pack_probabilities = [&] {  // P (fp32) -> A fragments: k16 step t covers S tiles 2t and 2t+1
-#pragma unroll
-    for (int t = 0; t < T::kKVSteps; ++t) {
-      uint32_t a[4];
-      a[0] = sm80::pack2<Element>(acc_s[0][2 * t][0], acc_s[0][2 * t][1]);
-      a[1] = sm80::pack2<Element>(acc_s[0][2 * t][2], acc_s[0][2 * t][3]);
-      a[2] = sm80::pack2<Element>(acc_s[0][2 * t + 1][0], acc_s[0][2 * t + 1][1]);
-      a[3] = sm80::pack2<Element>(acc_s[0][2 * t + 1][2], acc_s[0][2 * t + 1][3]);
-      if constexpr (T::kPInSmem) {
-        const uint32_t chunk = (2 * (t % 4) + (lane / 8) / 2) ^ (lane % 8);
-        stmatrix_x4(st_base + (t / 4) * T::kPPanelBytes + chunk * 16, a);
-      } else {
-#pragma unroll
-        for (int e = 0; e < 4; ++e) rP[t][e] = a[e];
-      }
-    }
-    if constexpr (T::kPInSmem) {  // the whole warpgroup's P is written and visible to wgmma (the async proxy)
-      fence_proxy_async_smem();
-      named_barrier_sync(1 + consumer, 128);
-    }
-  };
-  auto fence_p = [&] {  // P V has completed: the compiler may now reuse P's registers
-    if constexpr (!T::kPInSmem) fence_registers(rP_flat);
-  };
-
-  // Where a tile's output goes: its O rows and lse entries, formed where they are written (held across the key
-  // loop, the 64-bit pointers cost registers the softcap variants do not have).
-  // Three registers, as a pending tile's are live across the next tile's first turn: (batch, head) as one index,
-  // and the row counts (each <= kBlockQ) in the halves of one word.
-  struct OutRows {
-    int batch_head, row0;
-    int row_counts;  // rows inside the tensor | rows below q_lengths[b] << 16 (the rest are zeros)
-    __device__ int q_rows() const { return row_counts & 0xFFFF; }
-    __device__ int q_rows_valid() const { return row_counts >> 16; }
-  };
-  auto tile_o = [&](const OutRows& r) {
-    const int batch = r.batch_head / p.heads_q, head = r.batch_head % p.heads_q;
-    return static_cast<Element*>(p.o) + batch * p.o_batch_stride + int64_t{r.row0} * p.o_seq_stride +
-           head * p.o_head_stride;
-  };
-  auto tile_lse = [&](const OutRows& r) {
-    const int batch = r.batch_head / p.heads_q, head = r.batch_head % p.heads_q;
-    return p.lse + batch * p.lse_batch_stride + head * p.lse_head_stride + r.row0;
-  };
-  auto write_zero_rows = [&](const OutRows& r) {  // this consumer's rows inside the tensor: zeros and lse = -inf
-    Element* gO = tile_o(r);
-    for (int i = wg_tid; i < 64 * kRowChunks; i += 128) {
-      const int row = 64 * consumer + i / kRowChunks;
-      if (row < r.q_rows()) {
-        *reinterpret_cast<uint4*>(gO + row * p.o_seq_stride + (i % kRowChunks) * 8) = make_uint4(0, 0, 0, 0);
-      }
-    }
-    if (p.lse != nullptr) {
-      float* gLse = tile_lse(r);
-      for (int row = 64 * consumer + wg_tid; row < min(r.q_rows(), 64 * consumer + 64); row += 128) gLse[row] = -INFINITY;
-    }
-  };
-  // O (already divided by l) -> this consumer's 64 rows of sO (stmatrix, swizzled like Q) -> one TMA store per
-  // 64-column panel, issued by one thread; the TMA unit clips rows past seqlen_q, and rows past q_lengths[b] are
-  // written as zeros. The consumer's threads spend a few stmatrix per tile on it instead of a shared-memory round
-  // trip and 16-byte global stores each.
-  // stmatrix: k16 step t (n-tiles 2t, 2t + 1) packed like P (pack_probabilities); lane l addresses row l % 8 of
-  // 8x8 matrix l / 8, i.e. row 16 * warp + l % 8 + 8 * ((l / 8) % 2) of this consumer, 16-byte chunk 2t + (l / 8) / 2
-  // (panel t / 4, chunk 2 (t % 4) + (l / 8) / 2 XOR-swizzled by the row's low 3 bits, l % 8).
-  auto store_o = [&](const OutRows& r) {
-    if (wg_tid == 0) bulk_wait_group_read_all();  // the last tile's TMA store has read this consumer's sO rows
-    named_barrier_sync(1 + consumer, 128);
-    const uint32_t so_base = smem_u32(sO) + (64 * consumer + st_row) * T::kRowBytes;
-    const int valid = r.q_rows_valid();
-    const bool valid0 = warp_row0 + lane / 4 < valid, valid1 = warp_row0 + lane / 4 + 8 < valid;
-#pragma unroll
-    for (int t = 0; t < T::kOTiles / 2; ++t) {
-      uint32_t a[4];
-      a[0] = valid0 ? sm80::pack2<Element>(acc_o[0][2 * t][0], acc_o[0][2 * t][1]) : 0u;
-      a[1] = valid1 ? sm80::pack2<Element>(acc_o[0][2 * t][2], acc_o[0][2 * t][3]) : 0u;
-      a[2] = valid0 ? sm80::pack2<Element>(acc_o[0][2 * t + 1][0], acc_o[0][2 * t + 1][1]) : 0u;
-      a[3] = valid1 ? sm80::pack2<Element>(acc_o[0][2 * t + 1][2], acc_o[0][2 * t + 1][3]) : 0u;
-      const uint32_t chunk = (2 * (t % 4) + (lane / 8) / 2) ^ (lane % 8);
-      stmatrix_x4(so_base + (t / 4) * T::kQPanelBytes + chunk * 16, a);
-    }
-    fence_proxy_async_smem();               // the generic-proxy writes, before the TMA unit reads them
-    named_barrier_sync(1 + consumer, 128);  // this consumer's rows are complete in sO
-    if (wg_tid == 0) {
-      const int batch = r.batch_head / p.heads_q, head = r.batch_head % p.heads_q;
-#pragma unroll
-      for (int panel = 0; panel < T::kPanels; ++panel) {
-        tma_store_4d(&tma_o, sO + panel * T::kQPanelBytes + consumer * 64 * T::kRowBytes, panel * 64,
-                     r.row0 + 64 * consumer, head, batch);
-      }
-      bulk_commit_group();
-    }
-  };
-
-  // Cross-tile overlap: a tile's last product O += P_last V_last is not issued at the end of the tile but "left
-  // pending" and issued in the same turn as the next tile's S_0 = Q K_0^T; the next tile's first softmax runs while it
-  // is on the tensor cores, and the pending tile's epilogue (O / l through sO to global memory) follows. So a tile
-  // boundary costs the tensor cores no drain and no lone S_0 (at 4-8 key blocks per tile, 512-1024 keys, those were
-  // a visible share of each tile). An empty tile or the end of the block flushes the pending product in a turn of
-  // its own. With three consumers, one whose rows are all past the tile's valid rows leaves an idle tile pending:
-  // its last V stage is released and its zeros written at the same points, so every consumer takes the same turns.
-  enum : int { kNothingPending = 0, kMathPending = 1, kIdlePending = 2 };
-  int pending = kNothingPending;
-  OutRows pending_rows{};
-
   int it = 0, tiles_done = 0;
-  // The pending product is issued in the turn of key block `it` (the pending tile's last block is it - 1, in stage
-  // stage_of(it - 1)), each issue inside the same branch as its turn and its first wait: ptxas serialises every
-  // wgmma of the kernel (a wait after each) if it finds a path on which an accumulator may be written while a
-  // product is in flight, and it does not correlate separate tests of `pending`.
-  // After that turn, in two steps (so a caller can repack P between them, while O alone is live):
-  auto retire_pending = [&] {  // the product is done: O and P are free, V_last's stage may refill
-    wgmma_wait<0>();  // on every path (nothing pending: returns at once)
-    fence_registers(acc_o_flat);
-    fence_p();
-    if (pending == kMathPending) {
-      mbarrier_arrive(&v_empty[stage_of(it - 1)]);
-    } else if (pending == kIdlePending) {
-      mbarrier_wait(&v_full[stage_of(it - 1)], parity_of(it - 1));  // an arrival before the fill lands would count
-      mbarrier_arrive(&v_empty[stage_of(it - 1)]);                  // toward the stage's previous phase
-    }
-  };
-  auto write_pending = [&] {  // the pending tile's output
-    if (pending == kMathPending) {
-      store_o(pending_rows);
-    } else if (pending == kIdlePending) {
-      write_zero_rows(pending_rows);
-    }
-    pending = kNothingPending;
-  };
-  auto flush_pending = [&] {  // a turn of its own
-    if (pending == kNothingPending) return;
-    if (pending == kMathPending) {
-      mbarrier_wait(&v_full[stage_of(it - 1)], parity_of(it - 1));
-      wait_turn();
-      issue_pv(stage_of(it - 1));
-      pass_turn();
-    } else {
-      wait_turn();
-      pass_turn();
-    }
-    retire_pending();
-    write_pending();
-  };
-
   for (int n = 0;; ++n) {
     const int slot = n & 1;
     mbarrier_wait(&sched_full[slot], (n >> 1) & 1);
@@ -429,59 +240,109 @@ __global__ void __launch_bounds__(T::kNumThreads, 1)
     mbarrier_arrive(&sched_empty[slot]);
     if (tile >= num_tiles) break;
     const TileWork w = tile_work<T>(p, tile);
-    const int row0 = w.row0, q_rows_valid = w.q_rows_valid;
+    const int batch = w.batch, head = w.head;
+    const int row0 = w.row0, q_rows = w.q_rows, q_rows_valid = w.q_rows_valid;
     const int block_begin = w.block_begin, block_end = w.block_end;
-    const OutRows rows{w.batch * p.heads_q + w.head, row0, w.q_rows | q_rows_valid << 16};
+    const BatchLengths len = w.len;
+    // The tile's O rows and lse entries, formed where they are written (held across the key loop, the 64-bit
+    // pointers cost registers the softcap variants do not have).
+    auto tile_o = [&] {
+      return static_cast<Element*>(p.o) + batch * p.o_batch_stride + int64_t{row0} * p.o_seq_stride +
+             head * p.o_head_stride;
+    };
+    auto tile_lse = [&] { return p.lse + batch * p.lse_batch_stride + head * p.lse_head_stride + row0; };
+
+    auto write_zero_rows = [&] {  // this consumer's rows inside the tensor: zeros and lse = -inf
+      Element* gO = tile_o();
+      for (int i = wg_tid; i < 64 * kRowChunks; i += 128) {
+        const int row = 64 * consumer + i / kRowChunks;
+        if (row < q_rows) *reinterpret_cast<uint4*>(gO + row * p.o_seq_stride + (i % kRowChunks) * 8) = make_uint4(0, 0, 0, 0);
+      }
+      if (p.lse != nullptr) {
+        float* gLse = tile_lse();
+        for (int r = 64 * consumer + wg_tid; r < min(q_rows, 64 * consumer + 64); r += 128) gLse[r] = -INFINITY;
+      }
+    };
     if (block_begin >= block_end) {  // no row sees a key (nothing was loaded)
-      if constexpr (T::kOverlapTiles) flush_pending();  // (otherwise nothing is pending here)
-      write_zero_rows(rows);
+      write_zero_rows();
       continue;
     }
-    const int qb = q_buffer_of(tiles_done);
-    mbarrier_wait(&q_full[qb], q_parity_of(tiles_done));
-    ++tiles_done;
     if (T::kConsumers > 2 && 64 * consumer >= q_rows_valid) {
       // Every row of this consumer is past the tile's valid rows (the last query block of a length that is not a
       // multiple of kBlockQ, or a padded batch entry): no math, but the consumer still takes part in the pipeline:
       // it releases each K/V stage and Q once the producer's fill of them has landed (an arrival before that would
       // count toward the barrier's previous phase) and takes its pingpong turns. (Three consumers only: with two,
       // the extra path made ptxas spill in the D = 128 kernels, and 192-row tiles are the ones that waste a third.)
-      for (int j = block_begin; j < block_end; ++j, ++it) {  // turn j: S_j of the others (and a pending P V)
-        if (T::kOverlapTiles && j == block_begin) {
-          if (pending == kMathPending) {
-            mbarrier_wait(&v_full[stage_of(it - 1)], parity_of(it - 1));
-            wait_turn();
-            issue_pv(stage_of(it - 1));
-            pass_turn();
-          } else {
-            wait_turn();
-            pass_turn();
-          }
-          retire_pending();
-          write_pending();
-        } else {
-          wait_turn();
-          pass_turn();
+      const int qb = q_buffer_of(tiles_done);
+      mbarrier_wait(&q_full[qb], q_parity_of(tiles_done));
+      ++tiles_done;
+      for (int j = block_begin; j <= block_end; ++j, ++it) {  // turn j: S_j (j < block_end) and P_{j-1} V_{j-1}
+        wait_turn();
+        pass_turn();
+        if (j < block_end) {
+          mbarrier_wait(&k_full[stage_of(it)], parity_of(it));
+          mbarrier_arrive(&k_empty[stage_of(it)]);
+          if (j == block_end - 1) mbarrier_arrive(&q_empty[qb]);
         }
-        mbarrier_wait(&k_full[stage_of(it)], parity_of(it));
-        mbarrier_arrive(&k_empty[stage_of(it)]);
-        if (j == block_end - 1) mbarrier_arrive(&q_empty[qb]);
         if (j > block_begin) {
           mbarrier_wait(&v_full[stage_of(it - 1)], parity_of(it - 1));
           mbarrier_arrive(&v_empty[stage_of(it - 1)]);
         }
       }
-      pending = kIdlePending;  // the last V stage and the zeros
-      pending_rows = rows;
-      if constexpr (!T::kOverlapTiles) flush_pending();
+      --it;  // the loop ran block_end - block_begin + 1 times; the math path advances it once per key block
+      write_zero_rows();
       continue;
     }
 
+#pragma unroll
+    for (int n = 0; n < T::kOTiles; ++n)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) acc_o[0][n][e] = 0.0f;
     SplitSoftmax<T::kSTiles, T::kOTiles> softmax;
-    const BatchLengths len = w.len;
+
     const int diag_offset = len.kv_len - len.q_len;
     const int lo_off = p.window_left >= kUnbounded ? -kUnbounded : diag_offset - p.window_left;
     const int hi_off = p.window_right >= kUnbounded ? kUnbounded : diag_offset + p.window_right;
+
+    // Descriptors. Q (A, K-major): this consumer's 64 rows of each panel; k16 step kk is panel kk/4, byte 32*(kk%4)
+    // of the swizzled row. K (B, K-major): the same stepping over kBlockKV rows. V (B, MN-major): k16 step t is rows
+    // 16t..16t+15 (2048 bytes in), the N = D columns span the panels kKVPanelBytes apart (LBO).
+    // Each is a base descriptor (stage 0, step 0) plus a byte offset added to its start-address field (smem_offset:
+    // the per-step masks and shifts of a full descriptor were a fifth of the key loop's instructions).
+    const int qb = q_buffer_of(tiles_done);
+    const uint32_t sQ_addr = smem_u32(sQ(qb)) + consumer * 64 * T::kRowBytes;
+    const uint64_t q_desc0 = smem_descriptor(sQ_addr, 16, 1024);
+    const uint64_t k_desc0 = smem_descriptor(smem_u32(sK(0)), 16, 1024);
+    const uint64_t v_desc0 = smem_descriptor(smem_u32(sV(0)), T::kKVPanelBytes, 1024);
+    auto q_desc = [&](int kk) { return smem_offset(q_desc0, (kk / 4) * T::kQPanelBytes + (kk % 4) * 32); };
+    auto k_desc = [&](int stage, int kk) {
+      return smem_offset(k_desc0, stage * T::kKVBytes + (kk / 4) * T::kKVPanelBytes + (kk % 4) * 32);
+    };
+    auto v_desc = [&](int stage, int t) { return smem_offset(v_desc0, stage * T::kKVBytes + t * 16 * T::kRowBytes); };
+    auto issue_s = [&](int stage) {  // S = Q K^T, one commit group
+      wgmma_fence();
+#pragma unroll
+      for (int kk = 0; kk < T::kDSteps; ++kk) {
+        wgmma_ss<Element, T::kBlockKV>(acc_s_flat, q_desc(kk), k_desc(stage, kk), kk > 0);
+      }
+      wgmma_commit();
+    };
+    // P (kPInSmem): this consumer's (64, kBlockKV) tile, A operand stepped like Q.
+    const uint32_t sP_addr = smem_u32(smem + T::kPOffset) + consumer * T::kPBytes;
+    const uint64_t p_desc0 = smem_descriptor(sP_addr, 16, 1024);
+    auto p_desc = [&](int t) { return smem_offset(p_desc0, (t / 4) * T::kPPanelBytes + (t % 4) * 32); };
+    auto issue_pv = [&](int stage) {  // O += P V, one commit group
+      wgmma_fence();
+#pragma unroll
+      for (int t = 0; t < T::kKVSteps; ++t) {
+        if constexpr (T::kPInSmem) {
+          wgmma_ss_tb<Element, T::kHeadDim>(acc_o_flat, p_desc(t), v_desc(stage, t), 1);
+        } else {
+          wgmma_rs<Element, T::kHeadDim>(acc_o_flat, rP[t], v_desc(stage, t), 1);
+        }
+      }
+      wgmma_commit();
+    };
     const float softcap_exp2_scale = p.softcap_scale * 2.0f * 1.4426950408889634f;  // 2 log2(e) * scale / softcap
     // softcap, mask, online softmax of S_j; alpha for the O rescale and whether it is needed
     auto scores_to_probabilities = [&](int j) {
@@ -497,40 +358,48 @@ __global__ void __launch_bounds__(T::kNumThreads, 1)
       }
       return softmax.update(acc_s, p.scale_log2, max_growth, alpha);
     };
-
-    // First turn: S_0 of this tile and the pending tile's last P V; S_0's softmax runs under that P V, then the
-    // pending tile's epilogue (O is free once its product is done, P of S_0 packed). S_0 needs no O rescale: O is
-    // zeroed after.
+    // stmatrix addresses (kPInSmem): lane l gives row l%8 of 8x8 matrix l/8 of each k16 step t, i.e. row
+    // 16 * warp + l%8 + 8 * ((l/8) % 2), 16-byte chunk 2t + (l/8)/2 of the keys (panel t/4, chunk 2(t%4) + (l/8)/2
+    // inside it, XOR-swizzled by the row's low 3 bits, which are l%8).
+    const int st_row = 16 * warp_in_wg + lane % 8 + 8 * ((lane / 8) % 2);
+    const uint32_t st_base = sP_addr + st_row * T::kRowBytes;
+    auto pack_probabilities = [&] {  // P (fp32) -> A fragments: k16 step t covers S tiles 2t and 2t+1
+#pragma unroll
+      for (int t = 0; t < T::kKVSteps; ++t) {
+        uint32_t a[4];
+        a[0] = sm80::pack2<Element>(acc_s[0][2 * t][0], acc_s[0][2 * t][1]);
+        a[1] = sm80::pack2<Element>(acc_s[0][2 * t][2], acc_s[0][2 * t][3]);
+        a[2] = sm80::pack2<Element>(acc_s[0][2 * t + 1][0], acc_s[0][2 * t + 1][1]);
+        a[3] = sm80::pack2<Element>(acc_s[0][2 * t + 1][2], acc_s[0][2 * t + 1][3]);
+        if constexpr (T::kPInSmem) {
+          const uint32_t chunk = (2 * (t % 4) + (lane / 8) / 2) ^ (lane % 8);
+          stmatrix_x4(st_base + (t / 4) * T::kPPanelBytes + chunk * 16, a);
+        } else {
+#pragma unroll
+          for (int e = 0; e < 4; ++e) rP[t][e] = a[e];
+        }
+      }
+      if constexpr (T::kPInSmem) {  // the whole warpgroup's P is written and visible to wgmma (the async proxy)
+        fence_proxy_async_smem();
+        named_barrier_sync(1 + consumer, 128);
+      }
+    };
+    auto fence_p = [&] {  // P V has completed: the compiler may now reuse P's registers
+      if constexpr (!T::kPInSmem) fence_registers(rP_flat);
+    };
+    mbarrier_wait(&q_full[qb], q_parity_of(tiles_done));
+    ++tiles_done;
+    // Prologue: S_0 and its softmax (O is still zero: no rescale).
     mbarrier_wait(&k_full[stage_of(it)], parity_of(it));
-    if (T::kOverlapTiles && pending == kMathPending) {
-      mbarrier_wait(&v_full[stage_of(it - 1)], parity_of(it - 1));
-      wait_turn();
-      issue_s(qb, stage_of(it));
-      issue_pv(stage_of(it - 1));
-      pass_turn();
-      wgmma_wait<1>();  // the older group, S_0, is done
-    } else {
-      wait_turn();
-      issue_s(qb, stage_of(it));
-      pass_turn();
-      wgmma_wait<0>();
-    }
+    wait_turn();
+    issue_s(stage_of(it));
+    pass_turn();
+    wgmma_wait<0>();
     fence_registers(acc_s_flat);
     mbarrier_arrive(&k_empty[stage_of(it)]);
     if (block_end - block_begin == 1) mbarrier_arrive(&q_empty[qb]);  // the tile's last read of Q
     scores_to_probabilities(block_begin);
-    if (block_end - block_begin == 1) {  // the tile's last block: P / l (O is still zero)
-      float inv[2];
-      softmax.finish_rows(inv);
-      scale_rows(acc_s, inv);
-    }
-    if constexpr (T::kOverlapTiles) retire_pending();
-    pack_probabilities();  // before the epilogue, so S is dead while it runs
-    if constexpr (T::kOverlapTiles) write_pending();
-#pragma unroll
-    for (int n = 0; n < T::kOTiles; ++n)
-#pragma unroll
-      for (int e = 0; e < 4; ++e) acc_o[0][n][e] = 0.0f;
+    pack_probabilities();
     ++it;
 
     // Steady state (intra-warpgroup overlap): issue S_j = Q K_j^T and O += P_{j-1} V_{j-1} back to back; the
@@ -539,7 +408,7 @@ __global__ void __launch_bounds__(T::kNumThreads, 1)
       mbarrier_wait(&k_full[stage_of(it)], parity_of(it));
       mbarrier_wait(&v_full[stage_of(it - 1)], parity_of(it - 1));
       wait_turn();
-      issue_s(qb, stage_of(it));
+      issue_s(stage_of(it));
       issue_pv(stage_of(it - 1));
       pass_turn();
       wgmma_wait<1>();  // the older group, S_j, is done
@@ -551,49 +420,51 @@ __global__ void __launch_bounds__(T::kNumThreads, 1)
       fence_registers(acc_o_flat);
       fence_p();
       mbarrier_arrive(&v_empty[stage_of(it - 1)]);
-      if (j == block_end - 1) {
-        // The tile's last block: the row sums are final, so O and this P are divided by l now and the last
-        // product (left pending) completes O / l: the pending tile carries no 1 / l across the next tile's turn.
-        float inv[2];
-        softmax.finish_rows(inv);
-        scale_rows(acc_s, inv);
-        if (rescale_o) {
-          inv[0] *= alpha[0];
-          inv[1] *= alpha[1];
-        }
-        scale_rows(acc_o, inv);
-      } else if (rescale_o) {
-        scale_rows(acc_o, alpha);
-      }
+      if (rescale_o) decltype(softmax)::rescale(acc_o, alpha);
       pack_probabilities();
     }
+    // Drain: O += P_last V_last.
+    mbarrier_wait(&v_full[stage_of(it - 1)], parity_of(it - 1));
+    wait_turn();
+    issue_pv(stage_of(it - 1));
+    pass_turn();
+    wgmma_wait<0>();
+    fence_registers(acc_o_flat);
+    fence_p();
+    mbarrier_arrive(&v_empty[stage_of(it - 1)]);
 
-    // The row sums are final (finish_rows ran at the last block): lse now, O when the last P V is done.
+    softmax.finalize(acc_o);
     if (p.lse != nullptr && lane % 4 == 0) {  // one lane of each quad owns the row
-      float* gLse = tile_lse(rows);
+      float* gLse = tile_lse();
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
         const int row = warp_row0 + lane / 4 + 8 * h;
-        if (row < rows.q_rows()) gLse[row] = row < q_rows_valid ? softmax.lse(h, p.scale) : -INFINITY;
+        if (row < q_rows) gLse[row] = row < q_rows_valid ? softmax.lse(h, p.scale) : -INFINITY;
       }
     }
-    if constexpr (T::kOverlapTiles) {
-      pending = kMathPending;
-      pending_rows = rows;
-    } else {  // drain: O += P_last V_last, then O / l and the epilogue
-      mbarrier_wait(&v_full[stage_of(it - 1)], parity_of(it - 1));
-      wait_turn();
-      issue_pv(stage_of(it - 1));
-      pass_turn();
-      wgmma_wait<0>();
-      fence_registers(acc_o_flat);
-      fence_p();
-      mbarrier_arrive(&v_empty[stage_of(it - 1)]);
-      store_o(rows);
+
+    // ---- epilogue: O -> this consumer's rows of sO (swizzled like Q) -> 16-byte coalesced global stores --------
+    named_barrier_sync(1 + consumer, 128);  // every thread of this consumer is done reading the last tile's sO rows
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const int row = warp_row0 + lane / 4 + 8 * h;
+#pragma unroll
+      for (int n = 0; n < T::kOTiles; ++n) {  // columns 8n + 2*(lane%4) + {0, 1}: chunk n of the row
+        char* dst = sO + (n / 8) * T::kQPanelBytes + row * T::kRowBytes + (((n % 8) ^ (row % 8)) * 16) + 4 * (lane % 4);
+        *reinterpret_cast<uint32_t*>(dst) = sm80::pack2<Element>(acc_o[0][n][2 * h], acc_o[0][n][2 * h + 1]);
+      }
+    }
+    named_barrier_sync(1 + consumer, 128);  // this consumer's rows are complete in sO
+    Element* gO = tile_o();
+    for (int i = wg_tid; i < 64 * kRowChunks; i += 128) {
+      const int row = 64 * consumer + i / kRowChunks, chunk = i % kRowChunks;
+      if (row < q_rows) {  // rows past q_lengths[b] are zeros
+        const char* src = sO + (chunk / 8) * T::kQPanelBytes + row * T::kRowBytes + (((chunk % 8) ^ (row % 8)) * 16);
+        *reinterpret_cast<uint4*>(gO + row * p.o_seq_stride + chunk * 8) =
+            row < q_rows_valid ? *reinterpret_cast<const uint4*>(src) : make_uint4(0, 0, 0, 0);
+      }
     }
   }
-  flush_pending();
-  if (wg_tid == 0) bulk_wait_group_read_all();  // sO stays valid until the last TMA store has read it
   if constexpr (T::kPingpong) {
     if (consumer == 0) named_barrier_sync(kTurnBarrier, 256);  // the last consumer's last hand-over
   }

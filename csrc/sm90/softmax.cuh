@@ -1,7 +1,7 @@
 // Online softmax for one consumer warp's 16 rows of the wgmma accumulators, split so the O rescale can wait:
 // with the intra-warpgroup overlap, O += P_{j-1} V_{j-1} is still running on the tensor cores while the softmax of
 // S_j runs, so update() only returns each row's factor alpha = exp(m_old - m_new) (and whether it is needed) and
-// scale_rows() applies it to O once that product has completed.
+// rescale() applies it to O once that product has completed.
 // Fragment layout (per warp, the mma.sync m16n8 layout repeated): element e of n-tile n is row lane/4 + 8*(e/2),
 // column 8n + 2*(lane%4) + e%2; the four lanes of a quad share a row (reductions by shfl_xor 1 and 2).
 #pragma once
@@ -13,23 +13,10 @@
 
 namespace jax_flash::sm90 {
 
-// Multiplies each row half h of a wgmma accumulator fragment (elements 2h and 2h + 1 of every n-tile) by f[h]:
-// the O rescale by alpha, and the division by the row sums l at a tile's last key block.
-template <int kTiles>
-__device__ __forceinline__ void scale_rows(float (&acc)[1][kTiles][4], const float (&f)[2]) {
-#pragma unroll
-  for (int n = 0; n < kTiles; ++n) {
-    acc[0][n][0] *= f[0];
-    acc[0][n][1] *= f[0];
-    acc[0][n][2] *= f[1];
-    acc[0][n][3] *= f[1];
-  }
-}
-
 template <int kSTiles, int kOTiles>
 struct SplitSoftmax {
   float row_max[2] = {-INFINITY, -INFINITY};  // raw score units (the scale is applied inside exp2)
-  float row_sum[2] = {0.0f, 0.0f};            // this thread's partial sums until finish_rows()
+  float row_sum[2] = {0.0f, 0.0f};            // this thread's partial sums until finalize()
   // Independent partial max / sum chains per row half (sm80/softmax.cuh): 4, but 2 for 192-key blocks, where the
   // extra partials made the soft-capped variant spill.
   static constexpr int kChains = kSTiles > 16 ? 2 : 4;
@@ -76,17 +63,28 @@ struct SplitSoftmax {
     return rescale;
   }
 
-  // After the last key block's update: the row sums over the quad (row_sum then holds l) and 1 / l per row half,
-  // the factor that ends the tile (O / l; a row with l = 0, which saw no key, becomes zeros).
-  __device__ __forceinline__ void finish_rows(float (&inv)[2]) {
+  __device__ __forceinline__ static void rescale(float (&acc_o)[1][kOTiles][4], const float (&alpha)[2]) {
+#pragma unroll
+    for (int n = 0; n < kOTiles; ++n) {
+      acc_o[0][n][0] *= alpha[0];
+      acc_o[0][n][1] *= alpha[0];
+      acc_o[0][n][2] *= alpha[1];
+      acc_o[0][n][3] *= alpha[1];
+    }
+  }
+
+  // O = O / l ; a row with l = 0 (it saw no key) becomes zeros.
+  __device__ __forceinline__ void finalize(float (&acc_o)[1][kOTiles][4]) {
+    float inv[2];
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
       row_sum[h] = sm80::quad_sum(row_sum[h]);
       inv[h] = row_sum[h] > 0.0f ? 1.0f / row_sum[h] : 0.0f;
     }
+    rescale(acc_o, inv);
   }
 
-  // Natural-log log-sum-exp of the scaled scores of row half h, after finish_rows(); -inf for a row that saw no key.
+  // Natural-log log-sum-exp of the scaled scores of row half h, after finalize(); -inf for a row that saw no key.
   __device__ __forceinline__ float lse(int h, float scale) const {
     return row_sum[h] <= 0.0f ? -INFINITY : row_max[h] * scale + logf(row_sum[h]);
   }

@@ -1,4 +1,4 @@
-// Host side of the TMA copies: a 4-D tiled tensor map over a (B, S, H, D) tensor, boxes of (64 columns, rows, 1, 1)
+// Host side of the TMA loads: a 4-D tiled tensor map over a (B, S, H, D) tensor, boxes of (64 columns, rows, 1, 1)
 // with the 128-byte swizzle the wgmma descriptors expect. cuTensorMapEncodeTiled is a driver function; it is looked
 // up through the runtime once, so the module needs no link against libcuda.
 #pragma once

@@ -25,15 +25,6 @@ struct Traits {
   // three, each consumer has 152 registers (below) and S + O + P do not fit (D = 64, 128 keys: 64 + 32 + 32 plus
   // the softmax state and addresses spilled 64-100 bytes), so P goes through shared memory (wgmma SS), as in FA3.
   static constexpr bool kPInSmem = kConsumers == 3;
-  // Cross-tile overlap (kernel.cuh): a tile's last P V is issued with the next tile's first Q K^T, so O and P stay
-  // live across the tile boundary. With 192-key blocks (S 96 + P 48 + O 32 registers at D = 64) that spilled 20-96
-  // bytes in the masked and soft-capped variants, and with three consumers (152 registers) it spilled and made ptxas
-  // serialise the wgmmas: there each tile drains its last product itself.
-#ifdef JAX_FLASH_SM90_NO_TILE_OVERLAP  // measurement switch (docs/NOTES.md: the A/B of sm90 v6)
-  static constexpr bool kOverlapTiles = false;
-#else
-  static constexpr bool kOverlapTiles = kBlockKV <= 128 && kConsumers == 2;
-#endif
   static_assert(kKey.block_q == kBlockQ, "block_q must be 64 * consumer_warpgroups");
   static_assert(kConsumers == 2 || kConsumers == 3, "sm90 family: 2 or 3 consumer warpgroups");
   static_assert(kHeadDim == 64 || kHeadDim == 128, "sm90 family: head_dim 64 or 128");
