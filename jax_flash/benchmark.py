@@ -111,7 +111,8 @@ def run(args) -> list[dict]:
             if name == "xla" and platform == "gpu" and seq > args.xla_max_seq:
                 continue  # materialises (S, S) scores: too slow and too large at long sequences
             try:
-                ms = time_loop_ms(fn, q, k, v, iters=args.iters, reps=args.reps, loop=args.loop)
+                ms = time_loop_ms(fn, q, k, v, iters=args.iters, reps=args.reps, loop=args.loop,
+                                  min_rep_ms=args.min_rep_ms)
                 results[name] = {"ms": ms, "tflops": flops / ms / 1e9}
             except Exception as error:
                 print(f"#   {name} failed: {type(error).__name__}: {str(error)[:200]}", file=sys.stderr)
@@ -181,6 +182,8 @@ def main(argv=None) -> int:
     parser.add_argument("--reps", type=int, default=5 if on_gpu else 3)
     parser.add_argument("--loop", choices=["while", "unrolled"], default="unrolled",
                         help="the timed calls inside XLA's while loop or unrolled back to back (jax_flash.timing)")
+    parser.add_argument("--min-rep-ms", type=float, default=25.0 if on_gpu else 0.0,
+                        help="each repetition repeats the timed loop until it lasts this long (jax_flash.timing)")
     parser.add_argument("--xla-max-seq", type=int, default=4096)
     parser.add_argument("--json", help="write the rows as JSON here")
     parser.add_argument("--plot", help="write a PNG of TFLOP/s against sequence length here")
@@ -188,7 +191,10 @@ def main(argv=None) -> int:
     rows = run(args)
     if args.json:
         with open(args.json, "w") as f:
-            json.dump({"date": str(datetime.date.today()), "jax": jax.__version__, "rows": rows}, f, indent=1)
+            json.dump({"date": str(datetime.date.today()), "jax": jax.__version__,
+                       "timing": {"iters": args.iters, "reps": args.reps, "loop": args.loop,
+                                  "min_rep_ms": args.min_rep_ms},
+                       "rows": rows}, f, indent=1)
     if args.plot and rows:
         plot(rows, args.plot)
     print_table(rows)

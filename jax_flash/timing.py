@@ -9,6 +9,7 @@ TFLOP/s in a while loop, 478 unrolled), which flattered every ratio at short seq
 
 from __future__ import annotations
 
+import math
 import statistics
 import time
 
@@ -24,16 +25,34 @@ def timed_loop(fn, *, iters: int = 10, loop: str = "unrolled"):
     return jax.jit(lambda q, k, v: lax.fori_loop(0, iters, lambda _, x: fn(x, k, v), q, unroll=unroll))
 
 
-def time_loop_ms(fn, q, k, v, *, iters: int = 10, reps: int = 5, loop: str = "unrolled") -> float:
-    """Median milliseconds of one fn(q, k, v) call (fn must return q's shape and dtype); compiled and warmed first."""
+def calls_per_rep(call_ms: float, min_rep_ms: float, max_calls: int = 1000) -> int:
+    """How many back-to-back calls of a `call_ms` loop make one repetition of at least `min_rep_ms` (1 when
+    min_rep_ms <= 0; at most max_calls)."""
+    if min_rep_ms <= 0:
+        return 1
+    return max(1, min(max_calls, math.ceil(min_rep_ms / max(call_ms, 1e-6))))
+
+
+def time_loop_ms(fn, q, k, v, *, iters: int = 10, reps: int = 5, loop: str = "unrolled",
+                 min_rep_ms: float = 0.0) -> float:
+    """Median milliseconds of one fn(q, k, v) call (fn must return q's shape and dtype); compiled and warmed first.
+
+    min_rep_ms > 0: each repetition dispatches the jitted loop as many times as make it last at least that long
+    (calibrated on the warm-up), back to back on the device queue with one synchronisation at the end. At 512-1024
+    keys one loop of 10 calls lasts 1-3 ms, and the per-repetition synchronisation and clock ramp then moved cuDNN
+    by up to 30% between runs on the H200 (docs/NOTES.md, session 5)."""
     chained = timed_loop(fn, iters=iters, loop=loop)
     chained(q, k, v).block_until_ready()  # compile + warm-up
+    start = time.perf_counter()
     chained(q, k, v).block_until_ready()
+    calls = calls_per_rep((time.perf_counter() - start) * 1e3, min_rep_ms)
     samples = []
     for _ in range(reps):
         start = time.perf_counter()
-        chained(q, k, v).block_until_ready()
-        samples.append((time.perf_counter() - start) / iters)
+        for _ in range(calls):  # one device stream: the last call's completion implies the earlier ones'
+            out = chained(q, k, v)
+        out.block_until_ready()
+        samples.append((time.perf_counter() - start) / (iters * calls))
     return statistics.median(samples) * 1e3
 
 

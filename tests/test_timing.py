@@ -4,6 +4,7 @@ benchmark itself, not from timed tests)."""
 from __future__ import annotations
 
 import json
+import time
 
 import jax
 import jax.numpy as jnp
@@ -12,7 +13,8 @@ import pytest
 
 import jax_flash
 from jax_flash import benchmark
-from jax_flash.timing import time_loop_ms, timed_loop
+from jax_flash import timing
+from jax_flash.timing import calls_per_rep, time_loop_ms, timed_loop
 from conftest import random_qkv
 
 
@@ -34,6 +36,39 @@ def test_time_loop_ms_rejects_unknown_loop():
         time_loop_ms(lambda q, k, v: q, q, k, v, loop="scan")
 
 
+def test_calls_per_rep():
+    assert calls_per_rep(2.0, 0.0) == 1 and calls_per_rep(2.0, -5.0) == 1  # disabled
+    assert calls_per_rep(2.0, 25.0) == 13  # ceil(25 / 2)
+    assert calls_per_rep(30.0, 25.0) == 1  # one loop is already long enough
+    assert calls_per_rep(0.0, 25.0) == 1000  # capped
+
+
+def test_min_rep_ms_repeats_the_loop_within_each_repetition(monkeypatch):
+    # A loop that takes >= 4 ms on the host: a 20 ms repetition needs 2-5 of them (calibrated on the second warm-up
+    # call), each repetition dispatches that many, and the reported time is per fn call (iters of them per loop).
+    real = timing.timed_loop
+    invocations = []
+
+    def slow_timed_loop(fn, *, iters, loop):
+        jitted = real(fn, iters=iters, loop=loop)
+
+        def call(q, k, v):
+            invocations.append(1)
+            time.sleep(0.004)
+            return jitted(q, k, v)
+        return call
+
+    monkeypatch.setattr(timing, "timed_loop", slow_timed_loop)
+    q, k, v = random_qkv(3, 1, 8, 8, 1, 1, 32, jnp.float32, jax.devices("cpu")[0])
+    ms = time_loop_ms(lambda q, k, v: q, q, k, v, iters=2, reps=3, min_rep_ms=20.0)
+    calls = (len(invocations) - 2) // 3
+    assert len(invocations) == 2 + 3 * calls and 2 <= calls <= 5
+    assert 2.0 <= ms < 10.0  # >= 4 ms per loop of 2 calls; the repetitions are not summed into one call
+    invocations.clear()
+    time_loop_ms(lambda q, k, v: q, q, k, v, iters=2, reps=3)  # default: one loop per repetition
+    assert len(invocations) == 2 + 3
+
+
 def test_time_attention_returns_the_output_and_a_time():
     q, k, v = random_qkv(5, 2, 48, 80, 4, 2, 64, jnp.float32, jax.devices("cpu")[0])
     out, ms = jax_flash.time_attention(q, k, v, iters=2, reps=2)
@@ -47,7 +82,10 @@ def test_benchmark_writes_rows_for_every_case(tmp_path, capsys):
     assert benchmark.main(["--dtypes", dtype, "--head-dims", "64", "--seqs", "64,128", "--tokens", "128",
                            "--hidden", "128", "--causal", "both", "--iters", "1", "--reps", "1",
                            "--json", str(path)]) == 0
-    rows = json.loads(path.read_text())["rows"]
+    written = json.loads(path.read_text())
+    assert written["timing"] == {"iters": 1, "reps": 1, "loop": "unrolled",
+                                 "min_rep_ms": 25.0 if jax.default_backend() == "gpu" else 0.0}
+    rows = written["rows"]
     assert [(r["seq"], r["causal"]) for r in rows] == [(64, False), (128, False), (64, True), (128, True)]
     for r in rows:
         assert {"jax_flash", "xla"} <= set(r["results"]) and r["results"]["jax_flash"]["tflops"] > 0

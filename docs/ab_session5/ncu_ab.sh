@@ -1,7 +1,7 @@
 #!/bin/bash
 # Kernel durations under ncu (locked clocks) for A = working tree and C = session-4 sm90.
-# Run from the repository root at the experiment commit, with ab_tmp/sm90_old/ holding csrc/sm90/ of the commit before it
-# (mkdir -p ab_tmp/sm90_old; git show HEAD~1:csrc/sm90/FILE > ab_tmp/sm90_old/FILE for each file).
+# Run from the repository root at commit 6711401 (the experiment), with ab_tmp/sm90_old/ holding csrc/sm90/ of 7ee8b87
+# (mkdir -p ab_tmp/sm90_old; git show 7ee8b87:csrc/sm90/FILE > ab_tmp/sm90_old/FILE for each file).
 CASES=("sm90 bfloat16 128 512" "sm90 bfloat16 128 1024" "sm90 bfloat16 64 1024" "sm90 bfloat16 64 1024 causal")
 REPO=$(pwd)
 prof() {
