@@ -3,7 +3,8 @@
 profiler skips the first launch), nothing else on the GPU.
 
     python3 .ci/profile_case.py IMPL DTYPE HEAD_DIM SEQ [causal]
-IMPL: sm80 (the sm80 family's tuned config), sm90 (cfg=None on Hopper), cudnn.
+IMPL: sm80 (the sm80 family's tuned config), sm90 (cfg=None on Hopper), cudnn, or a compiled sm90 config by its
+short name: sm90_q128_kv128_st2_wg2_pp1_ov0 (KernelConfig.short_name()).
 Sizes as in `python -m jax_flash.benchmark`: batch x seq = 16384 tokens, heads x head_dim = 2048.
 """
 
@@ -23,7 +24,14 @@ q, k, v = (jax.random.normal(jax.random.PRNGKey(i), (batch, seq, heads, head_dim
 if impl == "cudnn":
     fn = jax.jit(lambda q, k, v: jax.nn.dot_product_attention(q, k, v, implementation="cudnn", is_causal=causal))
 else:
-    cfg = TUNED_CONFIGS[head_dim][0] if impl == "sm80" else None
+    if impl.startswith("sm90_"):
+        matches = [k.config for k in jax_flash.supported_configs() if k.config.family == "sm90" and
+                   k.dtype == dtype.name and k.head_dim == head_dim and k.config.short_name() == impl[5:]]
+        if not matches:
+            sys.exit(f"no compiled sm90 config {impl[5:]} for {dtype.name} D={head_dim}")
+        cfg = matches[0]
+    else:
+        cfg = TUNED_CONFIGS[head_dim][0] if impl == "sm80" else None
     fn = jax.jit(lambda q, k, v: jax_flash.attention(q, k, v, cfg=cfg, causal=causal))
 for _ in range(2):
     fn(q, k, v).block_until_ready()
