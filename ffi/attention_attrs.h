@@ -24,6 +24,7 @@ struct AttentionAttrs {
   int64_t stages;
   int64_t consumer_warpgroups;
   int64_t pingpong;
+  int64_t overlap;
   float softmax_scale;
   int64_t causal;          // bottom-right aligned
   int64_t window_left;     // -1 = unbounded
@@ -52,6 +53,7 @@ XLA_FFI_REGISTER_STRUCT_ATTR_DECODING(jax_flash::AttentionAttrs,
                                       ::xla::ffi::StructMember<int64_t>("stages"),
                                       ::xla::ffi::StructMember<int64_t>("consumer_warpgroups"),
                                       ::xla::ffi::StructMember<int64_t>("pingpong"),
+                                      ::xla::ffi::StructMember<int64_t>("overlap"),
                                       ::xla::ffi::StructMember<float>("softmax_scale"),
                                       ::xla::ffi::StructMember<int64_t>("causal"),
                                       ::xla::ffi::StructMember<int64_t>("window_left"),

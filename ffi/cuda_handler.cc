@@ -88,7 +88,8 @@ ffi::Error attention_cuda_impl(cudaStream_t stream, ffi::ScratchAllocator scratc
                       .family = static_cast<int>(attrs.family),
                       .stages = static_cast<int>(attrs.stages),
                       .consumer_warpgroups = static_cast<int>(attrs.consumer_warpgroups),
-                      .pingpong = attrs.pingpong != 0};
+                      .pingpong = attrs.pingpong != 0,
+                      .overlap = attrs.overlap != 0};
   const RegistryEntry* entry = find_kernel(key);
   if (entry == nullptr) {
     return ffi::Error(ffi::ErrorCode::kNotFound, "jax_flash: no compiled GPU kernel for " + describe(key) +

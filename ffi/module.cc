@@ -55,6 +55,7 @@ NB_MODULE(_jax_flash, m) {
       d["stages"] = k.stages;
       d["consumer_warpgroups"] = k.consumer_warpgroups;
       d["pingpong"] = k.pingpong;
+      d["overlap"] = k.overlap;
       d["smem_bytes"] = e.smem_bytes;
       kernels.append(d);
     }

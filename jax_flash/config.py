@@ -50,8 +50,11 @@ class KernelConfig:
     stages: depth of the K/V shared-memory pipeline the producer fills with TMA copies (sm90 only).
     consumer_warpgroups: math warpgroups of 64 query rows each (sm90 only): 2, or 3 with P (the probabilities) passed
         to the P V product through shared memory, since each consumer then has 152 registers instead of 232.
-    pingpong: the consumer warpgroups take turns issuing their wgmma products, so one's softmax overlaps the other's
-        matrix work (sm90 only).
+    pingpong: the consumer warpgroups take turns (sm90 only): with overlap, on issuing their wgmma products, so one's
+        softmax overlaps the other's matrix work; without it, on the softmax's exponentials (the MUFU section), so
+        one's exponentials run while the other's products occupy the tensor cores.
+    overlap: intra-warpgroup overlap (sm90 only): issue the next key block's Q K^T together with this block's P V and
+        run the softmax under the product; False waits for each product at once (cuDNN's schedule).
     The sm80-only knobs stay at their defaults in an sm90 config, and the sm90-only knobs in an sm80 config.
 
     Data type and head dim come from the inputs. The CPU handler uses block_q and block_kv as its tile sizes.
@@ -73,6 +76,7 @@ class KernelConfig:
     stages: int = 2
     consumer_warpgroups: int = 2
     pingpong: bool = True
+    overlap: bool = True
 
     def __post_init__(self):
         _require(self.family in FAMILIES, f"KernelConfig.family={self.family!r} is not allowed; choose one of "
@@ -87,14 +91,14 @@ class KernelConfig:
             if isinstance(value, bool) or not isinstance(value, int):
                 raise TypeError(f"KernelConfig.{name} must be an int, got {value!r} of type {type(value).__name__}")
         for name in ("async_copy", "eager_load_blocks", "swizzled", "mma_double_buffer_loads", "optimized_softmax",
-                     "pingpong"):
+                     "pingpong", "overlap"):
             value = getattr(self, name)
             if not isinstance(value, bool):
                 raise TypeError(f"KernelConfig.{name} must be a bool, got {value!r} of type {type(value).__name__}")
         if self.family == "sm90":
             self._validate_sm90()
             return
-        for name in ("stages", "consumer_warpgroups", "pingpong"):
+        for name in ("stages", "consumer_warpgroups", "pingpong", "overlap"):
             _require(getattr(self, name) == _FIELD_DEFAULTS[name],
                      f"KernelConfig.{name}={getattr(self, name)} applies to family='sm90' only; leave it at "
                      f"{_FIELD_DEFAULTS[name]} for family='sm80'")
@@ -137,12 +141,12 @@ class KernelConfig:
                      f"{_FIELD_DEFAULTS[name]!r} for family='sm90'")
 
     @staticmethod
-    def sm90(block_kv: int = 128, stages: int = 2, consumer_warpgroups: int = 2, pingpong: bool = True
-             ) -> "KernelConfig":
+    def sm90(block_kv: int = 128, stages: int = 2, consumer_warpgroups: int = 2, pingpong: bool = True,
+             overlap: bool = True) -> "KernelConfig":
         """An sm90-family config (block_q and num_warps follow from consumer_warpgroups)."""
         return KernelConfig(family="sm90", block_q=64 * consumer_warpgroups, block_kv=block_kv,
                             num_warps=4 * (consumer_warpgroups + 1), stages=stages,
-                            consumer_warpgroups=consumer_warpgroups, pingpong=pingpong)
+                            consumer_warpgroups=consumer_warpgroups, pingpong=pingpong, overlap=overlap)
 
     # ---- derived numbers shared by the validator, the generator and the docs -------------------------------------
     def rows_per_warp(self) -> int:
@@ -232,7 +236,7 @@ class KernelConfig:
         """Compact name used in generated file names: q128_kv64_w8_a1e1s1_f0-2-1_d1o1 (sm80), sm90_q128_kv128_st2_wg2."""
         if self.family == "sm90":
             return (f"q{self.block_q}_kv{self.block_kv}_st{self.stages}_wg{self.consumer_warpgroups}"
-                    f"_pp{int(self.pingpong)}")
+                    f"_pp{int(self.pingpong)}" + ("" if self.overlap else "_ov0"))
         b = lambda x: int(x)  # noqa: E731
         return (f"q{self.block_q}_kv{self.block_kv}_w{self.num_warps}_a{b(self.async_copy)}e{b(self.eager_load_blocks)}"
                 f"s{b(self.swizzled)}_f{self.q_mma_load_k_fragments}-{self.k_mma_load_k_fragments}-"
@@ -344,13 +348,16 @@ SWEEP_CONFIGS: dict[int, tuple[KernelConfig, ...]] = {
 }
 
 
-# The sm90 family's candidates (build with -DJAX_FLASH_CONFIG_SET=sweep_sm90): three consumer warpgroups (192-row
-# tiles, P through shared memory), with and without pingpong. (The v4 sweep's block_kv 160 / 192, pingpong off and
-# 3 stages are in docs/NOTES.md.)
+# The sm90 family's candidates (build with -DJAX_FLASH_CONFIG_SET=sweep_sm90): the schedule without intra-warpgroup
+# overlap (pingpong on the exponentials, session 6), three consumer warpgroups (192-row tiles, P through shared
+# memory) with and without pingpong. (The v4 sweep's block_kv 160 / 192, pingpong off and 3 stages are in
+# docs/NOTES.md.)
 SM90_SWEEP_CONFIGS: dict[int, tuple[KernelConfig, ...]] = {
-    128: (KernelConfig.sm90(block_kv=64, consumer_warpgroups=3, pingpong=False),
+    128: (KernelConfig.sm90(block_kv=128, overlap=False), KernelConfig.sm90(block_kv=128, pingpong=False, overlap=False),
+          KernelConfig.sm90(block_kv=64, consumer_warpgroups=3, pingpong=False),
           KernelConfig.sm90(block_kv=64, consumer_warpgroups=3)),
-    64: (KernelConfig.sm90(block_kv=128, consumer_warpgroups=3, pingpong=False),
+    64: (KernelConfig.sm90(block_kv=128, overlap=False), KernelConfig.sm90(block_kv=192, overlap=False),
+         KernelConfig.sm90(block_kv=128, consumer_warpgroups=3, pingpong=False),
          KernelConfig.sm90(block_kv=128, consumer_warpgroups=3)),
 }
 

@@ -169,6 +169,13 @@ def test_sm90_config_validation():
     with pytest.raises(ValueError, match="pingpong=False applies to family='sm90' only"):
         KernelConfig(pingpong=False)
     assert KernelConfig.sm90(pingpong=False).short_name() == "q128_kv128_st2_wg2_pp0"
+    # overlap (intra-warpgroup overlap, sm90 only): named in the short name only when off, passed to the kernel
+    assert KernelConfig.sm90(overlap=False).short_name() == "q128_kv128_st2_wg2_pp1_ov0"
+    assert KernelConfig.sm90(overlap=False).to_attrs()["overlap"] == 0 and KernelConfig.sm90().to_attrs()["overlap"] == 1
+    with pytest.raises(ValueError, match="overlap=False applies to family='sm90' only"):
+        KernelConfig(overlap=False)
+    with pytest.raises(TypeError, match="KernelConfig.overlap must be a bool"):
+        KernelConfig.sm90(overlap=1)
     with pytest.raises(TypeError, match="KernelConfig.stages must be an int"):
         KernelConfig.sm90(stages=2.0)
 

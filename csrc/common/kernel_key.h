@@ -29,7 +29,9 @@ struct KernelKey {
   int family = 80;
   int stages = 2;               // K/V shared-memory pipeline depth
   int consumer_warpgroups = 2;  // math warpgroups, 64 query rows each (block_q = 64 * consumer_warpgroups)
-  bool pingpong = true;         // the consumers take turns issuing their products (named barriers)
+  bool pingpong = true;         // the consumers take turns (named barriers): on their products, or without overlap on
+                                // their softmax exponentials
+  bool overlap = true;          // intra-warpgroup overlap: the next Q K^T issued with this block's P V
 
   constexpr bool operator==(const KernelKey&) const = default;
 };
@@ -45,7 +47,7 @@ inline std::string describe(const KernelKey& key) {
     return std::string("family=sm90 ") + dtype_name(key.dtype) + " head_dim=" + std::to_string(key.head_dim) +
            " block_q=" + std::to_string(key.block_q) + " block_kv=" + std::to_string(key.block_kv) +
            " stages=" + std::to_string(key.stages) + " consumer_warpgroups=" + std::to_string(key.consumer_warpgroups) +
-           " pingpong=" + b(key.pingpong);
+           " pingpong=" + b(key.pingpong) + " overlap=" + b(key.overlap);
   }
   return std::string("family=sm80 ") + dtype_name(key.dtype) + " head_dim=" + std::to_string(key.head_dim) +
          " block_q=" + std::to_string(key.block_q) + " block_kv=" + std::to_string(key.block_kv) +

@@ -26,14 +26,16 @@ __device__ __forceinline__ float lazy_rescale_threshold(float scale_log2) { retu
 // The maximum / sum of one thread's part of row half h (elements 2h, 2h + 1 of every n-tile) of an accumulator
 // m-tile, in kChains independent partial results combined at the end: one long chain of dependent FMNMX / FADD was
 // the kernels' most common stall (a fixed-latency dependency) at 2 warps per scheduler. Max is exact in any order;
-// the sum's rounding changes within fp32.
+// the sum's rounding changes within fp32. Each chain starts from its first tile (not from -inf / 0: the compiler
+// keeps max(-inf, x) and 0 + x, one wasted instruction per chain; kChains <= kNTiles by construction).
 template <int kNTiles, int kChains = (kNTiles >= 8 ? 4 : kNTiles >= 2 ? 2 : 1)>
 __device__ __forceinline__ float row_half_max(const float (&acc)[kNTiles][4], int h) {
+  static_assert(kChains <= kNTiles);
   float part[kChains];
 #pragma unroll
-  for (int c = 0; c < kChains; ++c) part[c] = -INFINITY;
+  for (int c = 0; c < kChains; ++c) part[c] = fmaxf(acc[c][2 * h], acc[c][2 * h + 1]);
 #pragma unroll
-  for (int n = 0; n < kNTiles; ++n) part[n % kChains] = fmaxf(part[n % kChains], fmaxf(acc[n][2 * h], acc[n][2 * h + 1]));
+  for (int n = kChains; n < kNTiles; ++n) part[n % kChains] = fmaxf(part[n % kChains], fmaxf(acc[n][2 * h], acc[n][2 * h + 1]));
 #pragma unroll
   for (int width = kChains / 2; width > 0; width /= 2)
 #pragma unroll
@@ -43,11 +45,12 @@ __device__ __forceinline__ float row_half_max(const float (&acc)[kNTiles][4], in
 
 template <int kNTiles, int kChains = (kNTiles >= 8 ? 4 : kNTiles >= 2 ? 2 : 1)>
 __device__ __forceinline__ float row_half_sum(const float (&acc)[kNTiles][4], int h) {
+  static_assert(kChains <= kNTiles);
   float part[kChains];
 #pragma unroll
-  for (int c = 0; c < kChains; ++c) part[c] = 0.0f;
+  for (int c = 0; c < kChains; ++c) part[c] = acc[c][2 * h] + acc[c][2 * h + 1];
 #pragma unroll
-  for (int n = 0; n < kNTiles; ++n) part[n % kChains] += acc[n][2 * h] + acc[n][2 * h + 1];
+  for (int n = kChains; n < kNTiles; ++n) part[n % kChains] += acc[n][2 * h] + acc[n][2 * h + 1];
 #pragma unroll
   for (int width = kChains / 2; width > 0; width /= 2)
 #pragma unroll

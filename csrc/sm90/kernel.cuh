@@ -9,7 +9,8 @@
 //     operands in shared memory, mask / softcap, the online softmax in registers (exp2 with the scale folded in),
 //     and O += P V by wgmma with P from registers and V (MN-major) from shared memory. The product of the previous
 //     block's P V is issued together with this block's Q K^T, so the softmax overlaps it (intra-warpgroup overlap),
-//     and with pingpong the two consumers take turns on the tensor cores.
+//     and with pingpong the two consumers take turns on the tensor cores. Without overlap (T::kOverlap false, a
+//     measured alternative) each product is waited for at once and the turns cover the exponentials instead.
 // The epilogue writes O through a shared-memory buffer of its own with 16-byte coalesced stores.
 #pragma once
 
@@ -277,8 +278,10 @@ __global__ void __launch_bounds__(T::kNumThreads, 1)
       mbarrier_wait(&q_full[qb], q_parity_of(tiles_done));
       ++tiles_done;
       for (int j = block_begin; j <= block_end; ++j, ++it) {  // turn j: S_j (j < block_end) and P_{j-1} V_{j-1}
-        wait_turn();
-        pass_turn();
+        if (T::kOverlap || j < block_end) {  // without overlap one turn per key block (its exponentials)
+          wait_turn();
+          pass_turn();
+        }
         if (j < block_end) {
           mbarrier_wait(&k_full[stage_of(it)], parity_of(it));
           mbarrier_arrive(&k_empty[stage_of(it)]);
@@ -344,8 +347,8 @@ __global__ void __launch_bounds__(T::kNumThreads, 1)
       wgmma_commit();
     };
     const float softcap_exp2_scale = p.softcap_scale * 2.0f * 1.4426950408889634f;  // 2 log2(e) * scale / softcap
-    // softcap, mask, online softmax of S_j; alpha for the O rescale and whether it is needed
-    auto scores_to_probabilities = [&](int j) {
+    // softcap, mask and the running max of S_j; alpha for the O rescale and whether it is needed
+    auto scores_to_max = [&](int j) {
       if constexpr (kHasSoftcap) {  // S = softcap * tanh(S * scale / softcap); the softmax then runs with scale 1
 #pragma unroll
         for (int n = 0; n < T::kSTiles; ++n)
@@ -356,7 +359,12 @@ __global__ void __launch_bounds__(T::kNumThreads, 1)
         mask_key_block<T::kBlockKV>(acc_s, j * T::kBlockKV, row0, q_rows_valid, warp_row0, lane, lo_off, hi_off,
                                     len.kv_len);
       }
-      return softmax.update(acc_s, p.scale_log2, max_growth, alpha);
+      return softmax.update_max(acc_s, p.scale_log2, max_growth, alpha);
+    };
+    auto scores_to_probabilities = [&](int j) {  // ... and P = exp2(...) in place
+      const bool rescale = scores_to_max(j);
+      softmax.exponentiate(acc_s, p.scale_log2);
+      return rescale;
     };
     // stmatrix addresses (kPInSmem): lane l gives row l%8 of 8x8 matrix l/8 of each k16 step t, i.e. row
     // 16 * warp + l%8 + 8 * ((l/8) % 2), 16-byte chunk 2t + (l/8)/2 of the keys (panel t/4, chunk 2(t%4) + (l/8)/2
@@ -389,49 +397,76 @@ __global__ void __launch_bounds__(T::kNumThreads, 1)
     };
     mbarrier_wait(&q_full[qb], q_parity_of(tiles_done));
     ++tiles_done;
-    // Prologue: S_0 and its softmax (O is still zero: no rescale).
-    mbarrier_wait(&k_full[stage_of(it)], parity_of(it));
-    wait_turn();
-    issue_s(stage_of(it));
-    pass_turn();
-    wgmma_wait<0>();
-    fence_registers(acc_s_flat);
-    mbarrier_arrive(&k_empty[stage_of(it)]);
-    if (block_end - block_begin == 1) mbarrier_arrive(&q_empty[qb]);  // the tile's last read of Q
-    scores_to_probabilities(block_begin);
-    pack_probabilities();
-    ++it;
-
-    // Steady state (intra-warpgroup overlap): issue S_j = Q K_j^T and O += P_{j-1} V_{j-1} back to back; the
-    // softmax of S_j runs while P_{j-1} V_{j-1} is still on the tensor cores; O is rescaled once it is done.
-    for (int j = block_begin + 1; j < block_end; ++j, ++it) {
+    if constexpr (!T::kOverlap) {
+      // No intra-warpgroup overlap (cuDNN's schedule, read from its SASS: docs/NOTES.md, session 6). Per key block:
+      // S_j = Q K_j^T waited for at once, its row max, then the turn: exponentials, O rescale and P packing, pass
+      // the turn, O += P_j V_j waited for at once. With pingpong the consumers' exponentials (MUFU) never run at
+      // the same time, and each one's products run under the other's exponentials.
+      for (int j = block_begin; j < block_end; ++j, ++it) {
+        mbarrier_wait(&k_full[stage_of(it)], parity_of(it));
+        issue_s(stage_of(it));
+        wgmma_wait<0>();
+        fence_registers(acc_s_flat);
+        mbarrier_arrive(&k_empty[stage_of(it)]);
+        if (j == block_end - 1) mbarrier_arrive(&q_empty[qb]);  // the tile's last read of Q
+        const bool rescale_o = scores_to_max(j);
+        wait_turn();
+        softmax.exponentiate(acc_s, p.scale_log2);
+        if (rescale_o) decltype(softmax)::rescale(acc_o, alpha);
+        pack_probabilities();
+        pass_turn();
+        mbarrier_wait(&v_full[stage_of(it)], parity_of(it));
+        issue_pv(stage_of(it));
+        wgmma_wait<0>();
+        fence_registers(acc_o_flat);
+        fence_p();
+        mbarrier_arrive(&v_empty[stage_of(it)]);
+      }
+    } else {
+      // Prologue: S_0 and its softmax (O is still zero: no rescale).
       mbarrier_wait(&k_full[stage_of(it)], parity_of(it));
-      mbarrier_wait(&v_full[stage_of(it - 1)], parity_of(it - 1));
       wait_turn();
       issue_s(stage_of(it));
-      issue_pv(stage_of(it - 1));
       pass_turn();
-      wgmma_wait<1>();  // the older group, S_j, is done
+      wgmma_wait<0>();
       fence_registers(acc_s_flat);
       mbarrier_arrive(&k_empty[stage_of(it)]);
-      if (j == block_end - 1) mbarrier_arrive(&q_empty[qb]);  // the tile's last read of Q: its buffer may refill
-      const bool rescale_o = scores_to_probabilities(j);
-      wgmma_wait<0>();  // P_{j-1} V_{j-1} is done: O and the P fragments may change
+      if (block_end - block_begin == 1) mbarrier_arrive(&q_empty[qb]);  // the tile's last read of Q
+      scores_to_probabilities(block_begin);
+      pack_probabilities();
+      ++it;
+
+      // Steady state (intra-warpgroup overlap): issue S_j = Q K_j^T and O += P_{j-1} V_{j-1} back to back; the
+      // softmax of S_j runs while P_{j-1} V_{j-1} is still on the tensor cores; O is rescaled once it is done.
+      for (int j = block_begin + 1; j < block_end; ++j, ++it) {
+        mbarrier_wait(&k_full[stage_of(it)], parity_of(it));
+        mbarrier_wait(&v_full[stage_of(it - 1)], parity_of(it - 1));
+        wait_turn();
+        issue_s(stage_of(it));
+        issue_pv(stage_of(it - 1));
+        pass_turn();
+        wgmma_wait<1>();  // the older group, S_j, is done
+        fence_registers(acc_s_flat);
+        mbarrier_arrive(&k_empty[stage_of(it)]);
+        if (j == block_end - 1) mbarrier_arrive(&q_empty[qb]);  // the tile's last read of Q: its buffer may refill
+        const bool rescale_o = scores_to_probabilities(j);
+        wgmma_wait<0>();  // P_{j-1} V_{j-1} is done: O and the P fragments may change
+        fence_registers(acc_o_flat);
+        fence_p();
+        mbarrier_arrive(&v_empty[stage_of(it - 1)]);
+        if (rescale_o) decltype(softmax)::rescale(acc_o, alpha);
+        pack_probabilities();
+      }
+      // Drain: O += P_last V_last.
+      mbarrier_wait(&v_full[stage_of(it - 1)], parity_of(it - 1));
+      wait_turn();
+      issue_pv(stage_of(it - 1));
+      pass_turn();
+      wgmma_wait<0>();
       fence_registers(acc_o_flat);
       fence_p();
       mbarrier_arrive(&v_empty[stage_of(it - 1)]);
-      if (rescale_o) decltype(softmax)::rescale(acc_o, alpha);
-      pack_probabilities();
-    }
-    // Drain: O += P_last V_last.
-    mbarrier_wait(&v_full[stage_of(it - 1)], parity_of(it - 1));
-    wait_turn();
-    issue_pv(stage_of(it - 1));
-    pass_turn();
-    wgmma_wait<0>();
-    fence_registers(acc_o_flat);
-    fence_p();
-    mbarrier_arrive(&v_empty[stage_of(it - 1)]);
+    }  // kOverlap
 
     softmax.finalize(acc_o);
     if (p.lse != nullptr && lane % 4 == 0) {  // one lane of each quad owns the row

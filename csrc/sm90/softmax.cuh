@@ -30,6 +30,15 @@ struct SplitSoftmax {
   // first key blocks the maximum of a row rarely grows that much. Needs scale_log2 > 0 (csrc/common/params.h).
   __device__ __forceinline__ bool update(float (&acc_s)[1][kSTiles][4], float scale_log2, float max_growth,
                                          float (&alpha)[2]) {
+    const bool rescale = update_max(acc_s, scale_log2, max_growth, alpha);
+    exponentiate(acc_s, scale_log2);
+    return rescale;
+  }
+
+  // The two halves of update(), for a schedule that takes turns on the exponentials between them: the running
+  // maximum (and alpha, the row sums rescaled), then P = exp2(S * scale_log2 - m * scale_log2) and the row sums.
+  __device__ __forceinline__ bool update_max(const float (&acc_s)[1][kSTiles][4], float scale_log2, float max_growth,
+                                             float (&alpha)[2]) {
     float m_new[2];
     bool grows = false;
 #pragma unroll
@@ -48,6 +57,10 @@ struct SplitSoftmax {
         row_sum[h] *= alpha[h];
       }
     }
+    return rescale;
+  }
+
+  __device__ __forceinline__ void exponentiate(float (&acc_s)[1][kSTiles][4], float scale_log2) {
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
       const float m_scaled = (row_max[h] == -INFINITY ? 0.0f : row_max[h]) * scale_log2;
@@ -60,7 +73,6 @@ struct SplitSoftmax {
       }
       row_sum[h] += sm80::row_half_sum<kSTiles, kChains>(acc_s[0], h);
     }
-    return rescale;
   }
 
   __device__ __forceinline__ static void rescale(float (&acc_o)[1][kOTiles][4], const float (&alpha)[2]) {

@@ -20,7 +20,11 @@ struct Traits {
   static constexpr int kConsumers = kKey.consumer_warpgroups;  // math warpgroups
   static constexpr int kBlockQ = 64 * kConsumers;              // each consumer owns 64 query rows (one wgmma M)
   static constexpr int kNumThreads = 128 * (kConsumers + 1);   // warpgroup 0 is the producer
-  static constexpr bool kPingpong = kKey.pingpong;             // consumers take turns on the tensor cores
+  static constexpr bool kPingpong = kKey.pingpong;             // consumers take turns (named barriers)
+  // Intra-warpgroup overlap: S_j = Q K_j^T issued with O += P_{j-1} V_{j-1}, the softmax under the product, and the
+  // pingpong turns on the product issue. Without it each product is waited for at once and the turns cover the
+  // softmax's exponentials (cuDNN's schedule, docs/NOTES.md session 6).
+  static constexpr bool kOverlap = kKey.overlap;
   // P (the softmax's probabilities, the A operand of O += P V) from registers (wgmma RS) with two consumers; with
   // three, each consumer has 152 registers (below) and S + O + P do not fit (D = 64, 128 keys: 64 + 32 + 32 plus
   // the softmax state and addresses spilled 64-100 bytes), so P goes through shared memory (wgmma SS), as in FA3.
