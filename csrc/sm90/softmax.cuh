@@ -1,6 +1,6 @@
 // Online softmax for one consumer warp's 16 rows of the wgmma accumulators, split so the O rescale can wait:
 // with the intra-warpgroup overlap, O += P_{j-1} V_{j-1} is still running on the tensor cores while the softmax of
-// S_j runs, so update() only returns each row's factor alpha = exp(m_old - m_new) (and whether it is needed) and
+// S_j runs, so update_max() only returns each row's factor alpha = exp(m_old - m_new) (and whether it is needed) and
 // rescale() applies it to O once that product has completed.
 // Fragment layout (per warp, the mma.sync m16n8 layout repeated): element e of n-tile n is row lane/4 + 8*(e/2),
 // column 8n + 2*(lane%4) + e%2; the four lanes of a quad share a row (reductions by shfl_xor 1 and 2).
@@ -21,22 +21,15 @@ struct SplitSoftmax {
   // extra partials made the soft-capped variant spill.
   static constexpr int kChains = kSTiles > 16 ? 2 : 4;
 
-  // S -> P = exp2(S * scale_log2 - m * scale_log2) in place. Returns whether O must be rescaled by `alpha`
-  // (= exp2((m_old - m_new) * scale_log2) per row half), the same answer on every lane of the warp.
+  // One key block's update in two halves (the kernel may take a pingpong turn between them): update_max() moves
+  // the running maximum m and returns whether O must be rescaled by `alpha` (= exp2((m_old - m_new) * scale_log2)
+  // per row half, the row sums already rescaled), the same answer on every lane of the warp; exponentiate() then
+  // turns S into P = exp2(S * scale_log2 - m * scale_log2) in place and adds P's rows to the row sums.
   // Lazy rescale (FlashAttention-4): the running maximum m moves only when some row of the warp has grown by more
   // than max_growth (raw units, sm80::lazy_rescale_threshold: a factor 2^8 after exp2). Otherwise P is taken against the old
   // m, so its entries are <= 2^8 (exact enough in bf16 / fp16: the relative rounding is the same), the row sums and
   // O stay in fp32, and the O rescale (D / 2 FMUL per thread) and the alpha exponentials are skipped: after the
   // first key blocks the maximum of a row rarely grows that much. Needs scale_log2 > 0 (csrc/common/params.h).
-  __device__ __forceinline__ bool update(float (&acc_s)[1][kSTiles][4], float scale_log2, float max_growth,
-                                         float (&alpha)[2]) {
-    const bool rescale = update_max(acc_s, scale_log2, max_growth, alpha);
-    exponentiate(acc_s, scale_log2);
-    return rescale;
-  }
-
-  // The two halves of update(), for a schedule that takes turns on the exponentials between them: the running
-  // maximum (and alpha, the row sums rescaled), then P = exp2(S * scale_log2 - m * scale_log2) and the row sums.
   __device__ __forceinline__ bool update_max(const float (&acc_s)[1][kSTiles][4], float scale_log2, float max_growth,
                                              float (&alpha)[2]) {
     float m_new[2];

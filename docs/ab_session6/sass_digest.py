@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Digest of an ncu source-page CSV (.ci/sass_profile.sh): per-instruction exec count, samples and top stall
+"""Digest of an ncu source-page CSV (SOURCE=1 bash .ci/profile.sh): per-instruction exec count, samples and top stall
 reasons; totals by opcode and by stall reason.  python3 sass_digest.py FILE.csv [--listing] [--min-exec N]"""
 import collections, csv, gzip, sys
 
