@@ -25,6 +25,12 @@
 #include "sm90/traits.cuh"
 #include "sm90/wgmma_ops.cuh"
 
+// Session-7 A/B switches of the kernel body (tests/harness/sm90_ab.cu builds one binary per value): bit 0, a ring
+// of turns around the exponentials; bit 1, the K/V waits tested early. 0 is the shipped kernel.
+#ifndef JAX_FLASH_SM90_VARIANT
+#define JAX_FLASH_SM90_VARIANT 0
+#endif
+
 namespace jax_flash::sm90 {
 
 // One tile = one (batch, query head, block of kBlockQ query rows). Tile t -> (batch, head, query block):
@@ -139,8 +145,13 @@ __global__ void __launch_bounds__(T::kNumThreads, 1)
 
   // Key block j of a tile is pipeline step it (counted over all of this block's tiles); it lives in stage
   // it % kStages, filled for the (it / kStages)-th time: that fill completes the phase of parity (it / kStages) & 1.
+#if JAX_FLASH_SM90_VARIANT & 2
+  auto stage_of = [](int it) { return static_cast<int>(static_cast<uint32_t>(it) % T::kStages); };
+  auto parity_of = [](int it) { return (static_cast<uint32_t>(it) / T::kStages) & 1; };
+#else
   auto stage_of = [](int it) { return it % T::kStages; };
   auto parity_of = [](int it) { return static_cast<uint32_t>((it / T::kStages) & 1); };
+#endif
   // Likewise the block's loaded tile number t (tiles with nothing to load are not counted) uses Q buffer
   // t % kQBuffers, filled for the (t / kQBuffers)-th time.
   auto q_buffer_of = [](int t) { return t % kQB; };
@@ -223,6 +234,20 @@ __global__ void __launch_bounds__(T::kNumThreads, 1)
   // is left pending when the block exits. Every consumer takes the same turns (one per product group of each tile,
   // idle ones included), so the ring never waits on a consumer that has left.
   constexpr int kTurnBarrier = 1 + T::kConsumers;  // ids 1 .. kConsumers are the consumers' epilogue barriers
+  // A second ring around the exponentials (ids kTurnBarrier + kConsumers ...), so the two consumers' MUFU work never
+  // coincides, while the first ring keeps ordering the product issue.
+  constexpr bool kExpTurns = (JAX_FLASH_SM90_VARIANT & 1) && T::kPingpong && T::kOverlap && T::kConsumers == 2;
+  constexpr bool kEarlyTest = (JAX_FLASH_SM90_VARIANT & 2) != 0;
+  constexpr int kExpBarrier = kTurnBarrier + T::kConsumers;
+  auto wait_exp_turn = [&] {
+    if constexpr (kExpTurns) named_barrier_sync(kExpBarrier + consumer, 256);
+  };
+  auto pass_exp_turn = [&] {
+    if constexpr (kExpTurns) named_barrier_arrive(kExpBarrier + (consumer + 1) % T::kConsumers, 256);
+  };
+  if constexpr (kExpTurns) {
+    if (consumer == T::kConsumers - 1) named_barrier_arrive(kExpBarrier, 256);
+  }
   auto wait_turn = [&] {
     if constexpr (T::kPingpong) named_barrier_sync(kTurnBarrier + consumer, 256);
   };
@@ -363,7 +388,11 @@ __global__ void __launch_bounds__(T::kNumThreads, 1)
     };
     auto scores_to_probabilities = [&](int j) {  // ... and P = exp2(...) in place
       const bool rescale = scores_to_max(j);
+      wait_exp_turn();
+      if constexpr (kExpTurns) fence_registers(acc_s_flat);
       softmax.exponentiate(acc_s, p.scale_log2);
+      if constexpr (kExpTurns) fence_registers(acc_s_flat);
+      pass_exp_turn();
       return rescale;
     };
     // stmatrix addresses (kPInSmem): lane l gives row l%8 of 8x8 matrix l/8 of each k16 step t, i.e. row
@@ -438,9 +467,12 @@ __global__ void __launch_bounds__(T::kNumThreads, 1)
 
       // Steady state (intra-warpgroup overlap): issue S_j = Q K_j^T and O += P_{j-1} V_{j-1} back to back; the
       // softmax of S_j runs while P_{j-1} V_{j-1} is still on the tensor cores; O is rescaled once it is done.
+      bool kv_ready = false;  // kEarlyTest: K_j and V_{j-1} were seen complete during the last block's softmax
       for (int j = block_begin + 1; j < block_end; ++j, ++it) {
-        mbarrier_wait(&k_full[stage_of(it)], parity_of(it));
-        mbarrier_wait(&v_full[stage_of(it - 1)], parity_of(it - 1));
+        if (!kv_ready) {
+          mbarrier_wait(&k_full[stage_of(it)], parity_of(it));
+          mbarrier_wait(&v_full[stage_of(it - 1)], parity_of(it - 1));
+        }
         wait_turn();
         issue_s(stage_of(it));
         issue_pv(stage_of(it - 1));
@@ -449,7 +481,16 @@ __global__ void __launch_bounds__(T::kNumThreads, 1)
         fence_registers(acc_s_flat);
         mbarrier_arrive(&k_empty[stage_of(it)]);
         if (j == block_end - 1) mbarrier_arrive(&q_empty[qb]);  // the tile's last read of Q: its buffer may refill
-        const bool rescale_o = scores_to_probabilities(j);
+        const bool rescale_o = scores_to_max(j);
+        if constexpr (kEarlyTest) {
+          kv_ready = mbarrier_test(&k_full[stage_of(it + 1)], parity_of(it + 1)) &&
+                     mbarrier_test(&v_full[stage_of(it)], parity_of(it));
+        }
+        wait_exp_turn();
+        if constexpr (kExpTurns) fence_registers(acc_s_flat);
+        softmax.exponentiate(acc_s, p.scale_log2);
+        if constexpr (kExpTurns) fence_registers(acc_s_flat);
+        pass_exp_turn();
         wgmma_wait<0>();  // P_{j-1} V_{j-1} is done: O and the P fragments may change
         fence_registers(acc_o_flat);
         fence_p();
@@ -502,6 +543,9 @@ __global__ void __launch_bounds__(T::kNumThreads, 1)
   }
   if constexpr (T::kPingpong) {
     if (consumer == 0) named_barrier_sync(kTurnBarrier, 256);  // the last consumer's last hand-over
+  }
+  if constexpr (kExpTurns) {
+    if (consumer == 0) named_barrier_sync(kExpBarrier, 256);
   }
 #endif
 }

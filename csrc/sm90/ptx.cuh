@@ -46,6 +46,22 @@ __device__ __forceinline__ void mbarrier_wait(uint64_t* bar, uint32_t parity) {
       : "memory");
 }
 
+// Non-blocking: whether the phase with parity `parity` has completed (mbarrier.test_wait never suspends the thread,
+// unlike try_wait), so a wait can be tested early and its latency hidden under other work.
+__device__ __forceinline__ bool mbarrier_test(uint64_t* bar, uint32_t parity) {
+  uint32_t done;
+  asm volatile(
+      "{\n"
+      ".reg .pred p;\n"
+      "mbarrier.test_wait.parity.shared::cta.b64 p, [%1], %2;\n"
+      "selp.u32 %0, 1, 0, p;\n"
+      "}\n"
+      : "=r"(done)
+      : "r"(smem_u32(bar)), "r"(parity)
+      : "memory");
+  return done != 0;
+}
+
 // ---- TMA: 4-D tiled copy global -> shared, completing `bytes` on an mbarrier ----------------------------------
 // Coordinates are (head_dim column, sequence row, head, batch), innermost first, as in the tensor map.
 __device__ __forceinline__ void tma_load_4d(void* smem_dst, const CUtensorMap* map, uint64_t* bar, int c0, int c1,
