@@ -25,12 +25,6 @@
 #include "sm90/traits.cuh"
 #include "sm90/wgmma_ops.cuh"
 
-// Session-7 A/B switches of the kernel body (tests/harness/sm90_ab.cu builds one binary per value): bit 0, a ring
-// of turns around the exponentials; bit 1, the K/V waits tested early. 0 is the shipped kernel.
-#ifndef JAX_FLASH_SM90_VARIANT
-#define JAX_FLASH_SM90_VARIANT 0
-#endif
-
 namespace jax_flash::sm90 {
 
 // One tile = one (batch, query head, block of kBlockQ query rows). Tile t -> (batch, head, query block):
@@ -145,13 +139,23 @@ __global__ void __launch_bounds__(T::kNumThreads, 1)
 
   // Key block j of a tile is pipeline step it (counted over all of this block's tiles); it lives in stage
   // it % kStages, filled for the (it / kStages)-th time: that fill completes the phase of parity (it / kStages) & 1.
-#if JAX_FLASH_SM90_VARIANT & 2
-  auto stage_of = [](int it) { return static_cast<int>(static_cast<uint32_t>(it) % T::kStages); };
-  auto parity_of = [](int it) { return (static_cast<uint32_t>(it) / T::kStages) & 1; };
+  // The session-7 switches (traits.cuh); JAX_FLASH_SM90_VARIANT overrides both in the A/B builds of
+  // tests/harness/sm90_ab.cu (bit 0: the exponentials' ring, bit 1: early K/V tests).
+#ifdef JAX_FLASH_SM90_VARIANT
+  constexpr bool kExpTurns = (JAX_FLASH_SM90_VARIANT & 1) && T::kPingpong && T::kOverlap && T::kConsumers == 2;
+  constexpr bool kEarlyTest = (JAX_FLASH_SM90_VARIANT & 2) != 0;
 #else
-  auto stage_of = [](int it) { return it % T::kStages; };
-  auto parity_of = [](int it) { return static_cast<uint32_t>((it / T::kStages) & 1); };
+  constexpr bool kExpTurns = T::kExpTurns;
+  constexpr bool kEarlyTest = T::kEarlyKVTest;
 #endif
+  auto stage_of = [](int it) {
+    if constexpr (kEarlyTest) return static_cast<int>(static_cast<uint32_t>(it) % T::kStages);
+    return it % T::kStages;
+  };
+  auto parity_of = [](int it) {
+    if constexpr (kEarlyTest) return (static_cast<uint32_t>(it) / T::kStages) & 1;
+    return static_cast<uint32_t>((it / T::kStages) & 1);
+  };
   // Likewise the block's loaded tile number t (tiles with nothing to load are not counted) uses Q buffer
   // t % kQBuffers, filled for the (t / kQBuffers)-th time.
   auto q_buffer_of = [](int t) { return t % kQB; };
@@ -234,10 +238,10 @@ __global__ void __launch_bounds__(T::kNumThreads, 1)
   // is left pending when the block exits. Every consumer takes the same turns (one per product group of each tile,
   // idle ones included), so the ring never waits on a consumer that has left.
   constexpr int kTurnBarrier = 1 + T::kConsumers;  // ids 1 .. kConsumers are the consumers' epilogue barriers
-  // A second ring around the exponentials (ids kTurnBarrier + kConsumers ...), so the two consumers' MUFU work never
-  // coincides, while the first ring keeps ordering the product issue.
-  constexpr bool kExpTurns = (JAX_FLASH_SM90_VARIANT & 1) && T::kPingpong && T::kOverlap && T::kConsumers == 2;
-  constexpr bool kEarlyTest = (JAX_FLASH_SM90_VARIANT & 2) != 0;
+  // kExpTurns: a second ring (ids kTurnBarrier + kConsumers ...) around the exponentials, beside the first one on the
+  // product issue. ptxas moves register-only instructions across bar.sync / bar.arrive, so what the turn covers is
+  // its choice: in the measured build the scaling FFMAs and the first exponentials (docs/NOTES.md, session 7; tying
+  // all of them to the turn through shared memory was slower).
   constexpr int kExpBarrier = kTurnBarrier + T::kConsumers;
   auto wait_exp_turn = [&] {
     if constexpr (kExpTurns) named_barrier_sync(kExpBarrier + consumer, 256);

@@ -25,6 +25,14 @@ struct Traits {
   // pingpong turns on the product issue. Without it each product is waited for at once and the turns cover the
   // softmax's exponentials (cuDNN's schedule, docs/NOTES.md session 6).
   static constexpr bool kOverlap = kKey.overlap;
+  // Session 7 (docs/NOTES.md; measured per head dim with tests/harness/sm90_ab.cu on the H200, Nsight Compute):
+  // a second ring of turns on the exponentials, so the two consumers start them staggered (D = 64: -4 to -6% time;
+  // D = 128: none) ...
+  static constexpr bool kExpTurns = kHeadDim == 64 && kPingpong && kOverlap && kConsumers == 2;
+  // ... and the next key block's K / V barriers tested (mbarrier.test_wait) during this block's softmax, with
+  // unsigned pipeline counters, so the waits at the top of the loop are usually skipped (D = 128: -1 to -3%; D = 64:
+  // none, and with the ring it cancelled the ring's gain).
+  static constexpr bool kEarlyKVTest = kHeadDim == 128;
   // P (the softmax's probabilities, the A operand of O += P V) from registers (wgmma RS) with two consumers; with
   // three, each consumer has 152 registers (below) and S + O + P do not fit (D = 64, 128 keys: 64 + 32 + 32 plus
   // the softmax state and addresses spilled 64-100 bytes), so P goes through shared memory (wgmma SS), as in FA3.

@@ -28,7 +28,7 @@ python3 - "$OUT/ab_time.txt" <<'PY'
 import collections, re, statistics, sys
 rows = collections.defaultdict(list)
 for line in open(sys.argv[1]):
-    m = re.match(r"variant (\d+) D=(\d+) S=(\d+): ([\d.]+) us ([\d.]+) TFLOP/s", line)
+    m = re.match(r"variant (-?\d+) D=(\d+) S=(\d+): ([\d.]+) us ([\d.]+) TFLOP/s", line)
     if m: rows[(int(m[2]), int(m[3]), int(m[1]))].append(float(m[5]))
     elif line.strip(): print(line.rstrip())
 shapes = sorted({k[:2] for k in rows}); variants = sorted({k[2] for k in rows})

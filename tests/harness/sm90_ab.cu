@@ -1,6 +1,7 @@
 // Standalone timing of the sm90 family's unmasked kernels, for A/B experiments on the kernel body without a package
-// build (docs/NOTES.md, session 7). Compile one binary per variant of csrc/sm90/kernel.cuh (a -D switch there) and
-// run them alternately on the GPU machine; each prints one line per shape:
+// build (docs/NOTES.md, session 7). Compile one binary per variant (-DJAX_FLASH_SM90_VARIANT=N overrides the
+// switches of csrc/sm90/kernel.cuh; without it, the shipped ones, printed as variant -1) and run them alternately on
+// the GPU machine (docs/ab_session7/run.sh); each prints one line per shape:
 //   sm90_ab [--check] [D S]  (--check: first compare one small case per head dim with the CPU implementation;
 //                             D S: only that shape, e.g. for Nsight Compute)
 // Shapes are the benchmark's (batch x seq = 16384 tokens, heads x head_dim = 2048), bf16, non-causal, keys a
@@ -20,8 +21,10 @@
 #include "cpu/attention_cpu.h"
 #include "sm90/launch.cuh"
 
-#ifndef JAX_FLASH_SM90_VARIANT
-#define JAX_FLASH_SM90_VARIANT 0
+#ifdef JAX_FLASH_SM90_VARIANT
+constexpr int kVariant = JAX_FLASH_SM90_VARIANT;
+#else
+constexpr int kVariant = -1;  // the shipped switches (csrc/sm90/traits.cuh)
 #endif
 
 using namespace jax_flash;
@@ -156,7 +159,7 @@ int main(int argc, char** argv) {
   if (do_check) {
     for (int d : {64, 128}) {
       const float err = check(d);
-      std::printf("variant %d check D=%d: max |gpu - cpu| = %.4f %s\n", JAX_FLASH_SM90_VARIANT, d, err,
+      std::printf("variant %d check D=%d: max |gpu - cpu| = %.4f %s\n", kVariant, d, err,
                   err <= 4e-2f ? "ok" : "FAIL");
       if (!(err <= 4e-2f)) return 1;
     }
@@ -193,7 +196,7 @@ int main(int argc, char** argv) {
       std::sort(per_call.begin(), per_call.end());
       const double ms = per_call[per_call.size() / 2];
       const double flops = 4.0 * pr.batch * pr.heads * double(s) * s * d;
-      std::printf("variant %d D=%d S=%d: %.1f us %.1f TFLOP/s (min %.1f us)\n", JAX_FLASH_SM90_VARIANT, d, s,
+      std::printf("variant %d D=%d S=%d: %.1f us %.1f TFLOP/s (min %.1f us)\n", kVariant, d, s,
                   ms * 1e3, flops / ms / 1e9, per_call.front() * 1e3);
     }
   }
