@@ -145,7 +145,8 @@ __global__ void __launch_bounds__(T::kNumThreads, 1)
   constexpr bool kExpTurns = (JAX_FLASH_SM90_VARIANT & 1) && T::kPingpong && T::kOverlap && T::kConsumers == 2;
   constexpr bool kEarlyTest = (JAX_FLASH_SM90_VARIANT & 2) != 0;
 #else
-  constexpr bool kExpTurns = T::kExpTurns;
+  // (with 192-key blocks the soft-capped variant spilled 68 bytes with the ring)
+  constexpr bool kExpTurns = T::kExpTurns && !(kHasSoftcap && T::kBlockKV > 128);
   constexpr bool kEarlyTest = T::kEarlyKVTest;
 #endif
   auto stage_of = [](int it) {
