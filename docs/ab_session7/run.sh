@@ -14,13 +14,13 @@ for round in 1 2; do
   for v in $VARIANTS; do timeout 120 build/ab/sm90_ab_v$v; done
 done > "$OUT/ab_time.txt" 2>&1
 for v in $VARIANTS; do
-  for shape in "64 1024" "64 4096" "128 1024" "128 4096"; do
+  for shape in ${NCU_SHAPES:-"64 1024" "64 4096" "128 1024" "128 4096"}; do
     t=$(timeout 60 "$NCU" -k regex:attention --launch-skip 3 --launch-count 1 --section SpeedOfLight \
         build/ab/sm90_ab_v$v $shape 2>&1 | grep -E "^\s+Duration" | awk '{print $3, $2}')
     echo "ncu variant $v D,S=$shape: $t"
   done
 done > "$OUT/ab_ncu.txt" 2>&1
-for v in $VARIANTS; do cuobjdump -sass build/ab/sm90_ab_v$v > "$OUT/sass_v$v.txt" 2>&1; done
+for v in ${SASS_VARIANTS-$VARIANTS}; do cuobjdump -sass build/ab/sm90_ab_v$v > "$OUT/sass_v$v.txt" 2>&1; done
 gzip -f "$OUT"/sass_v*.txt
 cat "$OUT/ab_ncu.txt"
 # median over the rounds, per variant and shape
@@ -28,11 +28,11 @@ python3 - "$OUT/ab_time.txt" <<'PY'
 import collections, re, statistics, sys
 rows = collections.defaultdict(list)
 for line in open(sys.argv[1]):
-    m = re.match(r"variant (-?\d+) D=(\d+) S=(\d+): ([\d.]+) us ([\d.]+) TFLOP/s", line)
-    if m: rows[(int(m[2]), int(m[3]), int(m[1]))].append(float(m[5]))
+    m = re.match(r"variant (-?\d+) D=(\d+) S=(\d+c?) kv(\d+): ([\d.]+) us ([\d.]+) TFLOP/s", line)
+    if m: rows[(int(m[2]), m[3] + "_kv" + m[4], int(m[1]))].append(float(m[6]))
     elif line.strip(): print(line.rstrip())
 shapes = sorted({k[:2] for k in rows}); variants = sorted({k[2] for k in rows})
 print("TFLOP/s (median of rounds)  " + "  ".join(f"v{v:<6d}" for v in variants))
 for d, s in shapes:
-    print(f"D={d:<4d} S={s:<6d}              " + "  ".join(f"{statistics.median(rows[(d, s, v)]):7.1f}" for v in variants))
+    print(f"D={d:<4d} S={s:<12s}        " + "  ".join(f"{statistics.median(rows[(d, s, v)]):7.1f}" for v in variants))
 PY

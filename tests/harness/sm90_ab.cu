@@ -2,10 +2,10 @@
 // build (docs/NOTES.md, session 7). Compile one binary per variant (-DJAX_FLASH_SM90_VARIANT=N overrides the
 // switches of csrc/sm90/kernel.cuh; without it, the shipped ones, printed as variant -1) and run them alternately on
 // the GPU machine (docs/ab_session7/run.sh); each prints one line per shape:
-//   sm90_ab [--check] [D S]  (--check: first compare one small case per head dim with the CPU implementation;
-//                             D S: only that shape, e.g. for Nsight Compute)
-// Shapes are the benchmark's (batch x seq = 16384 tokens, heads x head_dim = 2048), bf16, non-causal, keys a
-// multiple of 128 (the unmasked variant). Time: median over 7 repetitions of back-to-back launches lasting >= 25 ms.
+//   sm90_ab [--check] [D S [causal]]  (--check: first compare one small unmasked case per head dim with the CPU
+//                                      implementation; D S: only that shape, e.g. for Nsight Compute)
+// Shapes are the benchmark's (batch x seq = 16384 tokens, heads x head_dim = 2048), bf16, with the config
+// cfg=None picks for each (run_shape). Time: median over 7 repetitions of back-to-back launches lasting >= 25 ms.
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
@@ -40,30 +40,14 @@ using namespace jax_flash;
 
 namespace {
 
-constexpr KernelKey key_for(int head_dim) {
-  // The shipped non-causal configs: q128, kv128, 2 stages, 2 consumers, pingpong, overlap.
-  return KernelKey{.dtype = static_cast<int>(DType::kBFloat16), .head_dim = head_dim, .block_q = 128, .block_kv = 128,
-                   .num_warps = 12, .async_copy = true, .eager_load_blocks = true, .swizzled = true,
-                   .q_mma_load_k_fragments = 2, .k_mma_load_k_fragments = 1, .v_mma_load_k_fragments = 1,
-                   .mma_double_buffer_loads = true, .optimized_softmax = true, .family = 90, .stages = 2,
-                   .consumer_warpgroups = 2, .pingpong = true, .overlap = true};
-}
-
-// run_attention_sm90 restricted to the unmasked, uncapped kernel (one instantiation per key compiles faster).
-template <KernelKey kKey>
-std::string launch_unmasked(AttentionParams p, cudaStream_t stream) {
-  using T = sm90::Traits<kKey>;
-  p.num_q_blocks = (p.seqlen_q + T::kBlockQ - 1) / T::kBlockQ;
-  CUtensorMap mq{}, mk{}, mv{};
-  std::string f = sm90::encode_bshd_map(&mq, p.q, true, p.batch, p.seqlen_q, p.heads_q, p.head_dim, p.q_batch_stride,
-                                        p.q_seq_stride, p.q_head_stride, T::kBlockQ);
-  if (f.empty()) f = sm90::encode_bshd_map(&mk, p.k, true, p.batch, p.seqlen_k, p.heads_k, p.head_dim,
-                                           p.k_batch_stride, p.k_seq_stride, p.k_head_stride, T::kBlockKV);
-  if (f.empty()) f = sm90::encode_bshd_map(&mv, p.v, true, p.batch, p.seqlen_k, p.heads_k, p.head_dim,
-                                           p.v_batch_stride, p.v_seq_stride, p.v_head_stride, T::kBlockKV);
-  if (!f.empty()) return f;
-  if (p.seqlen_k % T::kBlockKV != 0) return "keys must be a multiple of block_kv";
-  return sm90::launch_sm90<T, false, false>(p, mq, mk, mv, stream);
+constexpr KernelKey key_for(int head_dim, int block_kv = 128, bool pingpong = true) {
+  // The shipped configs (jax_flash/defaults.py, SM90_BY_SHAPE): q128, 2 stages, 2 consumers, overlap; D = 128
+  // causal without pingpong, D = 64 from 4096 keys (2048 causal) with 192-key blocks.
+  return KernelKey{.dtype = static_cast<int>(DType::kBFloat16), .head_dim = head_dim, .block_q = 128,
+                   .block_kv = block_kv, .num_warps = 12, .async_copy = true, .eager_load_blocks = true,
+                   .swizzled = true, .q_mma_load_k_fragments = 2, .k_mma_load_k_fragments = 1,
+                   .v_mma_load_k_fragments = 1, .mma_double_buffer_loads = true, .optimized_softmax = true,
+                   .family = 90, .stages = 2, .consumer_warpgroups = 2, .pingpong = pingpong, .overlap = true};
 }
 
 uint16_t bf16_bits(float x) {
@@ -80,6 +64,7 @@ float bf16_value(uint16_t b) {
 
 struct Problem {
   int batch, seq, heads, head_dim;
+  bool causal = false;
   std::vector<uint16_t> q, k, v;  // host copies (B, S, H, D)
   uint16_t *dq = nullptr, *dk = nullptr, *dv = nullptr, *dout = nullptr;
   unsigned long long* dcounter = nullptr;
@@ -112,17 +97,29 @@ struct Problem {
     AttentionParams p = make_contiguous_params(dq, dk, dv, dout, batch, seq, seq, heads, heads, head_dim,
                                                1.0f / std::sqrt(static_cast<float>(head_dim)));
     p.tile_counter = dcounter;
+    if (causal) set_features(p, true, -1, 0, 0.0f, nullptr, nullptr, nullptr);
     return p;
   }
 };
 
-template <int kHeadDim>
-std::string run(const Problem& pr, cudaStream_t stream) {
-  return launch_unmasked<key_for(kHeadDim)>(pr.params(), stream);
+struct Shape {
+  int head_dim, block_kv, seq;
+  bool causal;
+};
+
+// The kernel of the shipped config for this shape (all mask / softcap variants compiled; masked when causal or the
+// keys are not a multiple of the block).
+std::string run_shape(const Shape& sh, const Problem& pr, cudaStream_t stream) {
+  if (sh.head_dim == 64) {
+    return sh.block_kv == 192 ? sm90::run_attention_sm90<key_for(64, 192)>(pr.params(), stream)
+                              : sm90::run_attention_sm90<key_for(64)>(pr.params(), stream);
+  }
+  return sh.causal ? sm90::run_attention_sm90<key_for(128, 128, false)>(pr.params(), stream)
+                   : sm90::run_attention_sm90<key_for(128)>(pr.params(), stream);
 }
 
 std::string run_any(const Problem& pr, cudaStream_t stream) {
-  return pr.head_dim == 64 ? run<64>(pr, stream) : run<128>(pr, stream);
+  return run_shape({pr.head_dim, 128, pr.seq, false}, pr, stream);
 }
 
 // Max |GPU - CPU| over a small problem (bf16 output; the CPU implementation computes in fp32).
@@ -156,6 +153,7 @@ int main(int argc, char** argv) {
   const int first = do_check ? 2 : 1;
   const int only_d = argc > first + 1 ? std::atoi(argv[first]) : 0;
   const int only_s = argc > first + 1 ? std::atoi(argv[first + 1]) : 0;
+  const bool only_causal = argc > first + 2 && std::string(argv[first + 2]) == "causal";
   if (do_check) {
     for (int d : {64, 128}) {
       const float err = check(d);
@@ -169,10 +167,17 @@ int main(int argc, char** argv) {
   cudaEvent_t start, stop;
   CHECK_CUDA(cudaEventCreate(&start));
   CHECK_CUDA(cudaEventCreate(&stop));
-  for (int d : {64, 128}) {
-    for (int s : {512, 1024, 4096, 16384}) {
-      if (only_d != 0 && (d != only_d || s != only_s)) continue;
+  const Shape shapes[] = {{64, 128, 512, false},   {64, 128, 1024, false},   {64, 128, 1024, true},
+                          {64, 192, 4096, false},  {64, 192, 16384, false},  {64, 192, 4096, true},
+                          {128, 128, 512, false},  {128, 128, 1024, false},  {128, 128, 4096, false},
+                          {128, 128, 16384, false}, {128, 128, 1024, true},  {128, 128, 4096, true}};
+  for (const Shape& sh : shapes) {
+    {
+      const int d = sh.head_dim, s = sh.seq;
+      if (only_d != 0 && (d != only_d || s != only_s || sh.causal != only_causal)) continue;
       Problem pr(16384 / s, s, 2048 / d, d);
+      pr.causal = sh.causal;
+      auto run_any = [&](const Problem& problem, cudaStream_t st) { return run_shape(sh, problem, st); };
       for (int i = 0; i < 3; ++i) run_any(pr, stream);  // warm up, opt in to the shared memory
       // launches per repetition so that one lasts >= 25 ms
       CHECK_CUDA(cudaEventRecord(start, stream));
@@ -195,9 +200,9 @@ int main(int argc, char** argv) {
       CHECK_CUDA(cudaGetLastError());
       std::sort(per_call.begin(), per_call.end());
       const double ms = per_call[per_call.size() / 2];
-      const double flops = 4.0 * pr.batch * pr.heads * double(s) * s * d;
-      std::printf("variant %d D=%d S=%d: %.1f us %.1f TFLOP/s (min %.1f us)\n", kVariant, d, s,
-                  ms * 1e3, flops / ms / 1e9, per_call.front() * 1e3);
+      const double flops = 4.0 * pr.batch * pr.heads * double(s) * s * d / (sh.causal ? 2 : 1);
+      std::printf("variant %d D=%d S=%d%s kv%d: %.1f us %.1f TFLOP/s (min %.1f us)\n", kVariant, d, s,
+                  sh.causal ? "c" : "", sh.block_kv, ms * 1e3, flops / ms / 1e9, per_call.front() * 1e3);
     }
   }
   return 0;
