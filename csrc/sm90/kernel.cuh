@@ -141,13 +141,17 @@ __global__ void __launch_bounds__(T::kNumThreads, 1)
   // it % kStages, filled for the (it / kStages)-th time: that fill completes the phase of parity (it / kStages) & 1.
   // The session-7 switches (traits.cuh); JAX_FLASH_SM90_VARIANT overrides them in the A/B builds of
   // tests/harness/sm90_ab.cu (bit 0: the exponentials' ring, bit 1: early K/V tests, bit 2: speculative
-  // exponentials, measured and not shipped: docs/NOTES.md, session 7).
+  // exponentials, measured and not shipped, bit 3: the warp-uniform consumer index; docs/NOTES.md, session 7).
 #ifdef JAX_FLASH_SM90_VARIANT
   constexpr bool kExpTurns = (JAX_FLASH_SM90_VARIANT & 1) && T::kPingpong && T::kOverlap && T::kConsumers == 2;
   constexpr bool kEarlyTest = (JAX_FLASH_SM90_VARIANT & 2) != 0;
   constexpr bool kSpeculate = (JAX_FLASH_SM90_VARIANT & 4) && T::kOverlap && !T::kPInSmem;
+  constexpr bool kUniformConsumer = (JAX_FLASH_SM90_VARIANT & 8) != 0;
 #else
   constexpr bool kSpeculate = false;
+  // The consumer index as a warp-uniform value (below): -1 to -4% time at both head dims (with 192-key blocks the
+  // soft-capped variant spilled 80 bytes with it)
+  constexpr bool kUniformConsumer = !(kHasSoftcap && T::kBlockKV > 128);
   // (with 192-key blocks the soft-capped variant spilled 68 bytes with the ring)
   constexpr bool kExpTurns = T::kExpTurns && !(kHasSoftcap && T::kBlockKV > 128);
   constexpr bool kEarlyTest = T::kEarlyKVTest;
@@ -220,7 +224,10 @@ __global__ void __launch_bounds__(T::kNumThreads, 1)
 
   // ------------------------------------------ consumers -----------------------------------------------------------
   setmaxnreg_inc<T::kConsumerRegs>();
-  const int consumer = warpgroup - 1;  // rows [64 * consumer, 64 * consumer + 64) of each tile
+  // rows [64 * consumer, 64 * consumer + 64) of each tile; kUniformConsumer: read through a shuffle from lane 0,
+  // which tells ptxas the value is warp-uniform (CUTLASS's canonical_warp_group_idx), so what derives from it (the
+  // Q descriptor) can live in uniform registers instead of moving there (R2UR) before each HGMMA
+  const int consumer = kUniformConsumer ? __shfl_sync(0xffffffffu, warpgroup, 0) - 1 : warpgroup - 1;
   const int wg_tid = tid % 128;
   const int warp_in_wg = wg_tid / 32;
   const int lane = tid % 32;
