@@ -140,15 +140,13 @@ __global__ void __launch_bounds__(T::kNumThreads, 1)
   // Key block j of a tile is pipeline step it (counted over all of this block's tiles); it lives in stage
   // it % kStages, filled for the (it / kStages)-th time: that fill completes the phase of parity (it / kStages) & 1.
   // The session-7 switches (traits.cuh); JAX_FLASH_SM90_VARIANT overrides them in the A/B builds of
-  // tests/harness/sm90_ab.cu (bit 0: the exponentials' ring, bit 1: early K/V tests, bit 2: speculative
-  // exponentials, measured and not shipped, bit 3: the warp-uniform consumer index; docs/NOTES.md, session 7).
+  // tests/harness/sm90_ab.cu (bit 0: the exponentials' ring, bit 1: early K/V tests, bit 3: the warp-uniform
+  // consumer index; bit 2, speculative exponentials, was measured and removed: docs/NOTES.md, session 7).
 #ifdef JAX_FLASH_SM90_VARIANT
   constexpr bool kExpTurns = (JAX_FLASH_SM90_VARIANT & 1) && T::kPingpong && T::kOverlap && T::kConsumers == 2;
   constexpr bool kEarlyTest = (JAX_FLASH_SM90_VARIANT & 2) != 0;
-  constexpr bool kSpeculate = (JAX_FLASH_SM90_VARIANT & 4) && T::kOverlap && !T::kPInSmem;
   constexpr bool kUniformConsumer = (JAX_FLASH_SM90_VARIANT & 8) != 0;
 #else
-  constexpr bool kSpeculate = false;
   // The consumer index as a warp-uniform value (below): -1 to -4% time at both head dims (with 192-key blocks the
   // soft-capped variant spilled 80 bytes with it)
   constexpr bool kUniformConsumer = !(kHasSoftcap && T::kBlockKV > 128);
@@ -387,8 +385,8 @@ __global__ void __launch_bounds__(T::kNumThreads, 1)
       wgmma_commit();
     };
     const float softcap_exp2_scale = p.softcap_scale * 2.0f * 1.4426950408889634f;  // 2 log2(e) * scale / softcap
-    // softcap and mask of S_j
-    auto prepare_scores = [&](int j) {
+    // softcap, mask and the running max of S_j; alpha for the O rescale and whether it is needed
+    auto scores_to_max = [&](int j) {
       if constexpr (kHasSoftcap) {  // S = softcap * tanh(S * scale / softcap); the softmax then runs with scale 1
 #pragma unroll
         for (int n = 0; n < T::kSTiles; ++n)
@@ -399,19 +397,18 @@ __global__ void __launch_bounds__(T::kNumThreads, 1)
         mask_key_block<T::kBlockKV>(acc_s, j * T::kBlockKV, row0, q_rows_valid, warp_row0, lane, lo_off, hi_off,
                                     len.kv_len);
       }
-    };
-    // ... and the running max of S_j; alpha for the O rescale and whether it is needed
-    auto scores_to_max = [&](int j) {
-      prepare_scores(j);
       return softmax.update_max(acc_s, p.scale_log2, max_growth, alpha);
     };
-    auto scores_to_probabilities = [&](int j) {  // ... and P = exp2(...) in place
-      const bool rescale = scores_to_max(j);
+    auto exponentiate_in_turn = [&] {  // P = exp2(...) in place, inside the exponentials' turn (kExpTurns)
       wait_exp_turn();
       if constexpr (kExpTurns) fence_registers(acc_s_flat);
       softmax.exponentiate(acc_s, p.scale_log2);
       if constexpr (kExpTurns) fence_registers(acc_s_flat);
       pass_exp_turn();
+    };
+    auto scores_to_probabilities = [&](int j) {  // scores_to_max, then P
+      const bool rescale = scores_to_max(j);
+      exponentiate_in_turn();
       return rescale;
     };
     // stmatrix addresses (kPInSmem): lane l gives row l%8 of 8x8 matrix l/8 of each k16 step t, i.e. row
@@ -498,47 +495,14 @@ __global__ void __launch_bounds__(T::kNumThreads, 1)
         pass_turn();
         wgmma_wait<1>();  // the older group, S_j, is done
         fence_registers(acc_s_flat);
-        auto release_k = [&] {
-          mbarrier_arrive(&k_empty[stage_of(it)]);
-          if (j == block_end - 1) mbarrier_arrive(&q_empty[qb]);  // the tile's last read of Q: its buffer may refill
-        };
-        bool rescale_o = false;
-        if constexpr (kSpeculate) {
-          // P against the running max before this block's maxima are known; if a score of the warpgroup passed
-          // m + max_growth, S_j is computed again (K_j and Q are still held) and the softmax taken the usual way.
-          prepare_scores(j);
-          if constexpr (kEarlyTest) {
-            kv_ready = mbarrier_test(&k_full[stage_of(it + 1)], parity_of(it + 1)) &&
-                       mbarrier_test(&v_full[stage_of(it)], parity_of(it));
-          }
-          wait_exp_turn();
-          if constexpr (kExpTurns) fence_registers(acc_s_flat);
-          const bool grows = softmax.exponentiate_speculative(acc_s, p.scale_log2, max_growth);
-          if constexpr (kExpTurns) fence_registers(acc_s_flat);
-          pass_exp_turn();
-          if (named_barrier_any(1 + consumer, 128, grows)) {
-            issue_s(stage_of(it));
-            wgmma_wait<0>();  // S_j again (and P_{j-1} V_{j-1})
-            fence_registers(acc_s_flat);
-            rescale_o = scores_to_max(j);
-            softmax.exponentiate(acc_s, p.scale_log2);
-          } else {
-            softmax.add_row_sums(acc_s);
-          }
-          release_k();
-        } else {
-          release_k();
-          rescale_o = scores_to_max(j);
-          if constexpr (kEarlyTest) {
-            kv_ready = mbarrier_test(&k_full[stage_of(it + 1)], parity_of(it + 1)) &&
-                       mbarrier_test(&v_full[stage_of(it)], parity_of(it));
-          }
-          wait_exp_turn();
-          if constexpr (kExpTurns) fence_registers(acc_s_flat);
-          softmax.exponentiate(acc_s, p.scale_log2);
-          if constexpr (kExpTurns) fence_registers(acc_s_flat);
-          pass_exp_turn();
+        mbarrier_arrive(&k_empty[stage_of(it)]);
+        if (j == block_end - 1) mbarrier_arrive(&q_empty[qb]);  // the tile's last read of Q: its buffer may refill
+        const bool rescale_o = scores_to_max(j);
+        if constexpr (kEarlyTest) {
+          kv_ready = mbarrier_test(&k_full[stage_of(it + 1)], parity_of(it + 1)) &&
+                     mbarrier_test(&v_full[stage_of(it)], parity_of(it));
         }
+        exponentiate_in_turn();
         wgmma_wait<0>();  // P_{j-1} V_{j-1} is done: O and the P fragments may change
         fence_registers(acc_o_flat);
         fence_p();

@@ -144,22 +144,6 @@ __device__ __forceinline__ void named_barrier_sync(int id, int threads) {
   asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
 }
 
-// Named barrier with an OR reduction: true on every participating thread when any of them passed true.
-__device__ __forceinline__ bool named_barrier_any(int id, int threads, bool value) {
-  uint32_t any;
-  asm volatile(
-      "{\n"
-      ".reg .pred in, out;\n"
-      "setp.ne.u32 in, %1, 0;\n"
-      "bar.red.or.pred out, %2, %3, in;\n"
-      "selp.u32 %0, 1, 0, out;\n"
-      "}\n"
-      : "=r"(any)
-      : "r"(static_cast<uint32_t>(value)), "r"(id), "r"(threads)
-      : "memory");
-  return any != 0;
-}
-
 __device__ __forceinline__ void named_barrier_arrive(int id, int threads) {
   asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
 }

@@ -68,35 +68,6 @@ struct SplitSoftmax {
     }
   }
 
-  // Speculative exponentials (the kernel's kSpeculate): P = exp2(S * scale_log2 - m * scale_log2) against the
-  // running maximum m as it stands, which is what exponentiate() computes whenever update_max() finds no row grown
-  // past m + max_growth, but without waiting for this block's row maxima (their shuffles and vote). Returns whether
-  // one of this thread's scores is past that bound: then these P are discarded (the kernel recomputes S and takes
-  // update_max() / exponentiate()). The row sums are left to add_row_sums().
-  __device__ __forceinline__ bool exponentiate_speculative(float (&acc_s)[1][kSTiles][4], float scale_log2,
-                                                           float max_growth) {
-    bool grows = false;
-#pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      // true for a row's first finite score (-inf + max_growth is -inf); false while every score is masked
-      grows |= !(sm80::row_half_max<kSTiles, kChains>(acc_s[0], h) <= row_max[h] + max_growth);
-      const float m_scaled = (row_max[h] == -INFINITY ? 0.0f : row_max[h]) * scale_log2;
-#pragma unroll
-      for (int n = 0; n < kSTiles; ++n) {
-#pragma unroll
-        for (int e = 2 * h; e < 2 * h + 2; ++e) {
-          acc_s[0][n][e] = sm80::exp2_approx(fmaf(acc_s[0][n][e], scale_log2, -m_scaled));
-        }
-      }
-    }
-    return grows;
-  }
-
-  __device__ __forceinline__ void add_row_sums(const float (&acc_s)[1][kSTiles][4]) {
-#pragma unroll
-    for (int h = 0; h < 2; ++h) row_sum[h] += sm80::row_half_sum<kSTiles, kChains>(acc_s[0], h);
-  }
-
   __device__ __forceinline__ static void rescale(float (&acc_o)[1][kOTiles][4], const float (&alpha)[2]) {
 #pragma unroll
     for (int n = 0; n < kOTiles; ++n) {

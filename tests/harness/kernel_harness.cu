@@ -20,46 +20,17 @@
 #include "common/params.h"
 #include "cpu/attention_cpu.h"
 #include "common/registry.h"
+#include "harness_util.h"
 
 using namespace jax_flash;
+using harness::from_bits;
+using harness::to_bits;
 
 namespace {
 
 constexpr size_t kPadElems = 1 << 16;  // padding after every tensor: NaN (inputs) or sentinel (outputs)
 constexpr uint16_t kNaN16 = 0x7fff;    // a NaN in both fp16 and bf16
 
-#define CHECK_CUDA(call)                                                                          \
-  do {                                                                                            \
-    cudaError_t err_ = (call);                                                                    \
-    if (err_ != cudaSuccess) {                                                                    \
-      std::fprintf(stderr, "%s:%d: %s: %s\n", __FILE__, __LINE__, #call, cudaGetErrorString(err_)); \
-      std::exit(2);                                                                               \
-    }                                                                                             \
-  } while (0)
-
-uint16_t to_bits(float x, int dtype) {
-  if (dtype == static_cast<int>(DType::kBFloat16)) {
-    __nv_bfloat16 h = __float2bfloat16_rn(x);
-    uint16_t b;
-    std::memcpy(&b, &h, 2);
-    return b;
-  }
-  __half h = __float2half_rn(x);
-  uint16_t b;
-  std::memcpy(&b, &h, 2);
-  return b;
-}
-
-float from_bits(uint16_t b, int dtype) {
-  if (dtype == static_cast<int>(DType::kBFloat16)) {
-    __nv_bfloat16 h;
-    std::memcpy(&h, &b, 2);
-    return __bfloat162float(h);
-  }
-  __half h;
-  std::memcpy(&h, &b, 2);
-  return __half2float(h);
-}
 
 struct Case {
   int batch, seq_q, seq_k, heads_q, heads_k;

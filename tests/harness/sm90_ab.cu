@@ -19,6 +19,7 @@
 
 #include "common/params.h"
 #include "cpu/attention_cpu.h"
+#include "harness_util.h"
 #include "sm90/launch.cuh"
 
 #ifdef JAX_FLASH_SM90_VARIANT
@@ -29,14 +30,6 @@ constexpr int kVariant = -1;  // the shipped switches (csrc/sm90/traits.cuh)
 
 using namespace jax_flash;
 
-#define CHECK_CUDA(call)                                                                            \
-  do {                                                                                              \
-    cudaError_t err_ = (call);                                                                      \
-    if (err_ != cudaSuccess) {                                                                      \
-      std::fprintf(stderr, "%s:%d: %s: %s\n", __FILE__, __LINE__, #call, cudaGetErrorString(err_)); \
-      std::exit(2);                                                                                 \
-    }                                                                                               \
-  } while (0)
 
 namespace {
 
@@ -50,17 +43,7 @@ constexpr KernelKey key_for(int head_dim, int block_kv = 128, bool pingpong = tr
                    .family = 90, .stages = 2, .consumer_warpgroups = 2, .pingpong = pingpong, .overlap = true};
 }
 
-uint16_t bf16_bits(float x) {
-  __nv_bfloat16 h = __float2bfloat16_rn(x);
-  uint16_t b;
-  std::memcpy(&b, &h, 2);
-  return b;
-}
-float bf16_value(uint16_t b) {
-  __nv_bfloat16 h;
-  std::memcpy(&h, &b, 2);
-  return __bfloat162float(h);
-}
+constexpr int kBf16 = static_cast<int>(DType::kBFloat16);
 
 struct Problem {
   int batch, seq, heads, head_dim;
@@ -77,7 +60,7 @@ struct Problem {
     };
     for (auto* t : {&q, &k, &v}) {
       t->resize(n);
-      for (auto& x : *t) x = bf16_bits(uniform());
+      for (auto& x : *t) x = harness::to_bits(uniform(), kBf16);
     }
     for (auto [dst, src] : {std::pair{&dq, &q}, {&dk, &k}, {&dv, &v}}) {
       CHECK_CUDA(cudaMalloc(dst, n * 2));
@@ -141,7 +124,9 @@ float check(int head_dim) {
                                              1.0f / std::sqrt(static_cast<float>(head_dim)));
   attention_cpu(p, CpuElement::kBFloat16, 64, 64, 8);
   float worst = 0.0f;
-  for (size_t i = 0; i < n; ++i) worst = std::max(worst, std::fabs(bf16_value(gpu[i]) - bf16_value(cpu[i])));
+  for (size_t i = 0; i < n; ++i) {
+    worst = std::max(worst, std::fabs(harness::from_bits(gpu[i], kBf16) - harness::from_bits(cpu[i], kBf16)));
+  }
   CHECK_CUDA(cudaStreamDestroy(stream));
   return worst;
 }
