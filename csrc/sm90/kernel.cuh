@@ -11,7 +11,8 @@
 //     block's P V is issued together with this block's Q K^T, so the softmax overlaps it (intra-warpgroup overlap),
 //     and with pingpong the two consumers take turns on the tensor cores. Without overlap (T::kOverlap false, a
 //     measured alternative) each product is waited for at once and the turns cover the exponentials instead.
-// The epilogue writes O through a shared-memory buffer of its own with 16-byte coalesced stores.
+// The epilogue writes O through a shared-memory buffer of its own (stmatrix, then a TMA store), one turn into the
+// next tile: that tile's first Q K^T is issued with this tile's last P V (session 8, docs/NOTES.md).
 #pragma once
 
 #include <cstdint>
@@ -82,11 +83,18 @@ __device__ __forceinline__ TileWork tile_work(const AttentionParams& p, int64_t 
   return w;
 }
 
+// A tile as the producer publishes it to the consumers (two slots in shared memory).
+struct TileSlot {
+  TileWork work;
+  int more;  // 0: no tile is left, the block ends
+};
+
 // Persistent: gridDim.x blocks (at most one per SM) each start at tile blockIdx.x and then draw their next tile
 // from p.tile_counter (gridDim.x + atomicAdd: a block that finishes early takes more tiles, which is what balances
 // causal tiles of different cost), or walk blockIdx.x + k * gridDim.x when it is null. The producer draws the tiles
-// and publishes each in a two-slot shared-memory ring (sched_full / sched_empty barriers) that the consumers read;
-// a tile index >= num_tiles ends the block. The producer runs ahead across tile boundaries (the next tile's Q and
+// and publishes each, with its facts (TileWork), in a ring of kTileSlots shared-memory slots (sched_full /
+// sched_empty barriers) that the consumers read and release after the tile's epilogue; a slot with more = 0 ends
+// the block. The producer runs ahead across tile boundaries (the next tile's Q and
 // first K/V land while the consumers finish the current tile), the K/V ring's stage and phase counters run on
 // across tiles, Q is double-buffered where shared memory allows (the next tile's Q lands while this tile's is still
 // read), and O leaves through its own shared-memory buffer.
@@ -94,7 +102,8 @@ template <class T, bool kMaskBlocks, bool kHasSoftcap>
 __global__ void __launch_bounds__(T::kNumThreads, 1)
     attention_kernel(const __grid_constant__ AttentionParams p, const __grid_constant__ CUtensorMap tma_q,
                      const __grid_constant__ CUtensorMap tma_k, const __grid_constant__ CUtensorMap tma_v,
-                     int64_t num_tiles) {
+                     const __grid_constant__ CUtensorMap tma_o, int64_t num_tiles) {
+  static_assert(sizeof(TileSlot) <= T::kSchedSlotBytes, "tile slot larger than its shared-memory space");
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   using Element = typename T::Element;
   extern __shared__ char smem_raw[];
@@ -110,9 +119,10 @@ __global__ void __launch_bounds__(T::kNumThreads, 1)
   uint64_t* v_full = bars + 2 * kQB + T::kStages;         // [kStages]
   uint64_t* k_empty = bars + 2 * kQB + 2 * T::kStages;    // [kStages]
   uint64_t* v_empty = bars + 2 * kQB + 3 * T::kStages;    // [kStages]
-  uint64_t* sched_full = bars + 2 * kQB + 4 * T::kStages;       // [2] the slot holds the block's next tile
-  uint64_t* sched_empty = bars + 2 * kQB + 4 * T::kStages + 2;  // [2] the consumers have read it
-  int64_t* sched_tile = reinterpret_cast<int64_t*>(smem + T::kSchedOffset);  // [2]
+  constexpr int kSlots = T::kTileSlots;
+  uint64_t* sched_full = bars + 2 * kQB + 4 * T::kStages;             // [kSlots] the slot holds a tile
+  uint64_t* sched_empty = bars + 2 * kQB + 4 * T::kStages + kSlots;   // [kSlots] the consumers are done with it
+  TileSlot* sched = reinterpret_cast<TileSlot*>(smem + T::kSchedOffset);  // [kSlots]
   auto sK = [&](int stage) { return smem + T::kKOffset + stage * T::kKVBytes; };
   auto sV = [&](int stage) { return smem + T::kVOffset + stage * T::kKVBytes; };
   constexpr int kRowChunks = T::kHeadDim / 8;  // 16-byte chunks per row
@@ -129,7 +139,7 @@ __global__ void __launch_bounds__(T::kNumThreads, 1)
       mbarrier_init(&k_empty[s], T::kConsumers * 128);  // every consumer thread releases the stage's K
       mbarrier_init(&v_empty[s], T::kConsumers * 128);  // ... and, later, its V
     }
-    for (int s = 0; s < 2; ++s) {
+    for (int s = 0; s < kSlots; ++s) {
       mbarrier_init(&sched_full[s], 1);
       mbarrier_init(&sched_empty[s], T::kConsumers * 128);
     }
@@ -146,6 +156,7 @@ __global__ void __launch_bounds__(T::kNumThreads, 1)
   constexpr bool kExpTurns = (JAX_FLASH_SM90_VARIANT & 1) && T::kPingpong && T::kOverlap && T::kConsumers == 2;
   constexpr bool kEarlyTest = (JAX_FLASH_SM90_VARIANT & 2) != 0;
   constexpr bool kUniformConsumer = (JAX_FLASH_SM90_VARIANT & 8) != 0;
+  constexpr bool kTmaStore = (JAX_FLASH_SM90_VARIANT & 16) != 0;
 #else
   // The consumer index as a warp-uniform value (below): -1 to -4% time at both head dims (with 192-key blocks the
   // soft-capped variant spilled 80 bytes with it)
@@ -153,6 +164,11 @@ __global__ void __launch_bounds__(T::kNumThreads, 1)
   // (with 192-key blocks the soft-capped variant spilled 68 bytes with the ring)
   constexpr bool kExpTurns = T::kExpTurns && !(kHasSoftcap && T::kBlockKV > 128);
   constexpr bool kEarlyTest = T::kEarlyKVTest;
+#ifdef JAX_FLASH_SM90_NO_TMA_STORE  // A/B builds: the session-7 epilogue (16-byte stores from every thread)
+  constexpr bool kTmaStore = false;
+#else
+  constexpr bool kTmaStore = T::kTmaStore;
+#endif
 #endif
   auto stage_of = [](int it) {
     if constexpr (kEarlyTest) return static_cast<int>(static_cast<uint32_t>(it) % T::kStages);
@@ -178,16 +194,21 @@ __global__ void __launch_bounds__(T::kNumThreads, 1)
       int it = 0, tiles_done = 0;
       int64_t next = blockIdx.x;
       for (int n = 0;; ++n) {
-        const int slot = n & 1;
-        mbarrier_wait(&sched_empty[slot], ((n >> 1) & 1) ^ 1);  // the consumers have read this slot's last tile
-        sched_tile[slot] = next;
+        const int slot = n % kSlots;
+        const bool more = next < num_tiles;
+        // The tile's facts are worked out here, once, and published with it: the consumers read them from the slot
+        // (their integer divisions sat between one tile's last product and the next tile's first).
+        mbarrier_wait(&sched_empty[slot], ((n / kSlots) & 1) ^ 1);  // the consumers are done with its last tile
+        if (more) sched[slot].work = tile_work<T>(p, next);
+        sched[slot].more = more;
         mbarrier_arrive(&sched_full[slot]);
-        if (next >= num_tiles) break;
-        const int64_t tile = next;
+        if (!more) break;
+        // (read back from the slot, which only this thread writes: holding the whole TileWork from here on spilled
+        // the producer's 40 registers)
+        const TileWork& w = sched[slot].work;
         // Drawn now, used at the next iteration: the atomic's latency hides under this tile's loads.
         next = p.tile_counter != nullptr ? int64_t{gridDim.x} + static_cast<int64_t>(atomicAdd(p.tile_counter, 1ull))
                                          : next + gridDim.x;
-        const TileWork w = tile_work<T>(p, tile);
         if (w.block_begin >= w.block_end) continue;  // the consumers write zeros; nothing to load
         const int qb = q_buffer_of(tiles_done);
         mbarrier_wait(&q_empty[qb], q_parity_of(tiles_done) ^ 1);  // the buffer's last tile's last Q K^T is done
@@ -271,233 +292,391 @@ __global__ void __launch_bounds__(T::kNumThreads, 1)
     if (consumer == T::kConsumers - 1) named_barrier_arrive(kTurnBarrier, 256);  // consumer 0 goes first
   }
 
-  int it = 0, tiles_done = 0;
-  for (int n = 0;; ++n) {
-    const int slot = n & 1;
-    mbarrier_wait(&sched_full[slot], (n >> 1) & 1);
-    const int64_t tile = sched_tile[slot];
-    mbarrier_arrive(&sched_empty[slot]);
-    if (tile >= num_tiles) break;
-    const TileWork w = tile_work<T>(p, tile);
-    const int batch = w.batch, head = w.head;
-    const int row0 = w.row0, q_rows = w.q_rows, q_rows_valid = w.q_rows_valid;
-    const int block_begin = w.block_begin, block_end = w.block_end;
-    const BatchLengths len = w.len;
-    // The tile's O rows and lse entries, formed where they are written (held across the key loop, the 64-bit
-    // pointers cost registers the softcap variants do not have).
-    auto tile_o = [&] {
-      return static_cast<Element*>(p.o) + batch * p.o_batch_stride + int64_t{row0} * p.o_seq_stride +
-             head * p.o_head_stride;
-    };
-    auto tile_lse = [&] { return p.lse + batch * p.lse_batch_stride + head * p.lse_head_stride + row0; };
-
-    auto write_zero_rows = [&] {  // this consumer's rows inside the tensor: zeros and lse = -inf
-      Element* gO = tile_o();
-      for (int i = wg_tid; i < 64 * kRowChunks; i += 128) {
-        const int row = 64 * consumer + i / kRowChunks;
-        if (row < q_rows) *reinterpret_cast<uint4*>(gO + row * p.o_seq_stride + (i % kRowChunks) * 8) = make_uint4(0, 0, 0, 0);
-      }
-      if (p.lse != nullptr) {
-        float* gLse = tile_lse();
-        for (int r = 64 * consumer + wg_tid; r < min(q_rows, 64 * consumer + 64); r += 128) gLse[r] = -INFINITY;
-      }
-    };
-    if (block_begin >= block_end) {  // no row sees a key (nothing was loaded)
-      write_zero_rows();
-      continue;
+  // ---- per-tile pieces (a tile's facts come from the producer's slot: kernel.cuh, TileSlot) ---------------------
+  auto tile_o = [&](const TileWork& w) {  // the tile's O rows and lse entries, formed where they are written
+    return static_cast<Element*>(p.o) + w.batch * p.o_batch_stride + int64_t{w.row0} * p.o_seq_stride +
+           w.head * p.o_head_stride;
+  };
+  auto tile_lse = [&](const TileWork& w) {
+    return p.lse + w.batch * p.lse_batch_stride + w.head * p.lse_head_stride + w.row0;
+  };
+  auto write_zero_rows = [&](const TileWork& w) {  // this consumer's rows inside the tensor: zeros and lse = -inf
+    Element* gO = tile_o(w);
+    for (int i = wg_tid; i < 64 * kRowChunks; i += 128) {
+      const int row = 64 * consumer + i / kRowChunks;
+      if (row < w.q_rows) *reinterpret_cast<uint4*>(gO + row * p.o_seq_stride + (i % kRowChunks) * 8) = make_uint4(0, 0, 0, 0);
     }
-    if (T::kConsumers > 2 && 64 * consumer >= q_rows_valid) {
-      // Every row of this consumer is past the tile's valid rows (the last query block of a length that is not a
-      // multiple of kBlockQ, or a padded batch entry): no math, but the consumer still takes part in the pipeline:
-      // it releases each K/V stage and Q once the producer's fill of them has landed (an arrival before that would
-      // count toward the barrier's previous phase) and takes its pingpong turns. (Three consumers only: with two,
-      // the extra path made ptxas spill in the D = 128 kernels, and 192-row tiles are the ones that waste a third.)
+    if (p.lse != nullptr) {
+      float* gLse = tile_lse(w);
+      for (int r = 64 * consumer + wg_tid; r < min(w.q_rows, 64 * consumer + 64); r += 128) gLse[r] = -INFINITY;
+    }
+  };
+  using Softmax = SplitSoftmax<T::kSTiles, T::kOTiles>;
+  using RowTotals = typename Softmax::RowTotals;
+  Softmax softmax;
+  // stmatrix addresses: lane l gives row l%8 of 8x8 matrix l/8 of each k16 step t, i.e. row 16 * warp + l%8 +
+  // 8 * ((l/8) % 2) of this consumer's 64, 16-byte chunk 2t + (l/8)/2 of the columns (panel t/4, chunk
+  // 2(t%4) + (l/8)/2 inside it, XOR-swizzled by the row's low 3 bits, which are l%8). Used for P (kPInSmem) and O.
+  const int st_row = 16 * warp_in_wg + lane % 8 + 8 * ((lane / 8) % 2);
+  auto st_chunk = [&](int t) { return static_cast<uint32_t>((2 * (t % 4) + (lane / 8) / 2) ^ (lane % 8)); };
+  // Epilogue of a finished tile w: O / l (rows past q_rows_valid: zeros) -> this consumer's 64 rows of sO (swizzled
+  // like Q) -> global. kTmaStore: stmatrix into sO and one TMA store per 64-column panel, issued by thread 0 of the
+  // consumer, which waits for its previous store to have read sO first; otherwise 16-byte coalesced stores.
+  // A finished tile's rows, from the softmax state before it moves on: the lse entries are written here, and
+  // row_scale gets what O is to be scaled by (1 / l; 0 for rows past q_rows_valid, which write zeros).
+  auto finish_rows = [&](const TileWork& w, float (&row_scale)[2]) {
+    const RowTotals totals = softmax.totals(p.scale);
+    if (p.lse != nullptr && lane % 4 == 0) {  // one lane of each quad owns the row
+      float* gLse = tile_lse(w);
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const int row = warp_row0 + lane / 4 + 8 * h;
+        if (row < w.q_rows) gLse[row] = row < w.q_rows_valid ? totals.lse[h] : -INFINITY;
+      }
+    }
+#pragma unroll
+    for (int h = 0; h < 2; ++h) row_scale[h] = warp_row0 + lane / 4 + 8 * h < w.q_rows_valid ? totals.inv_sum[h] : 0.0f;
+  };
+  auto write_tile = [&](const TileWork& w, const float (&row_scale)[2]) {
+    Softmax::rescale(acc_o, row_scale);
+    if constexpr (kTmaStore) {
+      if (wg_tid == 0) bulk_wait_group_read0();  // this consumer's last store has read its rows of sO
+      named_barrier_sync(1 + consumer, 128);
+      const uint32_t st_base = smem_u32(sO) + (64 * consumer + st_row) * T::kRowBytes;
+#pragma unroll
+      for (int t = 0; t < T::kHeadDim / 16; ++t) {  // O tiles 2t, 2t + 1: columns 16t .. 16t + 15
+        const uint32_t a[4] = {sm80::pack2<Element>(acc_o[0][2 * t][0], acc_o[0][2 * t][1]),
+                               sm80::pack2<Element>(acc_o[0][2 * t][2], acc_o[0][2 * t][3]),
+                               sm80::pack2<Element>(acc_o[0][2 * t + 1][0], acc_o[0][2 * t + 1][1]),
+                               sm80::pack2<Element>(acc_o[0][2 * t + 1][2], acc_o[0][2 * t + 1][3])};
+        stmatrix_x4(st_base + (t / 4) * T::kQPanelBytes + st_chunk(t) * 16, a);
+      }
+      fence_proxy_async_smem();
+      named_barrier_sync(1 + consumer, 128);  // this consumer's rows are complete in sO
+      if (wg_tid == 0) {  // rows past the tensor's end are clipped by the TMA unit
+#pragma unroll
+        for (int panel = 0; panel < T::kPanels; ++panel) {
+          tma_store_4d(&tma_o, sO + panel * T::kQPanelBytes + 64 * consumer * T::kRowBytes, panel * 64,
+                       w.row0 + 64 * consumer, w.head, w.batch);
+        }
+        bulk_commit_group();
+      }
+    } else {
+      named_barrier_sync(1 + consumer, 128);  // every thread of this consumer is done reading the last tile's sO rows
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const int row = warp_row0 + lane / 4 + 8 * h;
+#pragma unroll
+        for (int n = 0; n < T::kOTiles; ++n) {  // columns 8n + 2*(lane%4) + {0, 1}: chunk n of the row
+          char* dst = sO + (n / 8) * T::kQPanelBytes + row * T::kRowBytes + (((n % 8) ^ (row % 8)) * 16) + 4 * (lane % 4);
+          *reinterpret_cast<uint32_t*>(dst) = sm80::pack2<Element>(acc_o[0][n][2 * h], acc_o[0][n][2 * h + 1]);
+        }
+      }
+      named_barrier_sync(1 + consumer, 128);  // this consumer's rows are complete in sO
+      Element* gO = tile_o(w);
+      for (int i = wg_tid; i < 64 * kRowChunks; i += 128) {
+        const int row = 64 * consumer + i / kRowChunks, chunk = i % kRowChunks;
+        if (row < w.q_rows) {
+          const char* src = sO + (chunk / 8) * T::kQPanelBytes + row * T::kRowBytes + (((chunk % 8) ^ (row % 8)) * 16);
+          *reinterpret_cast<uint4*>(gO + row * p.o_seq_stride + chunk * 8) = *reinterpret_cast<const uint4*>(src);
+        }
+      }
+    }
+  };
+
+  // Descriptors. Q (A, K-major): this consumer's 64 rows of each panel; k16 step kk is panel kk/4, byte 32*(kk%4)
+  // of the swizzled row. K (B, K-major): the same stepping over kBlockKV rows. V (B, MN-major): k16 step t is rows
+  // 16t..16t+15 (2048 bytes in), the N = D columns span the panels kKVPanelBytes apart (LBO).
+  // Each is a base descriptor (stage 0, step 0) plus a byte offset added to its start-address field (smem_offset:
+  // the per-step masks and shifts of a full descriptor were a fifth of the key loop's instructions).
+  const uint64_t k_desc0 = smem_descriptor(smem_u32(sK(0)), 16, 1024);
+  const uint64_t v_desc0 = smem_descriptor(smem_u32(sV(0)), T::kKVPanelBytes, 1024);
+  auto q_desc0_of = [&](int qb) { return smem_descriptor(smem_u32(sQ(qb)) + consumer * 64 * T::kRowBytes, 16, 1024); };
+  auto k_desc = [&](int stage, int kk) {
+    return smem_offset(k_desc0, stage * T::kKVBytes + (kk / 4) * T::kKVPanelBytes + (kk % 4) * 32);
+  };
+  auto v_desc = [&](int stage, int t) { return smem_offset(v_desc0, stage * T::kKVBytes + t * 16 * T::kRowBytes); };
+  auto issue_s = [&](uint64_t q_desc0, int stage) {  // S = Q K^T, one commit group
+    wgmma_fence();
+#pragma unroll
+    for (int kk = 0; kk < T::kDSteps; ++kk) {
+      wgmma_ss<Element, T::kBlockKV>(acc_s_flat, smem_offset(q_desc0, (kk / 4) * T::kQPanelBytes + (kk % 4) * 32),
+                                     k_desc(stage, kk), kk > 0);
+    }
+    wgmma_commit();
+  };
+  // P (kPInSmem): this consumer's (64, kBlockKV) tile, A operand stepped like Q.
+  const uint32_t sP_addr = smem_u32(smem + T::kPOffset) + consumer * T::kPBytes;
+  const uint64_t p_desc0 = smem_descriptor(sP_addr, 16, 1024);
+  auto p_desc = [&](int t) { return smem_offset(p_desc0, (t / 4) * T::kPPanelBytes + (t % 4) * 32); };
+  // O += P V, one commit group; the tile's first (first_block) overwrites O instead, so O needs no zeros (their
+  // registers would be live across the tile's first softmax)
+  auto issue_pv = [&](int stage, bool first_block) {
+    wgmma_fence();
+#pragma unroll
+    for (int t = 0; t < T::kKVSteps; ++t) {
+      const int accumulate = t > 0 || !first_block;
+      if constexpr (T::kPInSmem) {
+        wgmma_ss_tb<Element, T::kHeadDim>(acc_o_flat, p_desc(t), v_desc(stage, t), accumulate);
+      } else {
+        wgmma_rs<Element, T::kHeadDim>(acc_o_flat, rP[t], v_desc(stage, t), accumulate);
+      }
+    }
+    wgmma_commit();
+  };
+  const float softcap_exp2_scale = p.softcap_scale * 2.0f * 1.4426950408889634f;  // 2 log2(e) * scale / softcap
+  // softcap, mask and the running max of S_j of tile w; alpha for the O rescale and whether it is needed
+  // What the mask of a tile's key blocks needs, taken into registers once per tile (read from the slot in every
+  // block, it lengthened the causal D = 128 key loop by 5%).
+  struct MaskFacts {
+    int row0, q_rows_valid, kv_len, lo_off, hi_off;
+  };
+  auto mask_facts = [&](const TileWork& w) {
+    const int diag_offset = w.len.kv_len - w.len.q_len;
+    return MaskFacts{w.row0, w.q_rows_valid, w.len.kv_len,
+                     p.window_left >= kUnbounded ? -kUnbounded : diag_offset - p.window_left,
+                     p.window_right >= kUnbounded ? kUnbounded : diag_offset + p.window_right};
+  };
+  auto scores_to_max = [&](const MaskFacts& m, int j) {
+    if constexpr (kHasSoftcap) {  // S = softcap * tanh(S * scale / softcap); the softmax then runs with scale 1
+#pragma unroll
+      for (int n = 0; n < T::kSTiles; ++n)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) acc_s[0][n][e] = softcap_score(acc_s[0][n][e], p.softcap, softcap_exp2_scale);
+    }
+    if constexpr (kMaskBlocks) {
+      mask_key_block<T::kBlockKV>(acc_s, j * T::kBlockKV, m.row0, m.q_rows_valid, warp_row0, lane, m.lo_off, m.hi_off,
+                                  m.kv_len);
+    }
+    return softmax.update_max(acc_s, p.scale_log2, max_growth, alpha);
+  };
+  auto exponentiate_in_turn = [&] {  // P = exp2(...) in place, inside the exponentials' turn (kExpTurns)
+    wait_exp_turn();
+    if constexpr (kExpTurns) fence_registers(acc_s_flat);
+    softmax.exponentiate(acc_s, p.scale_log2);
+    if constexpr (kExpTurns) fence_registers(acc_s_flat);
+    pass_exp_turn();
+  };
+  auto pack_probabilities = [&] {  // P (fp32) -> A fragments: k16 step t covers S tiles 2t and 2t+1
+    const uint32_t st_base = sP_addr + st_row * T::kRowBytes;
+#pragma unroll
+    for (int t = 0; t < T::kKVSteps; ++t) {
+      uint32_t a[4];
+      a[0] = sm80::pack2<Element>(acc_s[0][2 * t][0], acc_s[0][2 * t][1]);
+      a[1] = sm80::pack2<Element>(acc_s[0][2 * t][2], acc_s[0][2 * t][3]);
+      a[2] = sm80::pack2<Element>(acc_s[0][2 * t + 1][0], acc_s[0][2 * t + 1][1]);
+      a[3] = sm80::pack2<Element>(acc_s[0][2 * t + 1][2], acc_s[0][2 * t + 1][3]);
+      if constexpr (T::kPInSmem) {
+        stmatrix_x4(st_base + (t / 4) * T::kPPanelBytes + st_chunk(t) * 16, a);
+      } else {
+#pragma unroll
+        for (int e = 0; e < 4; ++e) rP[t][e] = a[e];
+      }
+    }
+    if constexpr (T::kPInSmem) {  // the whole warpgroup's P is written and visible to wgmma (the async proxy)
+      fence_proxy_async_smem();
+      named_barrier_sync(1 + consumer, 128);
+    }
+  };
+  auto fence_p = [&] {  // P V has completed: the compiler may now reuse P's registers
+    if constexpr (!T::kPInSmem) fence_registers(rP_flat);
+  };
+  // The block's next tile from the producer's slot n % 2; false once the tiles are exhausted.
+  // Tile n stays in its slot until release_tile(n): its facts are read from shared memory where they are used,
+  // rather than held in registers across the key loop (with the next tile's beside them, the 192-key variants
+  // spilled).
+  auto tile_of = [&](int n) -> const TileWork& { return sched[n % kSlots].work; };
+  auto release_tile = [&](int n) { mbarrier_arrive(&sched_empty[n % kSlots]); };
+  auto next_tile = [&](int n) {
+    const int slot = n % kSlots;
+    mbarrier_wait(&sched_full[slot], (n / kSlots) & 1);
+    // (through a lane-0 shuffle: warp-uniform for ptxas, which otherwise serialised the wgmma issued under it)
+    return __shfl_sync(0xffffffffu, sched[slot].more, 0) != 0;
+  };
+
+  int it = 0, tiles_done = 0;
+  if constexpr (!T::kOverlap) {
+    // No intra-warpgroup overlap (cuDNN's schedule, read from its SASS: docs/NOTES.md, session 6), one tile at a
+    // time. Per key block: S_j = Q K_j^T waited for at once, its row max, then the turn: exponentials, O rescale and
+    // P packing, pass the turn, O += P_j V_j waited for at once. With pingpong the consumers' exponentials (MUFU)
+    // never run at the same time, and each one's products run under the other's exponentials.
+    for (int n = 0;; ++n) {
+      if (!next_tile(n)) break;
+      const TileWork& w = tile_of(n);
+      if (w.block_begin >= w.block_end) {  // no row sees a key (nothing was loaded)
+        write_zero_rows(w);
+        release_tile(n);
+        continue;
+      }
       const int qb = q_buffer_of(tiles_done);
+      const uint64_t q_desc0 = q_desc0_of(qb);
       mbarrier_wait(&q_full[qb], q_parity_of(tiles_done));
       ++tiles_done;
-      for (int j = block_begin; j <= block_end; ++j, ++it) {  // turn j: S_j (j < block_end) and P_{j-1} V_{j-1}
-        if (T::kOverlap || j < block_end) {  // without overlap one turn per key block (its exponentials)
+      if (T::kConsumers > 2 && 64 * consumer >= w.q_rows_valid) {
+        // Every row of this consumer is past the tile's valid rows (the last query block of a length that is not a
+        // multiple of kBlockQ, or a padded batch entry): no math, but the consumer releases each K/V stage once the
+        // producer's fill of it has landed (an arrival before that would count toward the barrier's previous phase)
+        // and takes its turns.
+        for (int j = w.block_begin; j < w.block_end; ++j, ++it) {
           wait_turn();
           pass_turn();
-        }
-        if (j < block_end) {
           mbarrier_wait(&k_full[stage_of(it)], parity_of(it));
           mbarrier_arrive(&k_empty[stage_of(it)]);
-          if (j == block_end - 1) mbarrier_arrive(&q_empty[qb]);
+          if (j == w.block_end - 1) mbarrier_arrive(&q_empty[qb]);
+          mbarrier_wait(&v_full[stage_of(it)], parity_of(it));
+          mbarrier_arrive(&v_empty[stage_of(it)]);
         }
-        if (j > block_begin) {
-          mbarrier_wait(&v_full[stage_of(it - 1)], parity_of(it - 1));
-          mbarrier_arrive(&v_empty[stage_of(it - 1)]);
-        }
+        write_zero_rows(w);
+        release_tile(n);
+        continue;
       }
-      --it;  // the loop ran block_end - block_begin + 1 times; the math path advances it once per key block
-      write_zero_rows();
-      continue;
-    }
-
-#pragma unroll
-    for (int n = 0; n < T::kOTiles; ++n)
-#pragma unroll
-      for (int e = 0; e < 4; ++e) acc_o[0][n][e] = 0.0f;
-    SplitSoftmax<T::kSTiles, T::kOTiles> softmax;
-
-    const int diag_offset = len.kv_len - len.q_len;
-    const int lo_off = p.window_left >= kUnbounded ? -kUnbounded : diag_offset - p.window_left;
-    const int hi_off = p.window_right >= kUnbounded ? kUnbounded : diag_offset + p.window_right;
-
-    // Descriptors. Q (A, K-major): this consumer's 64 rows of each panel; k16 step kk is panel kk/4, byte 32*(kk%4)
-    // of the swizzled row. K (B, K-major): the same stepping over kBlockKV rows. V (B, MN-major): k16 step t is rows
-    // 16t..16t+15 (2048 bytes in), the N = D columns span the panels kKVPanelBytes apart (LBO).
-    // Each is a base descriptor (stage 0, step 0) plus a byte offset added to its start-address field (smem_offset:
-    // the per-step masks and shifts of a full descriptor were a fifth of the key loop's instructions).
-    const int qb = q_buffer_of(tiles_done);
-    const uint32_t sQ_addr = smem_u32(sQ(qb)) + consumer * 64 * T::kRowBytes;
-    const uint64_t q_desc0 = smem_descriptor(sQ_addr, 16, 1024);
-    const uint64_t k_desc0 = smem_descriptor(smem_u32(sK(0)), 16, 1024);
-    const uint64_t v_desc0 = smem_descriptor(smem_u32(sV(0)), T::kKVPanelBytes, 1024);
-    auto q_desc = [&](int kk) { return smem_offset(q_desc0, (kk / 4) * T::kQPanelBytes + (kk % 4) * 32); };
-    auto k_desc = [&](int stage, int kk) {
-      return smem_offset(k_desc0, stage * T::kKVBytes + (kk / 4) * T::kKVPanelBytes + (kk % 4) * 32);
-    };
-    auto v_desc = [&](int stage, int t) { return smem_offset(v_desc0, stage * T::kKVBytes + t * 16 * T::kRowBytes); };
-    auto issue_s = [&](int stage) {  // S = Q K^T, one commit group
-      wgmma_fence();
-#pragma unroll
-      for (int kk = 0; kk < T::kDSteps; ++kk) {
-        wgmma_ss<Element, T::kBlockKV>(acc_s_flat, q_desc(kk), k_desc(stage, kk), kk > 0);
-      }
-      wgmma_commit();
-    };
-    // P (kPInSmem): this consumer's (64, kBlockKV) tile, A operand stepped like Q.
-    const uint32_t sP_addr = smem_u32(smem + T::kPOffset) + consumer * T::kPBytes;
-    const uint64_t p_desc0 = smem_descriptor(sP_addr, 16, 1024);
-    auto p_desc = [&](int t) { return smem_offset(p_desc0, (t / 4) * T::kPPanelBytes + (t % 4) * 32); };
-    auto issue_pv = [&](int stage) {  // O += P V, one commit group
-      wgmma_fence();
-#pragma unroll
-      for (int t = 0; t < T::kKVSteps; ++t) {
-        if constexpr (T::kPInSmem) {
-          wgmma_ss_tb<Element, T::kHeadDim>(acc_o_flat, p_desc(t), v_desc(stage, t), 1);
-        } else {
-          wgmma_rs<Element, T::kHeadDim>(acc_o_flat, rP[t], v_desc(stage, t), 1);
-        }
-      }
-      wgmma_commit();
-    };
-    const float softcap_exp2_scale = p.softcap_scale * 2.0f * 1.4426950408889634f;  // 2 log2(e) * scale / softcap
-    // softcap, mask and the running max of S_j; alpha for the O rescale and whether it is needed
-    auto scores_to_max = [&](int j) {
-      if constexpr (kHasSoftcap) {  // S = softcap * tanh(S * scale / softcap); the softmax then runs with scale 1
-#pragma unroll
-        for (int n = 0; n < T::kSTiles; ++n)
-#pragma unroll
-          for (int e = 0; e < 4; ++e) acc_s[0][n][e] = softcap_score(acc_s[0][n][e], p.softcap, softcap_exp2_scale);
-      }
-      if constexpr (kMaskBlocks) {
-        mask_key_block<T::kBlockKV>(acc_s, j * T::kBlockKV, row0, q_rows_valid, warp_row0, lane, lo_off, hi_off,
-                                    len.kv_len);
-      }
-      return softmax.update_max(acc_s, p.scale_log2, max_growth, alpha);
-    };
-    auto exponentiate_in_turn = [&] {  // P = exp2(...) in place, inside the exponentials' turn (kExpTurns)
-      wait_exp_turn();
-      if constexpr (kExpTurns) fence_registers(acc_s_flat);
-      softmax.exponentiate(acc_s, p.scale_log2);
-      if constexpr (kExpTurns) fence_registers(acc_s_flat);
-      pass_exp_turn();
-    };
-    auto scores_to_probabilities = [&](int j) {  // scores_to_max, then P
-      const bool rescale = scores_to_max(j);
-      exponentiate_in_turn();
-      return rescale;
-    };
-    // stmatrix addresses (kPInSmem): lane l gives row l%8 of 8x8 matrix l/8 of each k16 step t, i.e. row
-    // 16 * warp + l%8 + 8 * ((l/8) % 2), 16-byte chunk 2t + (l/8)/2 of the keys (panel t/4, chunk 2(t%4) + (l/8)/2
-    // inside it, XOR-swizzled by the row's low 3 bits, which are l%8).
-    const int st_row = 16 * warp_in_wg + lane % 8 + 8 * ((lane / 8) % 2);
-    const uint32_t st_base = sP_addr + st_row * T::kRowBytes;
-    auto pack_probabilities = [&] {  // P (fp32) -> A fragments: k16 step t covers S tiles 2t and 2t+1
-#pragma unroll
-      for (int t = 0; t < T::kKVSteps; ++t) {
-        uint32_t a[4];
-        a[0] = sm80::pack2<Element>(acc_s[0][2 * t][0], acc_s[0][2 * t][1]);
-        a[1] = sm80::pack2<Element>(acc_s[0][2 * t][2], acc_s[0][2 * t][3]);
-        a[2] = sm80::pack2<Element>(acc_s[0][2 * t + 1][0], acc_s[0][2 * t + 1][1]);
-        a[3] = sm80::pack2<Element>(acc_s[0][2 * t + 1][2], acc_s[0][2 * t + 1][3]);
-        if constexpr (T::kPInSmem) {
-          const uint32_t chunk = (2 * (t % 4) + (lane / 8) / 2) ^ (lane % 8);
-          stmatrix_x4(st_base + (t / 4) * T::kPPanelBytes + chunk * 16, a);
-        } else {
-#pragma unroll
-          for (int e = 0; e < 4; ++e) rP[t][e] = a[e];
-        }
-      }
-      if constexpr (T::kPInSmem) {  // the whole warpgroup's P is written and visible to wgmma (the async proxy)
-        fence_proxy_async_smem();
-        named_barrier_sync(1 + consumer, 128);
-      }
-    };
-    auto fence_p = [&] {  // P V has completed: the compiler may now reuse P's registers
-      if constexpr (!T::kPInSmem) fence_registers(rP_flat);
-    };
-    mbarrier_wait(&q_full[qb], q_parity_of(tiles_done));
-    ++tiles_done;
-    if constexpr (!T::kOverlap) {
-      // No intra-warpgroup overlap (cuDNN's schedule, read from its SASS: docs/NOTES.md, session 6). Per key block:
-      // S_j = Q K_j^T waited for at once, its row max, then the turn: exponentials, O rescale and P packing, pass
-      // the turn, O += P_j V_j waited for at once. With pingpong the consumers' exponentials (MUFU) never run at
-      // the same time, and each one's products run under the other's exponentials.
-      for (int j = block_begin; j < block_end; ++j, ++it) {
+      softmax = Softmax{};
+      const MaskFacts mask = mask_facts(w);
+      for (int j = w.block_begin; j < w.block_end; ++j, ++it) {
         mbarrier_wait(&k_full[stage_of(it)], parity_of(it));
-        issue_s(stage_of(it));
+        issue_s(q_desc0, stage_of(it));
         wgmma_wait<0>();
         fence_registers(acc_s_flat);
         mbarrier_arrive(&k_empty[stage_of(it)]);
-        if (j == block_end - 1) mbarrier_arrive(&q_empty[qb]);  // the tile's last read of Q
-        const bool rescale_o = scores_to_max(j);
+        if (j == w.block_end - 1) mbarrier_arrive(&q_empty[qb]);  // the tile's last read of Q
+        const bool rescale_o = scores_to_max(mask, j);
         wait_turn();
         softmax.exponentiate(acc_s, p.scale_log2);
-        if (rescale_o) decltype(softmax)::rescale(acc_o, alpha);
+        if (rescale_o) Softmax::rescale(acc_o, alpha);
         pack_probabilities();
         pass_turn();
         mbarrier_wait(&v_full[stage_of(it)], parity_of(it));
-        issue_pv(stage_of(it));
+        issue_pv(stage_of(it), j == w.block_begin);
         wgmma_wait<0>();
         fence_registers(acc_o_flat);
         fence_p();
         mbarrier_arrive(&v_empty[stage_of(it)]);
       }
-    } else {
-      // Prologue: S_0 and its softmax (O is still zero: no rescale).
-      mbarrier_wait(&k_full[stage_of(it)], parity_of(it));
+      float row_scale[2];
+      finish_rows(w, row_scale);
+      write_tile(w, row_scale);
+      release_tile(n);
+    }
+  } else {
+    // Intra-warpgroup overlap, carried across tiles. Turn j of a tile issues S_j = Q K_j^T and then O += P_{j-1}
+    // V_{j-1}; the softmax of S_j runs while P_{j-1} V_{j-1} is on the tensor cores, and O is rescaled once that
+    // has completed. Turn 0 of a tile issues its S_0 together with the previous tile's last P V (`pending`), so the
+    // previous tile's epilogue waits for nothing and the new tile's first scores arrive under it; one more turn
+    // after the last tile drains the last P V. Every consumer takes the same turns: one per key block of every
+    // tile, plus the final one.
+    int cur_n = 0;         // the tile being computed, then the one whose last P V is pending
+    bool pending = false;  // tile cur_n's last P V has not been issued (its P is in rP / this consumer's sP)
+    bool single_block = false;  // ... and it is its only one (it overwrites O)
+    for (int n = 0;; ++n) {
+      const bool more = next_tile(n);
+      const TileWork& w = tile_of(n);
+      if (more && w.block_begin >= w.block_end) {  // no row sees a key (nothing was loaded)
+        write_zero_rows(w);
+        release_tile(n);
+        continue;
+      }
+      // (three consumers: every row of this consumer past the tile's valid rows; with two, the extra path made
+      // ptxas spill in the D = 128 kernels, and 192-row tiles are the ones that waste a third)
+      const bool math = more && !(T::kConsumers > 2 && 64 * consumer >= w.q_rows_valid);
+      const int qb = q_buffer_of(tiles_done);
+      const uint64_t q_desc0 = q_desc0_of(qb);
+      if (more) mbarrier_wait(&q_full[qb], q_parity_of(tiles_done));
+      if (math) mbarrier_wait(&k_full[stage_of(it)], parity_of(it));
+      if (pending) mbarrier_wait(&v_full[stage_of(it - 1)], parity_of(it - 1));
+      // Turn 0 of w (the final turn when !more). Each case waits for all it issued before the paths join: with the
+      // cases merged, ptxas serialised every wgmma of the kernel.
+      auto first_scores = [&] {  // S_0 of w has completed: release K_0 (and Q), P_0 = exp2(...)
+        fence_registers(acc_s_flat);
+        mbarrier_arrive(&k_empty[stage_of(it)]);
+        if (w.block_end - w.block_begin == 1) mbarrier_arrive(&q_empty[qb]);  // the tile's last read of Q
+        softmax = Softmax{};
+        scores_to_max(mask_facts(w), w.block_begin);  // (O starts at zero: no rescale)
+        exponentiate_in_turn();
+      };
+      auto finish_cur = [&](const float (&row_scale)[2]) {  // cur's last P V has completed: its epilogue
+        fence_registers(acc_o_flat);
+        fence_p();
+        mbarrier_arrive(&v_empty[stage_of(it - 1)]);
+        write_tile(tile_of(cur_n), row_scale);
+        release_tile(cur_n);
+      };
       wait_turn();
-      issue_s(stage_of(it));
-      pass_turn();
-      wgmma_wait<0>();
-      fence_registers(acc_s_flat);
-      mbarrier_arrive(&k_empty[stage_of(it)]);
-      if (block_end - block_begin == 1) mbarrier_arrive(&q_empty[qb]);  // the tile's last read of Q
-      scores_to_probabilities(block_begin);
+      if (math && pending) {
+        // cur's last P V first: its epilogue runs while S_0 of w is on the tensor cores, and P's registers are
+        // free before the new softmax (the reverse order spilled the 192-key variants)
+        issue_pv(stage_of(it - 1), single_block);
+        issue_s(q_desc0, stage_of(it));
+        pass_turn();
+        float row_scale[2];
+        finish_rows(tile_of(cur_n), row_scale);
+        wgmma_wait<1>();  // cur's P V is done; S_0 of w may still run
+        finish_cur(row_scale);
+        wgmma_wait<0>();
+        first_scores();
+      } else if (math) {
+        issue_s(q_desc0, stage_of(it));
+        pass_turn();
+        wgmma_wait<0>();
+        first_scores();
+      } else if (pending) {
+        issue_pv(stage_of(it - 1), single_block);
+        pass_turn();
+        float row_scale[2];
+        finish_rows(tile_of(cur_n), row_scale);
+        wgmma_wait<0>();
+        finish_cur(row_scale);
+      } else {
+        pass_turn();
+      }
+      pending = false;
+      if (!more) {
+        release_tile(n);
+        break;
+      }
+      ++tiles_done;
+      if (!math) {  // the rest of this tile's turns and releases, as in the no-overlap path
+        for (int j = w.block_begin; j < w.block_end; ++j, ++it) {
+          if (j > w.block_begin) {
+            wait_turn();
+            pass_turn();
+          }
+          mbarrier_wait(&k_full[stage_of(it)], parity_of(it));
+          mbarrier_arrive(&k_empty[stage_of(it)]);
+          if (j == w.block_end - 1) mbarrier_arrive(&q_empty[qb]);
+          mbarrier_wait(&v_full[stage_of(it)], parity_of(it));
+          mbarrier_arrive(&v_empty[stage_of(it)]);
+        }
+        write_zero_rows(w);
+        release_tile(n);
+        continue;
+      }
       pack_probabilities();
       ++it;
+      cur_n = n;
+      pending = true;
+      // the key loop's bounds in registers (read from the slot, they put a shared-memory load inside the turn)
+      const int cur_begin = w.block_begin, cur_end = w.block_end;
+      const MaskFacts mask = mask_facts(w);
+      single_block = cur_end - cur_begin == 1;  // its first P V is also its last
 
-      // Steady state (intra-warpgroup overlap): issue S_j = Q K_j^T and O += P_{j-1} V_{j-1} back to back; the
-      // softmax of S_j runs while P_{j-1} V_{j-1} is still on the tensor cores; O is rescaled once it is done.
+      // Steady state: issue S_j = Q K_j^T and O += P_{j-1} V_{j-1} back to back; the softmax of S_j runs while
+      // P_{j-1} V_{j-1} is still on the tensor cores; O is rescaled once it is done.
       bool kv_ready = false;  // kEarlyTest: K_j and V_{j-1} were seen complete during the last block's softmax
-      for (int j = block_begin + 1; j < block_end; ++j, ++it) {
+      for (int j = cur_begin + 1; j < cur_end; ++j, ++it) {
+        const bool first_pv = j == cur_begin + 1;
         if (!kv_ready) {
           mbarrier_wait(&k_full[stage_of(it)], parity_of(it));
           mbarrier_wait(&v_full[stage_of(it - 1)], parity_of(it - 1));
         }
         wait_turn();
-        issue_s(stage_of(it));
-        issue_pv(stage_of(it - 1));
+        issue_s(q_desc0, stage_of(it));
+        issue_pv(stage_of(it - 1), first_pv);
         pass_turn();
         wgmma_wait<1>();  // the older group, S_j, is done
         fence_registers(acc_s_flat);
         mbarrier_arrive(&k_empty[stage_of(it)]);
-        if (j == block_end - 1) mbarrier_arrive(&q_empty[qb]);  // the tile's last read of Q: its buffer may refill
-        const bool rescale_o = scores_to_max(j);
+        if (j == cur_end - 1) mbarrier_arrive(&q_empty[qb]);  // the tile's last read of Q: its buffer may refill
+        const bool rescale_o = scores_to_max(mask, j);
         if constexpr (kEarlyTest) {
           kv_ready = mbarrier_test(&k_full[stage_of(it + 1)], parity_of(it + 1)) &&
                      mbarrier_test(&v_full[stage_of(it)], parity_of(it));
@@ -507,51 +686,13 @@ __global__ void __launch_bounds__(T::kNumThreads, 1)
         fence_registers(acc_o_flat);
         fence_p();
         mbarrier_arrive(&v_empty[stage_of(it - 1)]);
-        if (rescale_o) decltype(softmax)::rescale(acc_o, alpha);
+        if (rescale_o) Softmax::rescale(acc_o, alpha);
         pack_probabilities();
       }
-      // Drain: O += P_last V_last.
-      mbarrier_wait(&v_full[stage_of(it - 1)], parity_of(it - 1));
-      wait_turn();
-      issue_pv(stage_of(it - 1));
-      pass_turn();
-      wgmma_wait<0>();
-      fence_registers(acc_o_flat);
-      fence_p();
-      mbarrier_arrive(&v_empty[stage_of(it - 1)]);
-    }  // kOverlap
-
-    softmax.finalize(acc_o);
-    if (p.lse != nullptr && lane % 4 == 0) {  // one lane of each quad owns the row
-      float* gLse = tile_lse();
-#pragma unroll
-      for (int h = 0; h < 2; ++h) {
-        const int row = warp_row0 + lane / 4 + 8 * h;
-        if (row < q_rows) gLse[row] = row < q_rows_valid ? softmax.lse(h, p.scale) : -INFINITY;
-      }
     }
-
-    // ---- epilogue: O -> this consumer's rows of sO (swizzled like Q) -> 16-byte coalesced global stores --------
-    named_barrier_sync(1 + consumer, 128);  // every thread of this consumer is done reading the last tile's sO rows
-#pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      const int row = warp_row0 + lane / 4 + 8 * h;
-#pragma unroll
-      for (int n = 0; n < T::kOTiles; ++n) {  // columns 8n + 2*(lane%4) + {0, 1}: chunk n of the row
-        char* dst = sO + (n / 8) * T::kQPanelBytes + row * T::kRowBytes + (((n % 8) ^ (row % 8)) * 16) + 4 * (lane % 4);
-        *reinterpret_cast<uint32_t*>(dst) = sm80::pack2<Element>(acc_o[0][n][2 * h], acc_o[0][n][2 * h + 1]);
-      }
-    }
-    named_barrier_sync(1 + consumer, 128);  // this consumer's rows are complete in sO
-    Element* gO = tile_o();
-    for (int i = wg_tid; i < 64 * kRowChunks; i += 128) {
-      const int row = 64 * consumer + i / kRowChunks, chunk = i % kRowChunks;
-      if (row < q_rows) {  // rows past q_lengths[b] are zeros
-        const char* src = sO + (chunk / 8) * T::kQPanelBytes + row * T::kRowBytes + (((chunk % 8) ^ (row % 8)) * 16);
-        *reinterpret_cast<uint4*>(gO + row * p.o_seq_stride + chunk * 8) =
-            row < q_rows_valid ? *reinterpret_cast<const uint4*>(src) : make_uint4(0, 0, 0, 0);
-      }
-    }
+  }  // kOverlap
+  if constexpr (kTmaStore) {
+    if (wg_tid == 0) bulk_wait_group0();  // the last O store has completed before the block's shared memory goes
   }
   if constexpr (T::kPingpong) {
     if (consumer == 0) named_barrier_sync(kTurnBarrier, 256);  // the last consumer's last hand-over

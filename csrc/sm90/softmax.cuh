@@ -78,6 +78,24 @@ struct SplitSoftmax {
     }
   }
 
+  // A finished tile's per-row results, taken before the softmax state moves on to the next tile (the epilogue of a
+  // tile runs after the next tile's first softmax): 1 / l (0 for a row that saw no key) and the natural-log
+  // log-sum-exp of the scaled scores (-inf for such a row), for row halves 0 and 1.
+  struct RowTotals {
+    float inv_sum[2];
+    float lse[2];
+  };
+  __device__ __forceinline__ RowTotals totals(float scale) const {
+    RowTotals t;
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const float l = sm80::quad_sum(row_sum[h]);
+      t.inv_sum[h] = l > 0.0f ? 1.0f / l : 0.0f;
+      t.lse[h] = l > 0.0f ? row_max[h] * scale + logf(l) : -INFINITY;
+    }
+    return t;
+  }
+
   // O = O / l ; a row with l = 0 (it saw no key) becomes zeros.
   __device__ __forceinline__ void finalize(float (&acc_o)[1][kOTiles][4]) {
     float inv[2];
