@@ -102,8 +102,8 @@ std::string run_shape(const Shape& sh, const Problem& pr, cudaStream_t stream) {
 }
 
 // Max |GPU - CPU| (bf16 output; the CPU implementation computes in fp32) over a problem of 256 tiles, so each
-// persistent block runs several (what carries across tiles: the pipeline counters, the pending last P V, the
-// epilogue's staging buffer, is exercised), with 1000 keys (a partial last key block) and, when causal, masking.
+// persistent block runs several (what carries across tiles, the pipeline counters, the Q buffers, the epilogue's
+// staging buffer, is exercised), with 1000 keys (a partial last key block) and, when causal, masking.
 float check(int head_dim, bool causal) {
   Problem pr(4, 1000, 8, head_dim);
   pr.causal = causal;
@@ -118,6 +118,7 @@ float check(int head_dim, bool causal) {
   const size_t n = pr.q.size();
   std::vector<uint16_t> gpu(n), cpu(n);
   CHECK_CUDA(cudaMemcpy(gpu.data(), pr.dout, n * 2, cudaMemcpyDeviceToHost));
+  CHECK_CUDA(cudaStreamDestroy(stream));
   AttentionParams p = make_contiguous_params(pr.q.data(), pr.k.data(), pr.v.data(), cpu.data(), pr.batch, pr.seq,
                                              pr.seq, pr.heads, pr.heads, head_dim,
                                              1.0f / std::sqrt(static_cast<float>(head_dim)));
@@ -129,7 +130,6 @@ float check(int head_dim, bool causal) {
     if (std::isnan(diff)) return INFINITY;  // (std::max would drop a NaN)
     worst = std::max(worst, diff);
   }
-  CHECK_CUDA(cudaStreamDestroy(stream));
   return worst;
 }
 
