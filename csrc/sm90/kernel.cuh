@@ -11,7 +11,8 @@
 //     block's P V is issued together with this block's Q K^T, so the softmax overlaps it (intra-warpgroup overlap),
 //     and with pingpong the two consumers take turns on the tensor cores. Without overlap (T::kOverlap false, a
 //     measured alternative) each product is waited for at once and the turns cover the exponentials instead.
-// The epilogue writes O through a shared-memory buffer of its own with 16-byte coalesced stores.
+// The epilogue writes O through a shared-memory buffer of its own: stmatrix, then one TMA store per 64-column panel
+// (T::kTmaStore; 16-byte coalesced stores from every thread otherwise).
 #pragma once
 
 #include <cstdint>
@@ -82,19 +83,27 @@ __device__ __forceinline__ TileWork tile_work(const AttentionParams& p, int64_t 
   return w;
 }
 
+// A tile as the producer publishes it to the consumers (two slots in shared memory): its facts are worked out once,
+// by the producer, off the consumers' path between one tile's last product and the next tile's first.
+struct TileSlot {
+  TileWork work;
+  int more;  // 0: no tile is left, the block ends
+};
+
 // Persistent: gridDim.x blocks (at most one per SM) each start at tile blockIdx.x and then draw their next tile
 // from p.tile_counter (gridDim.x + atomicAdd: a block that finishes early takes more tiles, which is what balances
 // causal tiles of different cost), or walk blockIdx.x + k * gridDim.x when it is null. The producer draws the tiles
-// and publishes each in a two-slot shared-memory ring (sched_full / sched_empty barriers) that the consumers read;
-// a tile index >= num_tiles ends the block. The producer runs ahead across tile boundaries (the next tile's Q and
-// first K/V land while the consumers finish the current tile), the K/V ring's stage and phase counters run on
-// across tiles, Q is double-buffered where shared memory allows (the next tile's Q lands while this tile's is still
-// read), and O leaves through its own shared-memory buffer.
+// and publishes each, with its facts (TileWork), in a two-slot shared-memory ring (sched_full / sched_empty
+// barriers) that the consumers copy; a slot with more = 0 ends the block. The producer runs ahead across tile
+// boundaries (the next tile's Q and first K/V land while the consumers finish the current tile), the K/V ring's
+// stage and phase counters run on across tiles, Q is double-buffered where shared memory allows (the next tile's Q
+// lands while this tile's is still read), and O leaves through its own shared-memory buffer.
 template <class T, bool kMaskBlocks, bool kHasSoftcap>
 __global__ void __launch_bounds__(T::kNumThreads, 1)
     attention_kernel(const __grid_constant__ AttentionParams p, const __grid_constant__ CUtensorMap tma_q,
                      const __grid_constant__ CUtensorMap tma_k, const __grid_constant__ CUtensorMap tma_v,
-                     int64_t num_tiles) {
+                     const __grid_constant__ CUtensorMap tma_o, int64_t num_tiles) {
+  static_assert(sizeof(TileSlot) <= T::kSchedSlotBytes, "tile slot larger than its shared-memory space");
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   using Element = typename T::Element;
   extern __shared__ char smem_raw[];
@@ -112,7 +121,7 @@ __global__ void __launch_bounds__(T::kNumThreads, 1)
   uint64_t* v_empty = bars + 2 * kQB + 3 * T::kStages;    // [kStages]
   uint64_t* sched_full = bars + 2 * kQB + 4 * T::kStages;       // [2] the slot holds the block's next tile
   uint64_t* sched_empty = bars + 2 * kQB + 4 * T::kStages + 2;  // [2] the consumers have read it
-  int64_t* sched_tile = reinterpret_cast<int64_t*>(smem + T::kSchedOffset);  // [2]
+  TileSlot* sched = reinterpret_cast<TileSlot*>(smem + T::kSchedOffset);  // [2]
   auto sK = [&](int stage) { return smem + T::kKOffset + stage * T::kKVBytes; };
   auto sV = [&](int stage) { return smem + T::kVOffset + stage * T::kKVBytes; };
   constexpr int kRowChunks = T::kHeadDim / 8;  // 16-byte chunks per row
@@ -146,6 +155,7 @@ __global__ void __launch_bounds__(T::kNumThreads, 1)
   constexpr bool kExpTurns = (JAX_FLASH_SM90_VARIANT & 1) && T::kPingpong && T::kOverlap && T::kConsumers == 2;
   constexpr bool kEarlyTest = (JAX_FLASH_SM90_VARIANT & 2) != 0;
   constexpr bool kUniformConsumer = (JAX_FLASH_SM90_VARIANT & 8) != 0;
+  constexpr bool kTmaStore = (JAX_FLASH_SM90_VARIANT & 16) != 0;
 #else
   // The consumer index as a warp-uniform value (below): -1 to -4% time at both head dims (with 192-key blocks the
   // soft-capped variant spilled 80 bytes with it)
@@ -153,7 +163,10 @@ __global__ void __launch_bounds__(T::kNumThreads, 1)
   // (with 192-key blocks the soft-capped variant spilled 68 bytes with the ring)
   constexpr bool kExpTurns = T::kExpTurns && !(kHasSoftcap && T::kBlockKV > 128);
   constexpr bool kEarlyTest = T::kEarlyKVTest;
+  constexpr bool kTmaStore = T::kTmaStore;
 #endif
+  // P through shared memory (wgmma SS for P V) instead of registers (traits.cuh)
+  constexpr bool kPSmem = T::kPInSmem || (kHasSoftcap && T::kPSmemIfSoftcap);
   auto stage_of = [](int it) {
     if constexpr (kEarlyTest) return static_cast<int>(static_cast<uint32_t>(it) % T::kStages);
     return it % T::kStages;
@@ -179,15 +192,18 @@ __global__ void __launch_bounds__(T::kNumThreads, 1)
       int64_t next = blockIdx.x;
       for (int n = 0;; ++n) {
         const int slot = n & 1;
+        const bool more = next < num_tiles;
         mbarrier_wait(&sched_empty[slot], ((n >> 1) & 1) ^ 1);  // the consumers have read this slot's last tile
-        sched_tile[slot] = next;
+        if (more) sched[slot].work = tile_work<T>(p, next);
+        sched[slot].more = more;
         mbarrier_arrive(&sched_full[slot]);
-        if (next >= num_tiles) break;
-        const int64_t tile = next;
+        if (!more) break;
+        // (read back from the slot, which only this thread writes until it arrives on sched_full again: holding the
+        // whole TileWork in registers spilled the producer's 40)
+        const TileWork& w = sched[slot].work;
         // Drawn now, used at the next iteration: the atomic's latency hides under this tile's loads.
         next = p.tile_counter != nullptr ? int64_t{gridDim.x} + static_cast<int64_t>(atomicAdd(p.tile_counter, 1ull))
                                          : next + gridDim.x;
-        const TileWork w = tile_work<T>(p, tile);
         if (w.block_begin >= w.block_end) continue;  // the consumers write zeros; nothing to load
         const int qb = q_buffer_of(tiles_done);
         mbarrier_wait(&q_empty[qb], q_parity_of(tiles_done) ^ 1);  // the buffer's last tile's last Q K^T is done
@@ -275,10 +291,12 @@ __global__ void __launch_bounds__(T::kNumThreads, 1)
   for (int n = 0;; ++n) {
     const int slot = n & 1;
     mbarrier_wait(&sched_full[slot], (n >> 1) & 1);
-    const int64_t tile = sched_tile[slot];
+    // (the flag through a lane-0 shuffle: warp-uniform for ptxas, which serialises wgmma issued under a branch it
+    // cannot prove uniform)
+    const bool more = __shfl_sync(0xffffffffu, sched[slot].more, 0) != 0;
+    const TileWork w = sched[slot].work;
     mbarrier_arrive(&sched_empty[slot]);
-    if (tile >= num_tiles) break;
-    const TileWork w = tile_work<T>(p, tile);
+    if (!more) break;
     const int batch = w.batch, head = w.head;
     const int row0 = w.row0, q_rows = w.q_rows, q_rows_valid = w.q_rows_valid;
     const int block_begin = w.block_begin, block_end = w.block_end;
@@ -368,7 +386,7 @@ __global__ void __launch_bounds__(T::kNumThreads, 1)
       }
       wgmma_commit();
     };
-    // P (kPInSmem): this consumer's (64, kBlockKV) tile, A operand stepped like Q.
+    // P (kPSmem): this consumer's (64, kBlockKV) tile, A operand stepped like Q.
     const uint32_t sP_addr = smem_u32(smem + T::kPOffset) + consumer * T::kPBytes;
     const uint64_t p_desc0 = smem_descriptor(sP_addr, 16, 1024);
     auto p_desc = [&](int t) { return smem_offset(p_desc0, (t / 4) * T::kPPanelBytes + (t % 4) * 32); };
@@ -376,7 +394,7 @@ __global__ void __launch_bounds__(T::kNumThreads, 1)
       wgmma_fence();
 #pragma unroll
       for (int t = 0; t < T::kKVSteps; ++t) {
-        if constexpr (T::kPInSmem) {
+        if constexpr (kPSmem) {
           wgmma_ss_tb<Element, T::kHeadDim>(acc_o_flat, p_desc(t), v_desc(stage, t), 1);
         } else {
           wgmma_rs<Element, T::kHeadDim>(acc_o_flat, rP[t], v_desc(stage, t), 1);
@@ -411,7 +429,7 @@ __global__ void __launch_bounds__(T::kNumThreads, 1)
       exponentiate_in_turn();
       return rescale;
     };
-    // stmatrix addresses (kPInSmem): lane l gives row l%8 of 8x8 matrix l/8 of each k16 step t, i.e. row
+    // stmatrix addresses (kPSmem): lane l gives row l%8 of 8x8 matrix l/8 of each k16 step t, i.e. row
     // 16 * warp + l%8 + 8 * ((l/8) % 2), 16-byte chunk 2t + (l/8)/2 of the keys (panel t/4, chunk 2(t%4) + (l/8)/2
     // inside it, XOR-swizzled by the row's low 3 bits, which are l%8).
     const int st_row = 16 * warp_in_wg + lane % 8 + 8 * ((lane / 8) % 2);
@@ -424,7 +442,7 @@ __global__ void __launch_bounds__(T::kNumThreads, 1)
         a[1] = sm80::pack2<Element>(acc_s[0][2 * t][2], acc_s[0][2 * t][3]);
         a[2] = sm80::pack2<Element>(acc_s[0][2 * t + 1][0], acc_s[0][2 * t + 1][1]);
         a[3] = sm80::pack2<Element>(acc_s[0][2 * t + 1][2], acc_s[0][2 * t + 1][3]);
-        if constexpr (T::kPInSmem) {
+        if constexpr (kPSmem) {
           const uint32_t chunk = (2 * (t % 4) + (lane / 8) / 2) ^ (lane % 8);
           stmatrix_x4(st_base + (t / 4) * T::kPPanelBytes + chunk * 16, a);
         } else {
@@ -432,13 +450,13 @@ __global__ void __launch_bounds__(T::kNumThreads, 1)
           for (int e = 0; e < 4; ++e) rP[t][e] = a[e];
         }
       }
-      if constexpr (T::kPInSmem) {  // the whole warpgroup's P is written and visible to wgmma (the async proxy)
+      if constexpr (kPSmem) {  // the whole warpgroup's P is written and visible to wgmma (the async proxy)
         fence_proxy_async_smem();
         named_barrier_sync(1 + consumer, 128);
       }
     };
     auto fence_p = [&] {  // P V has completed: the compiler may now reuse P's registers
-      if constexpr (!T::kPInSmem) fence_registers(rP_flat);
+      if constexpr (!kPSmem) fence_registers(rP_flat);
     };
     mbarrier_wait(&q_full[qb], q_parity_of(tiles_done));
     ++tiles_done;
@@ -521,37 +539,71 @@ __global__ void __launch_bounds__(T::kNumThreads, 1)
       mbarrier_arrive(&v_empty[stage_of(it - 1)]);
     }  // kOverlap
 
-    softmax.finalize(acc_o);
+    // ---- epilogue: O / l (zeros for rows past q_rows_valid) and lse -------------------------------------------
+    bool row_valid[2];
+    float row_lse[2];
+#pragma unroll
+    for (int h = 0; h < 2; ++h) row_valid[h] = warp_row0 + lane / 4 + 8 * h < q_rows_valid;
+    softmax.finalize(acc_o, row_valid, p.scale, row_lse);
     if (p.lse != nullptr && lane % 4 == 0) {  // one lane of each quad owns the row
       float* gLse = tile_lse();
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
         const int row = warp_row0 + lane / 4 + 8 * h;
-        if (row < q_rows) gLse[row] = row < q_rows_valid ? softmax.lse(h, p.scale) : -INFINITY;
+        if (row < q_rows) gLse[row] = row_valid[h] ? row_lse[h] : -INFINITY;
       }
     }
-
-    // ---- epilogue: O -> this consumer's rows of sO (swizzled like Q) -> 16-byte coalesced global stores --------
-    named_barrier_sync(1 + consumer, 128);  // every thread of this consumer is done reading the last tile's sO rows
+    // O -> this consumer's 64 rows of sO (swizzled like Q) -> global
+    if constexpr (kTmaStore) {
+      // stmatrix (lane l gives row l%8 of 8x8 matrix l/8 of k16 step t, as for P above), then one TMA store per
+      // 64-column panel by thread 0 of the consumer; the TMA unit clips rows past the tensor. That thread first
+      // waits until its previous store has read sO.
+      if (wg_tid == 0) bulk_wait_group_read0();
+      named_barrier_sync(1 + consumer, 128);  // ... and every thread of the consumer knows it
+      const uint32_t so_base = smem_u32(sO) + (64 * consumer + st_row) * T::kRowBytes;
 #pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      const int row = warp_row0 + lane / 4 + 8 * h;
+      for (int t = 0; t < T::kHeadDim / 16; ++t) {  // O tiles 2t, 2t + 1: columns 16t .. 16t + 15
+        const uint32_t a[4] = {sm80::pack2<Element>(acc_o[0][2 * t][0], acc_o[0][2 * t][1]),
+                               sm80::pack2<Element>(acc_o[0][2 * t][2], acc_o[0][2 * t][3]),
+                               sm80::pack2<Element>(acc_o[0][2 * t + 1][0], acc_o[0][2 * t + 1][1]),
+                               sm80::pack2<Element>(acc_o[0][2 * t + 1][2], acc_o[0][2 * t + 1][3])};
+        const uint32_t chunk = (2 * (t % 4) + (lane / 8) / 2) ^ (lane % 8);
+        stmatrix_x4(so_base + (t / 4) * T::kQPanelBytes + chunk * 16, a);
+      }
+      fence_proxy_async_smem();               // the generic-proxy writes, visible to the TMA unit ...
+      named_barrier_sync(1 + consumer, 128);  // ... from every thread of the consumer
+      if (wg_tid == 0) {
 #pragma unroll
-      for (int n = 0; n < T::kOTiles; ++n) {  // columns 8n + 2*(lane%4) + {0, 1}: chunk n of the row
-        char* dst = sO + (n / 8) * T::kQPanelBytes + row * T::kRowBytes + (((n % 8) ^ (row % 8)) * 16) + 4 * (lane % 4);
-        *reinterpret_cast<uint32_t*>(dst) = sm80::pack2<Element>(acc_o[0][n][2 * h], acc_o[0][n][2 * h + 1]);
+        for (int panel = 0; panel < T::kPanels; ++panel) {
+          tma_store_4d(&tma_o, sO + panel * T::kQPanelBytes + 64 * consumer * T::kRowBytes, panel * 64,
+                       row0 + 64 * consumer, head, batch);
+        }
+        bulk_commit_group();
+      }
+    } else {  // 16-byte coalesced stores from every thread
+      named_barrier_sync(1 + consumer, 128);  // every thread of this consumer is done reading the last tile's sO rows
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const int row = warp_row0 + lane / 4 + 8 * h;
+#pragma unroll
+        for (int n = 0; n < T::kOTiles; ++n) {  // columns 8n + 2*(lane%4) + {0, 1}: chunk n of the row
+          char* dst = sO + (n / 8) * T::kQPanelBytes + row * T::kRowBytes + (((n % 8) ^ (row % 8)) * 16) + 4 * (lane % 4);
+          *reinterpret_cast<uint32_t*>(dst) = sm80::pack2<Element>(acc_o[0][n][2 * h], acc_o[0][n][2 * h + 1]);
+        }
+      }
+      named_barrier_sync(1 + consumer, 128);  // this consumer's rows are complete in sO
+      Element* gO = tile_o();
+      for (int i = wg_tid; i < 64 * kRowChunks; i += 128) {
+        const int row = 64 * consumer + i / kRowChunks, chunk = i % kRowChunks;
+        if (row < q_rows) {
+          const char* src = sO + (chunk / 8) * T::kQPanelBytes + row * T::kRowBytes + (((chunk % 8) ^ (row % 8)) * 16);
+          *reinterpret_cast<uint4*>(gO + row * p.o_seq_stride + chunk * 8) = *reinterpret_cast<const uint4*>(src);
+        }
       }
     }
-    named_barrier_sync(1 + consumer, 128);  // this consumer's rows are complete in sO
-    Element* gO = tile_o();
-    for (int i = wg_tid; i < 64 * kRowChunks; i += 128) {
-      const int row = 64 * consumer + i / kRowChunks, chunk = i % kRowChunks;
-      if (row < q_rows) {  // rows past q_lengths[b] are zeros
-        const char* src = sO + (chunk / 8) * T::kQPanelBytes + row * T::kRowBytes + (((chunk % 8) ^ (row % 8)) * 16);
-        *reinterpret_cast<uint4*>(gO + row * p.o_seq_stride + chunk * 8) =
-            row < q_rows_valid ? *reinterpret_cast<const uint4*>(src) : make_uint4(0, 0, 0, 0);
-      }
-    }
+  }
+  if constexpr (kTmaStore) {
+    if (wg_tid == 0) bulk_wait_group0();  // the last O store has completed before the block's shared memory goes
   }
   if constexpr (T::kPingpong) {
     if (consumer == 0) named_barrier_sync(kTurnBarrier, 256);  // the last consumer's last hand-over

@@ -21,7 +21,7 @@ namespace jax_flash::sm90 {
 
 template <class T, bool kMaskBlocks, bool kHasSoftcap>
 std::string launch_sm90(AttentionParams p, const CUtensorMap& map_q, const CUtensorMap& map_k,
-                        const CUtensorMap& map_v, cudaStream_t stream) {
+                        const CUtensorMap& map_v, const CUtensorMap& map_o, cudaStream_t stream) {
   auto kernel = attention_kernel<T, kMaskBlocks, kHasSoftcap>;
   // A persistent grid, one block per SM (the shared memory allows no second). Tiles of equal cost (no right bound)
   // could be walked with a static stride, but causal tiles differ by up to the whole key range and a static stride
@@ -62,7 +62,7 @@ std::string launch_sm90(AttentionParams p, const CUtensorMap& map_q, const CUten
   if (std::string failure = opt_in_shared_memory(kernel, T::kSmemBytes, opted_in_devices); !failure.empty()) {
     return failure;
   }
-  kernel<<<grid, T::kNumThreads, T::kSmemBytes, stream>>>(p, map_q, map_k, map_v, num_tiles);
+  kernel<<<grid, T::kNumThreads, T::kSmemBytes, stream>>>(p, map_q, map_k, map_v, map_o, num_tiles);
   if (cudaError_t err = cudaGetLastError(); err != cudaSuccess) return cuda_failure("attention kernel launch", err);
   return {};
 }
@@ -73,7 +73,7 @@ std::string run_attention_sm90(const AttentionParams& params, cudaStream_t strea
   AttentionParams p = params;
   p.num_q_blocks = (p.seqlen_q + T::kBlockQ - 1) / T::kBlockQ;
   constexpr bool kBf16 = kKey.dtype == static_cast<int>(DType::kBFloat16);
-  CUtensorMap map_q{}, map_k{}, map_v{};
+  CUtensorMap map_q{}, map_k{}, map_v{}, map_o{};
   std::string failure = encode_bshd_map(&map_q, p.q, kBf16, p.batch, p.seqlen_q, p.heads_q, p.head_dim,
                                         p.q_batch_stride, p.q_seq_stride, p.q_head_stride, T::kBlockQ);
   // seqlen_k = 0: every block writes zeros without loading, and an empty tensor has no map.
@@ -85,16 +85,21 @@ std::string run_attention_sm90(const AttentionParams& params, cudaStream_t strea
     failure = encode_bshd_map(&map_v, p.v, kBf16, p.batch, p.seqlen_k, p.heads_k, p.head_dim, p.v_batch_stride,
                               p.v_seq_stride, p.v_head_stride, T::kBlockKV);
   }
+  // O (T::kTmaStore): each consumer stores its 64 rows of a tile, one 64 x 64 box per panel (kernel.cuh, epilogue)
+  if (failure.empty()) {
+    failure = encode_bshd_map(&map_o, p.o, kBf16, p.batch, p.seqlen_q, p.heads_q, p.head_dim, p.o_batch_stride,
+                              p.o_seq_stride, p.o_head_stride, 64);
+  }
   if (!failure.empty()) return failure;
   const bool mask_blocks = p.window_left < kUnbounded || p.window_right < kUnbounded || p.kv_lengths != nullptr ||
                            p.seqlen_k % T::kBlockKV != 0;
   const bool softcap = p.softcap > 0.0f;
   if (mask_blocks) {
-    return softcap ? launch_sm90<T, true, true>(p, map_q, map_k, map_v, stream)
-                   : launch_sm90<T, true, false>(p, map_q, map_k, map_v, stream);
+    return softcap ? launch_sm90<T, true, true>(p, map_q, map_k, map_v, map_o, stream)
+                   : launch_sm90<T, true, false>(p, map_q, map_k, map_v, map_o, stream);
   }
-  return softcap ? launch_sm90<T, false, true>(p, map_q, map_k, map_v, stream)
-                 : launch_sm90<T, false, false>(p, map_q, map_k, map_v, stream);
+  return softcap ? launch_sm90<T, false, true>(p, map_q, map_k, map_v, map_o, stream)
+                 : launch_sm90<T, false, false>(p, map_q, map_k, map_v, map_o, stream);
 }
 
 }  // namespace jax_flash::sm90

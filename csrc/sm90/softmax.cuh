@@ -78,20 +78,22 @@ struct SplitSoftmax {
     }
   }
 
-  // O = O / l ; a row with l = 0 (it saw no key) becomes zeros.
-  __device__ __forceinline__ void finalize(float (&acc_o)[1][kOTiles][4]) {
+  // The epilogue's O = O / l, with zeros for a row that saw no key (l = 0) and for row half h when !row_valid[h]
+  // (rows past the batch entry's query length, whose scores may hold anything: a select, not a multiply by 0), and
+  // each row half's natural-log log-sum-exp of the scaled scores (-inf for a row that saw no key).
+  __device__ __forceinline__ void finalize(float (&acc_o)[1][kOTiles][4], const bool (&row_valid)[2], float scale,
+                                           float (&lse)[2]) {
     float inv[2];
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
-      row_sum[h] = sm80::quad_sum(row_sum[h]);
-      inv[h] = row_sum[h] > 0.0f ? 1.0f / row_sum[h] : 0.0f;
+      const float l = sm80::quad_sum(row_sum[h]);
+      inv[h] = l > 0.0f ? 1.0f / l : 0.0f;
+      lse[h] = l > 0.0f ? row_max[h] * scale + logf(l) : -INFINITY;
     }
-    rescale(acc_o, inv);
-  }
-
-  // Natural-log log-sum-exp of the scaled scores of row half h, after finalize(); -inf for a row that saw no key.
-  __device__ __forceinline__ float lse(int h, float scale) const {
-    return row_sum[h] <= 0.0f ? -INFINITY : row_max[h] * scale + logf(row_sum[h]);
+#pragma unroll
+    for (int n = 0; n < kOTiles; ++n)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) acc_o[0][n][e] = row_valid[e / 2] ? acc_o[0][n][e] * inv[e / 2] : 0.0f;
   }
 };
 

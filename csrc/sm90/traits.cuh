@@ -33,10 +33,16 @@ struct Traits {
   // unsigned pipeline counters, so the waits at the top of the loop are usually skipped (D = 128: -1 to -3%; D = 64:
   // none, and with the ring it cancelled the ring's gain).
   static constexpr bool kEarlyKVTest = kHeadDim == 128;
+  // Session 9: the epilogue stores O with stmatrix into shared memory and one TMA store per 64-column panel (16-byte
+  // stores from every thread before).
+  static constexpr bool kTmaStore = true;
   // P (the softmax's probabilities, the A operand of O += P V) from registers (wgmma RS) with two consumers; with
   // three, each consumer has 152 registers (below) and S + O + P do not fit (D = 64, 128 keys: 64 + 32 + 32 plus
   // the softmax state and addresses spilled 64-100 bytes), so P goes through shared memory (wgmma SS), as in FA3.
   static constexpr bool kPInSmem = kConsumers == 3;
+  // ... and in the soft-capped kernels of 192-key blocks (kernel.cuh, kPSmem): S (96 registers), P (48) and the
+  // softcap's temporaries left no room for the session-9 epilogue (16-76 bytes spilled however it was arranged).
+  static constexpr bool kPSmemIfSoftcap = kBlockKV > 128;
   static_assert(kKey.block_q == kBlockQ, "block_q must be 64 * consumer_warpgroups");
   static_assert(kConsumers == 2 || kConsumers == 3, "sm90 family: 2 or 3 consumer warpgroups");
   static_assert(kHeadDim == 64 || kHeadDim == 128, "sm90 family: head_dim 64 or 128");
@@ -66,13 +72,14 @@ struct Traits {
   // P of each consumer (kPInSmem): (64, kBlockKV) as ceil(kBlockKV/64) panels of [64][64] (the last one partly
   // used when kBlockKV = 160), swizzled like Q (wgmma's A).
   static constexpr int kPPanelBytes = 64 * kRowBytes;
-  static constexpr int kPBytes = kPInSmem ? (kBlockKV + 63) / 64 * kPPanelBytes : 0;  // per consumer
+  static constexpr int kPBytes = kPInSmem || kPSmemIfSoftcap ? (kBlockKV + 63) / 64 * kPPanelBytes : 0;  // per consumer
   // Everything but Q: O staging (like Q), the K/V ring, P, barriers (at most 2 x 2 for Q, 4 per stage, 4 for the
-  // tile slots), two int64 tile slots, and 1024 bytes so the kernel can round the dynamic shared-memory base up to
-  // the 1024-byte swizzle atom.
+  // tile slots), two tile slots, and 1024 bytes so the kernel can round the dynamic shared-memory base up to the
+  // 1024-byte swizzle atom.
   static constexpr int kMaxSmemBytes = 227 * 1024;  // opt-in dynamic shared memory per block on sm_90
+  static constexpr int kSchedSlotBytes = 48;        // one published tile (kernel.cuh, TileSlot)
   static constexpr int kFixedBytes = kQBytes + 2 * kStages * kKVBytes + kConsumers * kPBytes +
-                                     8 * (4 + 4 * kStages + 4) + 16 + 1024;
+                                     8 * (4 + 4 * kStages + 4) + 2 * kSchedSlotBytes + 1024;
   // Q is double-buffered where it fits (227 KB): the producer then loads the next tile's Q while the consumers
   // still read this tile's, instead of after their last Q K^T (at 4-8 key blocks per tile that wait was a
   // visible part of each tile). D = 128 with 128-key blocks fits with 1.9 KB to spare; 160-key blocks do not.
@@ -85,8 +92,8 @@ struct Traits {
   static constexpr int kBarrierOffset = kPOffset + kConsumers * kPBytes;
   // Q full and Q empty per Q buffer; K full, V full, K empty, V empty per stage; tile-slot full and empty, 2 each
   static constexpr int kNumBarriers = 2 * kQBuffers + 4 * kStages + 4;
-  static constexpr int kSchedOffset = kBarrierOffset + 8 * kNumBarriers;  // two int64 tile slots
-  static constexpr int kSmemBytes = kSchedOffset + 16 + 1024;
+  static constexpr int kSchedOffset = kBarrierOffset + 8 * kNumBarriers;  // two tile slots (kernel.cuh, TileSlot)
+  static constexpr int kSmemBytes = kSchedOffset + 2 * kSchedSlotBytes + 1024;
 
   // The online softmax of the sm80 family, on one warp's 16 rows of the wgmma accumulator: the m64nN fp32
   // fragment is, per warp, the mma.sync m16n8 layout repeated N/8 times, so S is [1][kBlockKV/8][4] and O
