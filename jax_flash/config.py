@@ -159,10 +159,13 @@ class KernelConfig:
         return (self.block_q + 2 * self.block_kv) * head_dim * elem_bytes
 
     def _sm90_smem_bytes(self, head_dim: int, elem_bytes: int, q_buffers: int) -> int:
-        # P: per consumer 64 rows x whole 64-key panels (block_kv 160 fills 2.5 of 3)
-        p_bytes = self.block_q * -(-self.block_kv // 64) * 64 * elem_bytes if self.consumer_warpgroups == 3 else 0
+        # P: per consumer 64 rows x whole 64-key panels (block_kv 160 fills 2.5 of 3), with three consumers and for
+        # the soft-capped kernels of head dim 64 with more than 128 keys per block (traits.cuh, kPSmemIfSoftcap)
+        p_in_smem = self.consumer_warpgroups == 3 or (self.block_kv > 128 and head_dim == 64)
+        p_bytes = self.block_q * -(-self.block_kv // 64) * 64 * elem_bytes if p_in_smem else 0
+        # barriers, two 48-byte tile slots (kernel.cuh, TileSlot) and the 1024-byte alignment slack
         return (((q_buffers + 1) * self.block_q + 2 * self.stages * self.block_kv) * head_dim * elem_bytes + p_bytes +
-                8 * (2 * q_buffers + 4 * self.stages + 4) + 16 + 1024)  # csrc/sm90/traits.cuh derives the same
+                8 * (2 * q_buffers + 4 * self.stages + 4) + 2 * 48 + 1024)  # csrc/sm90/traits.cuh derives the same
 
     def sm90_q_buffers(self, head_dim: int, elem_bytes: int = 2) -> int:
         """Q buffers of an sm90 kernel: 2 (the next tile's Q loads during this one) where 227 KB allow, else 1."""

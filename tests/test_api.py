@@ -183,12 +183,14 @@ def test_sm90_config_validation():
 def test_sm90_wide_key_blocks_validation():
     assert KernelConfig.sm90(block_kv=192).fits(64) is None and KernelConfig.sm90(block_kv=160).fits(128) is None
     # 128 x 192 at head dim 128: the K/V ring (2 x 2 x 48 KB) with Q and O (64 KB) exceeds 227 KB of shared memory
-    assert "needs 263296 bytes of shared memory" in KernelConfig.sm90(block_kv=192).fits(128)
-    assert KernelConfig.sm90(block_kv=160).smem_bytes(128) == 230528
+    assert "needs 263376 bytes of shared memory" in KernelConfig.sm90(block_kv=192).fits(128)
+    assert KernelConfig.sm90(block_kv=160).smem_bytes(128) == 230608
     # Q is double-buffered where 227 KB allow: 128 x 128 at head dim 128 fits (2 Q + O + 4 x 32 KB + barriers),
     # 128 x 160 keeps one Q buffer
     assert KernelConfig.sm90().sm90_q_buffers(128) == 2 and KernelConfig.sm90(block_kv=160).sm90_q_buffers(128) == 1
-    assert KernelConfig.sm90().smem_bytes(128) == 3 * 32768 + 4 * 32768 + 8 * 16 + 16 + 1024
+    assert KernelConfig.sm90().smem_bytes(128) == 3 * 32768 + 4 * 32768 + 8 * 16 + 2 * 48 + 1024
+    # head dim 64 with 192-key blocks: P of each consumer (3 panels of 8 KB) for the soft-capped kernels
+    assert KernelConfig.sm90(block_kv=192).smem_bytes(64) == 3 * 16384 + 4 * 24576 + 2 * 24576 + 8 * 16 + 2 * 48 + 1024
     assert KernelConfig.sm90().consumer_registers() == 232
     with pytest.raises(ValueError, match="block_kv=256 is not allowed for family='sm90'"):
         KernelConfig.sm90(block_kv=256)
@@ -199,7 +201,7 @@ def test_sm90_three_consumers_validation():
     assert (cfg.block_q, cfg.num_warps, cfg.consumer_registers()) == (192, 16, 152)  # 512 threads: 40 + 3 x 152
     assert cfg.fits(64) is None and KernelConfig.sm90(block_kv=64, consumer_warpgroups=3).fits(128) is None
     # P lives in shared memory: 2 Q + O (3 x 24 KB) + K/V ring (4 x 16 KB) + P (3 x 16 KB) + barriers, slots, slack
-    assert cfg.smem_bytes(64) == 3 * 24576 + 4 * 16384 + 3 * 16384 + 8 * 16 + 16 + 1024
+    assert cfg.smem_bytes(64) == 3 * 24576 + 4 * 16384 + 3 * 16384 + 8 * 16 + 2 * 48 + 1024
     # S (96) + O (32) + state is over the 152 registers three consumers get (ptxas spilled ~600 bytes)
     assert "needs about 168 registers per consumer thread at head_dim=64 (limit 152)" in \
         KernelConfig.sm90(block_kv=192, consumer_warpgroups=3).fits(64)

@@ -42,7 +42,8 @@ struct Traits {
   static constexpr bool kPInSmem = kConsumers == 3;
   // ... and in the soft-capped kernels of 192-key blocks (kernel.cuh, kPSmem): S (96 registers), P (48) and the
   // softcap's temporaries left no room for the session-9 epilogue (16-76 bytes spilled however it was arranged).
-  static constexpr bool kPSmemIfSoftcap = kBlockKV > 128;
+  // Head dim 64 only: at 128 the 160 / 192-key sweep configs have no shared memory left for P.
+  static constexpr bool kPSmemIfSoftcap = kBlockKV > 128 && kHeadDim == 64;
   static_assert(kKey.block_q == kBlockQ, "block_q must be 64 * consumer_warpgroups");
   static_assert(kConsumers == 2 || kConsumers == 3, "sm90 family: 2 or 3 consumer warpgroups");
   static_assert(kHeadDim == 64 || kHeadDim == 128, "sm90 family: head_dim 64 or 128");
