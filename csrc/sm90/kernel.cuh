@@ -170,6 +170,16 @@ __global__ void __launch_bounds__(T::kNumThreads, 1)
   constexpr bool kTmaStore = T::kTmaStore;
 #endif
 #endif
+#ifdef JAX_FLASH_SM90_CROSS_TILE
+  constexpr bool kCrossTile = JAX_FLASH_SM90_CROSS_TILE != 0;
+#else
+  constexpr bool kCrossTile = T::kCrossTile;
+#endif
+#ifdef JAX_FLASH_SM90_ZERO_O
+  constexpr bool kZeroO = true;
+#else
+  constexpr bool kZeroO = false;
+#endif
   auto stage_of = [](int it) {
     if constexpr (kEarlyTest) return static_cast<int>(static_cast<uint32_t>(it) % T::kStages);
     return it % T::kStages;
@@ -415,7 +425,7 @@ __global__ void __launch_bounds__(T::kNumThreads, 1)
     wgmma_fence();
 #pragma unroll
     for (int t = 0; t < T::kKVSteps; ++t) {
-      const int accumulate = t > 0 || !first_block;
+      const int accumulate = kZeroO || t > 0 || !first_block;
       if constexpr (T::kPInSmem) {
         wgmma_ss_tb<Element, T::kHeadDim>(acc_o_flat, p_desc(t), v_desc(stage, t), accumulate);
       } else {
@@ -582,7 +592,11 @@ __global__ void __launch_bounds__(T::kNumThreads, 1)
       const uint64_t q_desc0 = q_desc0_of(qb);
       if (more) mbarrier_wait(&q_full[qb], q_parity_of(tiles_done));
       if (math) mbarrier_wait(&k_full[stage_of(it)], parity_of(it));
-      if (pending) mbarrier_wait(&v_full[stage_of(it - 1)], parity_of(it - 1));
+      if (!kCrossTile && !more) {  // (without cross-tile overlap nothing is pending: no final turn)
+        release_tile(n);
+        break;
+      }
+      if (kCrossTile && pending) mbarrier_wait(&v_full[stage_of(it - 1)], parity_of(it - 1));
       // Turn 0 of w (the final turn when !more). Each case waits for all it issued before the paths join: with the
       // cases merged, ptxas serialised every wgmma of the kernel.
       auto first_scores = [&] {  // S_0 of w has completed: release K_0 (and Q), P_0 = exp2(...)
@@ -590,6 +604,12 @@ __global__ void __launch_bounds__(T::kNumThreads, 1)
         mbarrier_arrive(&k_empty[stage_of(it)]);
         if (w.block_end - w.block_begin == 1) mbarrier_arrive(&q_empty[qb]);  // the tile's last read of Q
         softmax = Softmax{};
+        if constexpr (kZeroO) {
+#pragma unroll
+          for (int i = 0; i < T::kOTiles; ++i)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) acc_o[0][i][e] = 0.0f;
+        }
         scores_to_max(mask_facts(w), w.block_begin);  // (O starts at zero: no rescale)
         exponentiate_in_turn();
       };
@@ -601,7 +621,7 @@ __global__ void __launch_bounds__(T::kNumThreads, 1)
         release_tile(cur_n);
       };
       wait_turn();
-      if (math && pending) {
+      if (kCrossTile && math && pending) {
         // cur's last P V first: its epilogue runs while S_0 of w is on the tensor cores, and P's registers are
         // free before the new softmax (the reverse order spilled the 192-key variants)
         issue_pv(stage_of(it - 1), single_block);
@@ -618,7 +638,7 @@ __global__ void __launch_bounds__(T::kNumThreads, 1)
         pass_turn();
         wgmma_wait<0>();
         first_scores();
-      } else if (pending) {
+      } else if (kCrossTile && pending) {
         issue_pv(stage_of(it - 1), single_block);
         pass_turn();
         float row_scale[2];
@@ -688,6 +708,17 @@ __global__ void __launch_bounds__(T::kNumThreads, 1)
         mbarrier_arrive(&v_empty[stage_of(it - 1)]);
         if (rescale_o) Softmax::rescale(acc_o, alpha);
         pack_probabilities();
+      }
+      if constexpr (!kCrossTile) {  // drain: O += P_last V_last in a turn of its own, then the epilogue
+        mbarrier_wait(&v_full[stage_of(it - 1)], parity_of(it - 1));
+        wait_turn();
+        issue_pv(stage_of(it - 1), single_block);
+        pass_turn();
+        float row_scale[2];
+        finish_rows(w, row_scale);
+        wgmma_wait<0>();
+        finish_cur(row_scale);
+        pending = false;
       }
     }
   }  // kOverlap

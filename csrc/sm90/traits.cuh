@@ -35,6 +35,7 @@ struct Traits {
   static constexpr bool kEarlyKVTest = kHeadDim == 128;
   // Session 8: the epilogue stores O with stmatrix into shared memory and one TMA store per 64-column panel.
   static constexpr bool kTmaStore = true;
+  static constexpr bool kCrossTile = true;
   // P (the softmax's probabilities, the A operand of O += P V) from registers (wgmma RS) with two consumers; with
   // three, each consumer has 152 registers (below) and S + O + P do not fit (D = 64, 128 keys: 64 + 32 + 32 plus
   // the softmax state and addresses spilled 64-100 bytes), so P goes through shared memory (wgmma SS), as in FA3.
