@@ -16,6 +16,7 @@
 #pragma once
 
 #include <cstdint>
+#include <type_traits>
 
 #include "common/mask_fragment.cuh"
 #include "common/params.h"
@@ -144,6 +145,13 @@ __global__ void __launch_bounds__(T::kNumThreads, 1)
     }
     fence_barrier_init();
   }
+  if constexpr (T::kSumByMma) {  // the ones panel O's row-sum columns multiply P by (traits.cuh), for the async proxy
+    constexpr uint32_t one = std::is_same_v<typename T::Element, __nv_bfloat16> ? 0x3F803F80u : 0x3C003C00u;
+    for (int i = tid; i < T::kOnesBytes / 16; i += T::kNumThreads) {
+      reinterpret_cast<uint4*>(smem + T::kOnesOffset)[i] = make_uint4(one, one, one, one);
+    }
+    fence_proxy_async_smem();
+  }
   __syncthreads();
 
   // Key block j of a tile is pipeline step it (counted over all of this block's tiles); it lives in stage
@@ -247,8 +255,9 @@ __global__ void __launch_bounds__(T::kNumThreads, 1)
   const int lane = tid % 32;
   const int warp_row0 = 64 * consumer + 16 * warp_in_wg;  // this warp's 16 rows within the tile
 
-  float acc_o[1][T::kOTiles][4];  // O (16 rows of this warp, D): the wgmma m64nD fragment
-  auto& acc_o_flat = *reinterpret_cast<float(*)[T::kHeadDim / 2]>(&acc_o[0][0][0]);
+  // O (16 rows of this warp, D): the wgmma m64nN fragment, N = D (+ 8 columns of row sums: T::kSumByMma)
+  float acc_o[1][T::kOAccTiles][4];
+  auto& acc_o_flat = *reinterpret_cast<float(*)[T::kPVN / 2]>(&acc_o[0][0][0]);
   float acc_s[1][T::kSTiles][4];  // S of the current key block
   auto& acc_s_flat = *reinterpret_cast<float(*)[T::kBlockKV / 2]>(&acc_s[0][0][0]);
   uint32_t rP[T::kKVSteps][4];    // P of the previous key block as wgmma A fragments
@@ -354,10 +363,10 @@ __global__ void __launch_bounds__(T::kNumThreads, 1)
     }
 
 #pragma unroll
-    for (int n = 0; n < T::kOTiles; ++n)
+    for (int n = 0; n < T::kOAccTiles; ++n)
 #pragma unroll
       for (int e = 0; e < 4; ++e) acc_o[0][n][e] = 0.0f;
-    SplitSoftmax<T::kSTiles, T::kOTiles> softmax;
+    SplitSoftmax<T::kSTiles, T::kOAccTiles, T::kSumByMma> softmax;
 
     const int diag_offset = len.kv_len - len.q_len;
     const int lo_off = p.window_left >= kUnbounded ? -kUnbounded : diag_offset - p.window_left;
@@ -372,12 +381,22 @@ __global__ void __launch_bounds__(T::kNumThreads, 1)
     const uint32_t sQ_addr = smem_u32(sQ(qb)) + consumer * 64 * T::kRowBytes;
     const uint64_t q_desc0 = smem_descriptor(sQ_addr, 16, 1024);
     const uint64_t k_desc0 = smem_descriptor(smem_u32(sK(0)), 16, 1024);
-    const uint64_t v_desc0 = smem_descriptor(smem_u32(sV(0)), T::kKVPanelBytes, 1024);
+    // (kSumByMma: the leading-byte offset leads from V's one panel to the ones panel; from stage s it is shorter by
+    // s * kKVBytes, taken off with the start address moved on: v_desc)
+    const uint64_t v_desc0 =
+        smem_descriptor(smem_u32(sV(0)), T::kSumByMma ? T::kOnesOffset - T::kVOffset : T::kKVPanelBytes, 1024);
     auto q_desc = [&](int kk) { return smem_offset(q_desc0, (kk / 4) * T::kQPanelBytes + (kk % 4) * 32); };
     auto k_desc = [&](int stage, int kk) {
       return smem_offset(k_desc0, stage * T::kKVBytes + (kk / 4) * T::kKVPanelBytes + (kk % 4) * 32);
     };
-    auto v_desc = [&](int stage, int t) { return smem_offset(v_desc0, stage * T::kKVBytes + t * 16 * T::kRowBytes); };
+    auto v_desc = [&](int stage, int t) {
+      if constexpr (T::kSumByMma) {
+        // the low word holds the start address (bits 0-13) and the leading-byte offset (16-29), in 16-byte units
+        const uint32_t stage_units = static_cast<uint32_t>(stage * T::kKVBytes) >> 4;
+        return smem_offset_units(v_desc0, stage_units - (stage_units << 16) + ((t * 16 * T::kRowBytes) >> 4));
+      }
+      return smem_offset(v_desc0, stage * T::kKVBytes + t * 16 * T::kRowBytes);
+    };
     auto issue_s = [&](int stage) {  // S = Q K^T, one commit group
       wgmma_fence();
 #pragma unroll
@@ -395,9 +414,9 @@ __global__ void __launch_bounds__(T::kNumThreads, 1)
 #pragma unroll
       for (int t = 0; t < T::kKVSteps; ++t) {
         if constexpr (kPSmem) {
-          wgmma_ss_tb<Element, T::kHeadDim>(acc_o_flat, p_desc(t), v_desc(stage, t), 1);
+          wgmma_ss_tb<Element, T::kPVN>(acc_o_flat, p_desc(t), v_desc(stage, t), 1);
         } else {
-          wgmma_rs<Element, T::kHeadDim>(acc_o_flat, rP[t], v_desc(stage, t), 1);
+          wgmma_rs<Element, T::kPVN>(acc_o_flat, rP[t], v_desc(stage, t), 1);
         }
       }
       wgmma_commit();

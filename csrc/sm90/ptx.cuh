@@ -138,6 +138,14 @@ __device__ __forceinline__ uint64_t smem_offset(uint64_t desc, uint32_t bytes) {
   return r;
 }
 
+// The same with the low word's change given directly in 16-byte units (it may also move the leading-byte offset,
+// bits 16-29, when the caller keeps both fields in range).
+__device__ __forceinline__ uint64_t smem_offset_units(uint64_t desc, uint32_t low_delta) {
+  uint64_t r;
+  asm("mov.b64 %0, {%1, %2};" : "=l"(r) : "r"(static_cast<uint32_t>(desc) + low_delta), "r"(static_cast<uint32_t>(desc >> 32)));
+  return r;
+}
+
 // ---- register reallocation between warpgroup roles ---------------------------------------------------------------
 template <int kRegs>
 __device__ __forceinline__ void setmaxnreg_inc() {

@@ -13,7 +13,9 @@
 
 namespace jax_flash::sm90 {
 
-template <int kSTiles, int kOTiles>
+// kSumInO: the row sums are not kept here but accumulated by the tensor cores in O's last n-tile (traits.cuh,
+// kSumByMma; every column of that tile holds the row's l), and rescaled with O.
+template <int kSTiles, int kOTiles, bool kSumInO = false>
 struct SplitSoftmax {
   float row_max[2] = {-INFINITY, -INFINITY};  // raw score units (the scale is applied inside exp2)
   float row_sum[2] = {0.0f, 0.0f};            // this thread's partial sums until finalize()
@@ -47,7 +49,7 @@ struct SplitSoftmax {
         // A row that has seen only masked (-inf) scores keeps m = -inf: exponentiate against 0 so nothing is NaN.
         alpha[h] = sm80::exp2_approx(row_max[h] * scale_log2 - (m_new[h] == -INFINITY ? 0.0f : m_new[h]) * scale_log2);
         row_max[h] = m_new[h];
-        row_sum[h] *= alpha[h];
+        if constexpr (!kSumInO) row_sum[h] *= alpha[h];
       }
     }
     return rescale;
@@ -64,7 +66,7 @@ struct SplitSoftmax {
           acc_s[0][n][e] = sm80::exp2_approx(fmaf(acc_s[0][n][e], scale_log2, -m_scaled));
         }
       }
-      row_sum[h] += sm80::row_half_sum<kSTiles, kChains>(acc_s[0], h);
+      if constexpr (!kSumInO) row_sum[h] += sm80::row_half_sum<kSTiles, kChains>(acc_s[0], h);
     }
   }
 
@@ -86,7 +88,7 @@ struct SplitSoftmax {
     float inv[2];
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
-      const float l = sm80::quad_sum(row_sum[h]);
+      const float l = kSumInO ? acc_o[0][kOTiles - 1][2 * h] : sm80::quad_sum(row_sum[h]);
       inv[h] = l > 0.0f ? 1.0f / l : 0.0f;
       lse[h] = l > 0.0f ? row_max[h] * scale + logf(l) : -INFINITY;
     }

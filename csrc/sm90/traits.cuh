@@ -36,6 +36,15 @@ struct Traits {
   // Session 9: the epilogue stores O with stmatrix into shared memory and one TMA store per 64-column panel (16-byte
   // stores from every thread before).
   static constexpr bool kTmaStore = true;
+  // Session 9: at head dim 64 the softmax's row sums come from the tensor cores: O += P V runs with N = D + 8
+  // against a panel of ones placed after the V stages (the descriptor's leading-byte offset reaches it), so O's
+  // last n-tile holds l = sum of P (as rounded for the product) and the FADD per score goes.
+#ifdef JAX_FLASH_SM90_NO_SUM_BY_MMA  // A/B builds
+  static constexpr bool kSumByMma = false;
+#else
+  static constexpr bool kSumByMma = kHeadDim == 64;
+#endif
+  static constexpr int kPVN = kHeadDim + (kSumByMma ? 8 : 0);  // N of the P V wgmma
   // P (the softmax's probabilities, the A operand of O += P V) from registers (wgmma RS) with two consumers; with
   // three, each consumer has 152 registers (below) and S + O + P do not fit (D = 64, 128 keys: 64 + 32 + 32 plus
   // the softmax state and addresses spilled 64-100 bytes), so P goes through shared memory (wgmma SS), as in FA3.
@@ -79,7 +88,8 @@ struct Traits {
   // 1024-byte swizzle atom.
   static constexpr int kMaxSmemBytes = 227 * 1024;  // opt-in dynamic shared memory per block on sm_90
   static constexpr int kSchedSlotBytes = 48;        // one published tile (kernel.cuh, TileSlot)
-  static constexpr int kFixedBytes = kQBytes + 2 * kStages * kKVBytes + kConsumers * kPBytes +
+  static constexpr int kOnesBytes = kSumByMma ? kKVPanelBytes : 0;  // (kBlockKV, 64) of ones
+  static constexpr int kFixedBytes = kQBytes + 2 * kStages * kKVBytes + kOnesBytes + kConsumers * kPBytes +
                                      8 * (4 + 4 * kStages + 4) + 2 * kSchedSlotBytes + 1024;
   // Q is double-buffered where it fits (227 KB): the producer then loads the next tile's Q while the consumers
   // still read this tile's, instead of after their last Q K^T (at 4-8 key blocks per tile that wait was a
@@ -89,7 +99,8 @@ struct Traits {
   static constexpr int kOOffset = kQBuffers * kQBytes;      // the epilogue's staging buffer for O, (kBlockQ, D) like Q
   static constexpr int kKOffset = kOOffset + kQBytes;
   static constexpr int kVOffset = kKOffset + kStages * kKVBytes;
-  static constexpr int kPOffset = kVOffset + kStages * kKVBytes;
+  static constexpr int kOnesOffset = kVOffset + kStages * kKVBytes;
+  static constexpr int kPOffset = kOnesOffset + kOnesBytes;
   static constexpr int kBarrierOffset = kPOffset + kConsumers * kPBytes;
   // Q full and Q empty per Q buffer; K full, V full, K empty, V empty per stage; tile-slot full and empty, 2 each
   static constexpr int kNumBarriers = 2 * kQBuffers + 4 * kStages + 4;
@@ -102,6 +113,7 @@ struct Traits {
   static constexpr int kMTiles = 1;
   static constexpr int kSTiles = kBlockKV / 8;
   static constexpr int kOTiles = kHeadDim / 8;
+  static constexpr int kOAccTiles = kPVN / 8;  // O's accumulator n-tiles (kOTiles, + 1 for the row sums)
   static constexpr bool kOptimizedSoftmax = true;
   static constexpr int kKVSteps = kBlockKV / 16;  // k16 steps of P V
   static constexpr int kDSteps = kHeadDim / 16;   // k16 steps of Q K^T

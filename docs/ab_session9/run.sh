@@ -10,7 +10,7 @@ mkdir -p "$OUT"
 NAMES=${1:?names of the binaries}
 NCU=${NCU:-$(command -v ncu || echo /usr/local/cuda/bin/ncu)}
 nvidia-smi --query-gpu=name,driver_version,clocks.max.sm --format=csv,noheader
-for v in $NAMES; do timeout 120 build/ab/sm90_ab_v$v --check 64 512 | sed "s/^variant -\?[0-9]*/$v/" | head -4; done | tee "$OUT/ab_check.txt"
+for v in $NAMES; do timeout 120 build/ab/sm90_ab_v$v --check 64 512 | sed "s/^variant -\?[0-9]*/$v/" | head -6; done | tee "$OUT/ab_check.txt"
 for round in 1 2; do
   for v in $NAMES; do timeout 120 build/ab/sm90_ab_v$v | sed "s/^variant -\?[0-9]*/$v/"; done
 done > "$OUT/ab_time.txt" 2>&1
