@@ -33,6 +33,9 @@ using namespace jax_flash;
 
 namespace {
 
+#ifndef JAX_FLASH_AB_STAGES_D64  // A/B builds: the K/V pipeline depth of the head-dim-64 configs
+#define JAX_FLASH_AB_STAGES_D64 2
+#endif
 constexpr KernelKey key_for(int head_dim, int block_kv = 128, bool pingpong = true) {
   // The shipped configs (jax_flash/defaults.py, SM90_BY_SHAPE): q128, 2 stages, 2 consumers, overlap; D = 128
   // causal without pingpong, D = 64 from 4096 keys (2048 causal) with 192-key blocks.
@@ -40,7 +43,8 @@ constexpr KernelKey key_for(int head_dim, int block_kv = 128, bool pingpong = tr
                    .block_kv = block_kv, .num_warps = 12, .async_copy = true, .eager_load_blocks = true,
                    .swizzled = true, .q_mma_load_k_fragments = 2, .k_mma_load_k_fragments = 1,
                    .v_mma_load_k_fragments = 1, .mma_double_buffer_loads = true, .optimized_softmax = true,
-                   .family = 90, .stages = 2, .consumer_warpgroups = 2, .pingpong = pingpong, .overlap = true};
+                   .family = 90, .stages = head_dim == 64 ? JAX_FLASH_AB_STAGES_D64 : 2, .consumer_warpgroups = 2,
+                   .pingpong = pingpong, .overlap = true};
 }
 
 constexpr int kBf16 = static_cast<int>(DType::kBFloat16);
