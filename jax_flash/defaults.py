@@ -56,12 +56,15 @@ DEFAULTS: dict[tuple[int, str, int], KernelConfig] = {
 #   D=64 non-causal:  kv128 312 / 402 / 423, kv192 292 / 405 / 449, kv128 no pingpong 323 / 388 / 405, kv128 3 stages
 #         311 / 393 / 423, kv192 no pingpong 265 / 358 / 392 (cuDNN 344 / 433 / 451)     -> kv192 from 4096 keys
 #   D=64 causal:      kv128 202 / 332 / 396, kv192 193 / 353 / 428, kv128 3 stages 212 / 339 / 402 (cuDNN
-#         225 / 369 / 419)                                                              -> kv192 from 2048 keys
+#         225 / 369 / 419)                                                              -> kv192 from 4096 keys
+#   (from 2048 in sessions 4-8; with v10 (session 9) kv128 is ahead at causal 2048 in two measurements: the sweep
+#   356 vs 348 TFLOP/s, docs/sweep_h200_sm90_session9.json, and Nsight Compute 475.8 vs 486.1 us,
+#   docs/ab_session9/run7; at 4096 kv192 stays ahead: 403 vs 392 in the sweep, 413 vs 408 timed in run7)
 SM90_BY_SHAPE: dict[tuple[int, bool], tuple[tuple[int, KernelConfig], ...]] = {
     (128, False): ((0, SM90_CONFIGS[128][0]),),
     (128, True): ((0, SM90_CONFIGS[128][1]),),
     (64, False): ((0, SM90_CONFIGS[64][0]), (4096, SM90_CONFIGS[64][1])),
-    (64, True): ((0, SM90_CONFIGS[64][0]), (2048, SM90_CONFIGS[64][1])),
+    (64, True): ((0, SM90_CONFIGS[64][0]), (4096, SM90_CONFIGS[64][1])),
 }
 
 

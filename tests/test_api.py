@@ -227,7 +227,8 @@ def test_sm90_family_is_refused_below_sm90_at_lowering(monkeypatch):
     assert _primitive.resolve_gpu_config(None, jnp.float16, 128, right_bounded=True) == sm90[128][1]  # no pingpong
     assert _primitive.resolve_gpu_config(None, jnp.float16, 64, seq_k=2048) == sm90[64][0]
     assert _primitive.resolve_gpu_config(None, jnp.float16, 64, seq_k=4096) == sm90[64][1]  # 192-key blocks
-    assert _primitive.resolve_gpu_config(None, jnp.float16, 64, right_bounded=True, seq_k=2048) == sm90[64][1]
+    assert _primitive.resolve_gpu_config(None, jnp.float16, 64, right_bounded=True, seq_k=2048) == sm90[64][0]
+    assert _primitive.resolve_gpu_config(None, jnp.float16, 64, right_bounded=True, seq_k=4096) == sm90[64][1]
     assert _primitive.resolve_gpu_config(None, jnp.bfloat16, 256).family == "sm80"  # not built for sm90
 
 

@@ -29,7 +29,7 @@ names = sys.argv[2].split()
 rows = collections.defaultdict(list)
 for line in open(sys.argv[1]):
     m = re.match(r"(\S+) D=(\d+) S=(\d+c?) kv(\d+): ([\d.]+) us ([\d.]+) TFLOP/s", line)
-    if m: rows[(int(m[2]), m[3] + "_kv" + m[4], m[1])].append(float(m[6]))
+    if m: rows[(int(m[2]), m[3], m[1])].append(float(m[6]))  # (the key block may differ between builds)
     elif line.strip(): print(line.rstrip())
 shapes = sorted({k[:2] for k in rows})
 print("TFLOP/s (median of rounds)  " + "  ".join(f"{v:>7s}" for v in names))

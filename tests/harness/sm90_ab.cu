@@ -33,12 +33,20 @@ using namespace jax_flash;
 
 namespace {
 
-#ifndef JAX_FLASH_AB_STAGES_D64  // A/B builds: the K/V pipeline depth of the head-dim-64 configs
+// A/B builds: the K/V pipeline depth of the head-dim-64 configs, their key block for every shape (0: per shape, as
+// shipped), and pingpong in the causal head-dim-128 config (shipped without)
+#ifndef JAX_FLASH_AB_STAGES_D64
 #define JAX_FLASH_AB_STAGES_D64 2
+#endif
+#ifndef JAX_FLASH_AB_D64_BLOCK_KV
+#define JAX_FLASH_AB_D64_BLOCK_KV 0
+#endif
+#ifndef JAX_FLASH_AB_D128_CAUSAL_PINGPONG
+#define JAX_FLASH_AB_D128_CAUSAL_PINGPONG false
 #endif
 constexpr KernelKey key_for(int head_dim, int block_kv = 128, bool pingpong = true) {
   // The shipped configs (jax_flash/defaults.py, SM90_BY_SHAPE): q128, 2 stages, 2 consumers, overlap; D = 128
-  // causal without pingpong, D = 64 from 4096 keys (2048 causal) with 192-key blocks.
+  // causal without pingpong, D = 64 from 4096 keys with 192-key blocks.
   return KernelKey{.dtype = static_cast<int>(DType::kBFloat16), .head_dim = head_dim, .block_q = 128,
                    .block_kv = block_kv, .num_warps = 12, .async_copy = true, .eager_load_blocks = true,
                    .swizzled = true, .q_mma_load_k_fragments = 2, .k_mma_load_k_fragments = 1,
@@ -94,14 +102,19 @@ struct Shape {
   bool causal;
 };
 
+int block_kv_of(const Shape& sh) {
+  return sh.head_dim == 64 && JAX_FLASH_AB_D64_BLOCK_KV != 0 ? JAX_FLASH_AB_D64_BLOCK_KV : sh.block_kv;
+}
+
 // The kernel of the shipped config for this shape (all mask / softcap variants compiled; masked when causal or the
 // keys are not a multiple of the block).
 std::string run_shape(const Shape& sh, const Problem& pr, cudaStream_t stream) {
   if (sh.head_dim == 64) {
-    return sh.block_kv == 192 ? sm90::run_attention_sm90<key_for(64, 192)>(pr.params(), stream)
-                              : sm90::run_attention_sm90<key_for(64)>(pr.params(), stream);
+    return block_kv_of(sh) == 192 ? sm90::run_attention_sm90<key_for(64, 192)>(pr.params(), stream)
+                                  : sm90::run_attention_sm90<key_for(64)>(pr.params(), stream);
   }
-  return sh.causal ? sm90::run_attention_sm90<key_for(128, 128, false)>(pr.params(), stream)
+  constexpr KernelKey kCausal128 = key_for(128, 128, JAX_FLASH_AB_D128_CAUSAL_PINGPONG);
+  return sh.causal ? sm90::run_attention_sm90<kCausal128>(pr.params(), stream)
                    : sm90::run_attention_sm90<key_for(128)>(pr.params(), stream);
 }
 
@@ -164,9 +177,11 @@ int main(int argc, char** argv) {
   CHECK_CUDA(cudaEventCreate(&start));
   CHECK_CUDA(cudaEventCreate(&stop));
   const Shape shapes[] = {{64, 128, 512, false},   {64, 128, 1024, false},   {64, 128, 1024, true},
-                          {64, 192, 4096, false},  {64, 192, 16384, false},  {64, 192, 4096, true},
-                          {128, 128, 512, false},  {128, 128, 1024, false},  {128, 128, 4096, false},
-                          {128, 128, 16384, false}, {128, 128, 1024, true},  {128, 128, 4096, true}};
+                          {64, 128, 2048, false},  {64, 128, 2048, true},    {64, 192, 4096, false},
+                          {64, 192, 16384, false}, {64, 192, 4096, true},    {128, 128, 512, false},
+                          {128, 128, 1024, false}, {128, 128, 4096, false},  {128, 128, 16384, false},
+                          {128, 128, 512, true},   {128, 128, 1024, true},   {128, 128, 2048, true},
+                          {128, 128, 4096, true}};
   for (const Shape& sh : shapes) {
     {
       const int d = sh.head_dim, s = sh.seq;
@@ -198,7 +213,7 @@ int main(int argc, char** argv) {
       const double ms = per_call[per_call.size() / 2];
       const double flops = 4.0 * pr.batch * pr.heads * double(s) * s * d / (sh.causal ? 2 : 1);
       std::printf("variant %d D=%d S=%d%s kv%d: %.1f us %.1f TFLOP/s (min %.1f us)\n", kVariant, d, s,
-                  sh.causal ? "c" : "", sh.block_kv, ms * 1e3, flops / ms / 1e9, per_call.front() * 1e3);
+                  sh.causal ? "c" : "", block_kv_of(sh), ms * 1e3, flops / ms / 1e9, per_call.front() * 1e3);
     }
   }
   return 0;
