@@ -434,17 +434,22 @@ __global__ void __launch_bounds__(T::kNumThreads, 1)
     // inside it, XOR-swizzled by the row's low 3 bits, which are l%8).
     const int st_row = 16 * warp_in_wg + lane % 8 + 8 * ((lane / 8) % 2);
     const uint32_t st_base = sP_addr + st_row * T::kRowBytes;
+    auto st_chunk = [&](int t) { return static_cast<uint32_t>((2 * (t % 4) + (lane / 8) / 2) ^ (lane % 8)); };
+    // Accumulator n-tiles 2t and 2t + 1 (this warp's 16 rows x columns 16t .. 16t + 15) packed to 16 bits: the four
+    // 8x8 matrices of one stmatrix.x4, which are also the wgmma A fragment of k16 step t
+    auto pack_k16 = [&](const auto& acc, int t, uint32_t (&a)[4]) {
+      a[0] = sm80::pack2<Element>(acc[0][2 * t][0], acc[0][2 * t][1]);
+      a[1] = sm80::pack2<Element>(acc[0][2 * t][2], acc[0][2 * t][3]);
+      a[2] = sm80::pack2<Element>(acc[0][2 * t + 1][0], acc[0][2 * t + 1][1]);
+      a[3] = sm80::pack2<Element>(acc[0][2 * t + 1][2], acc[0][2 * t + 1][3]);
+    };
     auto pack_probabilities = [&] {  // P (fp32) -> A fragments: k16 step t covers S tiles 2t and 2t+1
 #pragma unroll
       for (int t = 0; t < T::kKVSteps; ++t) {
         uint32_t a[4];
-        a[0] = sm80::pack2<Element>(acc_s[0][2 * t][0], acc_s[0][2 * t][1]);
-        a[1] = sm80::pack2<Element>(acc_s[0][2 * t][2], acc_s[0][2 * t][3]);
-        a[2] = sm80::pack2<Element>(acc_s[0][2 * t + 1][0], acc_s[0][2 * t + 1][1]);
-        a[3] = sm80::pack2<Element>(acc_s[0][2 * t + 1][2], acc_s[0][2 * t + 1][3]);
+        pack_k16(acc_s, t, a);
         if constexpr (kPSmem) {
-          const uint32_t chunk = (2 * (t % 4) + (lane / 8) / 2) ^ (lane % 8);
-          stmatrix_x4(st_base + (t / 4) * T::kPPanelBytes + chunk * 16, a);
+          stmatrix_x4(st_base + (t / 4) * T::kPPanelBytes + st_chunk(t) * 16, a);
         } else {
 #pragma unroll
           for (int e = 0; e < 4; ++e) rP[t][e] = a[e];
@@ -555,20 +560,16 @@ __global__ void __launch_bounds__(T::kNumThreads, 1)
     }
     // O -> this consumer's 64 rows of sO (swizzled like Q) -> global
     if constexpr (kTmaStore) {
-      // stmatrix (lane l gives row l%8 of 8x8 matrix l/8 of k16 step t, as for P above), then one TMA store per
-      // 64-column panel by thread 0 of the consumer; the TMA unit clips rows past the tensor. That thread first
-      // waits until its previous store has read sO.
+      // stmatrix (the addresses as for P above), then one TMA store per 64-column panel by thread 0 of the consumer;
+      // the TMA unit clips rows past the tensor. That thread first waits until its previous store has read sO.
       if (wg_tid == 0) bulk_wait_group_read0();
       named_barrier_sync(1 + consumer, 128);  // ... and every thread of the consumer knows it
       const uint32_t so_base = smem_u32(sO) + (64 * consumer + st_row) * T::kRowBytes;
 #pragma unroll
       for (int t = 0; t < T::kHeadDim / 16; ++t) {  // O tiles 2t, 2t + 1: columns 16t .. 16t + 15
-        const uint32_t a[4] = {sm80::pack2<Element>(acc_o[0][2 * t][0], acc_o[0][2 * t][1]),
-                               sm80::pack2<Element>(acc_o[0][2 * t][2], acc_o[0][2 * t][3]),
-                               sm80::pack2<Element>(acc_o[0][2 * t + 1][0], acc_o[0][2 * t + 1][1]),
-                               sm80::pack2<Element>(acc_o[0][2 * t + 1][2], acc_o[0][2 * t + 1][3])};
-        const uint32_t chunk = (2 * (t % 4) + (lane / 8) / 2) ^ (lane % 8);
-        stmatrix_x4(so_base + (t / 4) * T::kQPanelBytes + chunk * 16, a);
+        uint32_t a[4];
+        pack_k16(acc_o, t, a);
+        stmatrix_x4(so_base + (t / 4) * T::kQPanelBytes + st_chunk(t) * 16, a);
       }
       fence_proxy_async_smem();               // the generic-proxy writes, visible to the TMA unit ...
       named_barrier_sync(1 + consumer, 128);  // ... from every thread of the consumer
