@@ -23,8 +23,8 @@ _MAX_SMEM_BYTES = 227 * 1024  # opt-in dynamic shared memory per block on sm_90 
 _SM80_MAX_SMEM_BYTES = 163 * 1024
 # The kernel families; the integer is KernelKey::family (csrc/common/kernel_key.h).
 FAMILIES = {"sm80": 80, "sm90": 90}
-_SM90_HEAD_DIMS = (64, 128)
-_SM90_BLOCK_KV = (64, 128, 160, 192)
+_SM90_HEAD_DIMS = (64, 128, 256)
+_SM90_BLOCK_KV = (64, 80, 128, 160, 192)
 _SM90_STAGES = (2, 3)
 _SM90_CONSUMERS = (2, 3)
 
@@ -45,7 +45,7 @@ class KernelConfig:
 
     family: "sm80" (the knobs above; mma.sync, runs on compute capability 8.0+) or "sm90" (Hopper only: wgmma, TMA,
         a producer warpgroup and consumer warpgroups; csrc/sm90/). An sm90 config sets block_q = 64 *
-        consumer_warpgroups, num_warps = 4 * (consumer_warpgroups + 1), block_kv in {64, 128, 160, 192} and its own
+        consumer_warpgroups, num_warps = 4 * (consumer_warpgroups + 1), block_kv in {64, 80, 128, 160, 192} and its own
         knobs:
     stages: depth of the K/V shared-memory pipeline the producer fills with TMA copies (sm90 only).
     consumer_warpgroups: math warpgroups of 64 query rows each (sm90 only): 2, or 3 with P (the probabilities) passed
@@ -153,23 +153,30 @@ class KernelConfig:
         return self.block_q // self.num_warps
 
     def smem_bytes(self, head_dim: int, elem_bytes: int = 2) -> int:
-        if self.family == "sm90":  # Q x 1-2 + O + stages x (K + V) [+ P per consumer] + barriers + 2 tile slots + 1024
-            return self._sm90_smem_bytes(head_dim, elem_bytes, self.sm90_q_buffers(head_dim, elem_bytes))
+        if self.family == "sm90":  # Q x 1-2 [+ O] + stages x (K + V) [+ P per consumer] + barriers + 2 tile slots + 1024
+            q_buffers = self.sm90_q_buffers(head_dim, elem_bytes)
+            o_buffer = not self.sm90_o_in_q(head_dim, elem_bytes)
+            return self._sm90_smem_bytes(head_dim, elem_bytes, q_buffers, o_buffer)
         # sQ (block_q, D) + sK (block_kv, D) + sV (block_kv, D); csrc/sm80/traits.cuh derives the same number.
         return (self.block_q + 2 * self.block_kv) * head_dim * elem_bytes
 
-    def _sm90_smem_bytes(self, head_dim: int, elem_bytes: int, q_buffers: int) -> int:
+    def _sm90_smem_bytes(self, head_dim: int, elem_bytes: int, q_buffers: int, o_buffer: bool = True) -> int:
         # P: per consumer 64 rows x whole 64-key panels (block_kv 160 fills 2.5 of 3), with three consumers and for
         # the soft-capped kernels of head dim 64 with more than 128 keys per block (traits.cuh, kPSmemIfSoftcap)
         p_in_smem = self.consumer_warpgroups == 3 or (self.block_kv > 128 and head_dim == 64)
         p_bytes = self.block_q * -(-self.block_kv // 64) * 64 * elem_bytes if p_in_smem else 0
         # barriers, two 48-byte tile slots (kernel.cuh, TileSlot) and the 1024-byte alignment slack
-        return (((q_buffers + 1) * self.block_q + 2 * self.stages * self.block_kv) * head_dim * elem_bytes + p_bytes +
+        return (((q_buffers + o_buffer) * self.block_q + 2 * self.stages * self.block_kv) * head_dim * elem_bytes + p_bytes +
                 8 * (2 * q_buffers + 4 * self.stages + 4) + 2 * 48 + 1024)  # csrc/sm90/traits.cuh derives the same
 
     def sm90_q_buffers(self, head_dim: int, elem_bytes: int = 2) -> int:
         """Q buffers of an sm90 kernel: 2 (the next tile's Q loads during this one) where 227 KB allow, else 1."""
         return 2 if self._sm90_smem_bytes(head_dim, elem_bytes, 2) <= _MAX_SMEM_BYTES else 1
+
+    def sm90_o_in_q(self, head_dim: int, elem_bytes: int = 2) -> bool:
+        """Whether an sm90 kernel stages O in its (single) Q buffer because a separate O buffer does not fit (head
+        dim 256; csrc/sm90/traits.cuh, kOInQ)."""
+        return self._sm90_smem_bytes(head_dim, elem_bytes, 1) > _MAX_SMEM_BYTES
 
     def estimated_registers(self, head_dim: int) -> int:
         """Upper estimate of live 32-bit registers per thread at the busiest point of the loop.
@@ -305,11 +312,14 @@ TUNED_CONFIGS: dict[int, tuple[KernelConfig, ...]] = {
 
 # The Hopper family (csrc/sm90/): built for every dtype at these head dims; cfg=None picks among them on sm_90 by
 # mask and key length (jax_flash/defaults.py, with the measurements). Head dim 64: 128-key blocks for short keys,
-# 192-key blocks for long ones. Head dim 128: pingpong for non-causal, without it for causal / right-bounded windows
-# (it is also the pingpong ablation of `--configs compiled`).
+# 192-key blocks for long ones. Head dims 128 and 256: pingpong for non-causal, without it for causal /
+# right-bounded windows (it is also the pingpong ablation of `--configs compiled`). Head dim 256: 80-key blocks,
+# the most that fit beside Q with O staged in Q (csrc/sm90/traits.cuh, kOInQ; 64-key blocks were 4-8% slower:
+# docs/NOTES.md, session 10).
 SM90_CONFIGS: dict[int, tuple[KernelConfig, ...]] = {
     64: (KernelConfig.sm90(block_kv=128), KernelConfig.sm90(block_kv=192)),
     128: (KernelConfig.sm90(block_kv=128), KernelConfig.sm90(block_kv=128, pingpong=False)),
+    256: (KernelConfig.sm90(block_kv=80), KernelConfig.sm90(block_kv=80, pingpong=False)),
 }
 
 
@@ -353,7 +363,7 @@ SWEEP_CONFIGS: dict[int, tuple[KernelConfig, ...]] = {
 
 # The sm90 family's candidates (build with -DJAX_FLASH_CONFIG_SET=sweep_sm90): the schedule without intra-warpgroup
 # overlap (pingpong on the exponentials, session 6), three consumer warpgroups (192-row tiles, P through shared
-# memory) with and without pingpong. (The v4 sweep's block_kv 160 / 192, pingpong off and 3 stages are in
+# memory) with and without pingpong; 64-key blocks at head dim 256. (The v4 sweep's block_kv 160 / 192, pingpong off and 3 stages are in
 # docs/NOTES.md.)
 SM90_SWEEP_CONFIGS: dict[int, tuple[KernelConfig, ...]] = {
     128: (KernelConfig.sm90(block_kv=128, overlap=False), KernelConfig.sm90(block_kv=128, pingpong=False, overlap=False),
@@ -362,6 +372,7 @@ SM90_SWEEP_CONFIGS: dict[int, tuple[KernelConfig, ...]] = {
     64: (KernelConfig.sm90(block_kv=128, overlap=False), KernelConfig.sm90(block_kv=192, overlap=False),
          KernelConfig.sm90(block_kv=128, consumer_warpgroups=3, pingpong=False),
          KernelConfig.sm90(block_kv=128, consumer_warpgroups=3)),
+    256: (KernelConfig.sm90(block_kv=64), KernelConfig.sm90(block_kv=64, pingpong=False)),
 }
 
 

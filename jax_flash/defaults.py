@@ -30,9 +30,9 @@ CPU_DEFAULT = KernelConfig(block_q=64, block_kv=64, num_warps=4)
 #   295 / 332 (cuDNN 394 / 448).
 # D=256 (q64_kv32_w4 f2-1-1, no double buffer) is the only config of that head dim that fits: not swept.
 # sm_80 has not been measured: it uses the same entries (the A100 numbers of the seed favour the same 4-warp tiles).
-# sm_90 uses the Hopper family (csrc/sm90/) at head dims 64 and 128: its first version (TMA producer, two wgmma
-# consumers, no overlap yet) already beat the sm80 family everywhere on the H200 (bench run 1 of issue 7,
-# 2026-11-22, S = 2048 / 8192, TFLOP/s, sm90 vs sm80 vs cuDNN):
+# sm_90 uses the Hopper family (csrc/sm90/) at head dims 64 and 128 (and 256 since session 10, below): its first
+# version (TMA producer, two wgmma consumers, no overlap yet) already beat the sm80 family everywhere on the H200
+# (bench run 1 of issue 7, 2026-11-22, S = 2048 / 8192, TFLOP/s, sm90 vs sm80 vs cuDNN):
 #   bf16 D=128 non-causal 480 / 558 vs 310 / 339 (cuDNN 543 / 589); causal 335 / 529 vs 231 / 304 (381 / 548)
 #   bf16 D=64  non-causal 345 / 403 vs 300 / 327 (cuDNN 391 / 442); causal 266 / 374 vs 239 / 306 (302 / 417)
 #   fp16 D=128 non-causal 457 / 531 vs 316 / 333 (cuDNN 482 / 580); fp16 D=64 353 / 397 vs 301 / 320.
@@ -43,6 +43,11 @@ DEFAULTS: dict[tuple[int, str, int], KernelConfig] = {
     for dtype in ("float16", "bfloat16")
     for head_dim in (64, 128)
 }
+# Head dim 256 on sm_90: the Hopper family (session 10, 2026-11-22, H200, bf16, A/B harness, docs/ab_session10/run1;
+# TFLOP/s at S = 512 / 1024 / 4096 / 16384): 80-key blocks with pingpong 484 / 609 / 708 / 769 against 64-key blocks
+# 484 / 571 / 673 / 710 (sm80's default: 266 / 297 at 2048 / 16384); causal 1024 / 4096: 80-key blocks without
+# pingpong 403 / 591, with 402 / 577, 64-key blocks 412 / 560.
+DEFAULTS.update({(90, dtype, 256): SM90_CONFIGS[256][0] for dtype in ("float16", "bfloat16")})
 
 # sm_90 refinements by mask and key length: (head_dim, right_bounded) -> ((min_seq_k, config), ...) ascending; the
 # last entry whose min_seq_k <= seq_k wins, else DEFAULTS. right_bounded = causal or a window with a right bound.
@@ -65,6 +70,8 @@ SM90_BY_SHAPE: dict[tuple[int, bool], tuple[tuple[int, KernelConfig], ...]] = {
     (128, True): ((0, SM90_CONFIGS[128][1]),),
     (64, False): ((0, SM90_CONFIGS[64][0]), (4096, SM90_CONFIGS[64][1])),
     (64, True): ((0, SM90_CONFIGS[64][0]), (4096, SM90_CONFIGS[64][1])),
+    (256, False): ((0, SM90_CONFIGS[256][0]),),
+    (256, True): ((0, SM90_CONFIGS[256][1]),),
 }
 
 

@@ -152,7 +152,12 @@ def test_sm90_config_validation():
     assert (cfg.family, cfg.block_q, cfg.num_warps, cfg.block_kv, cfg.stages) == ("sm90", 128, 12, 64, 3)
     assert cfg.to_attrs()["family"] == 90 and KernelConfig().to_attrs()["family"] == 80
     assert cfg.fits(128) is None
-    assert "head_dim in (64, 128)" in cfg.fits(256)
+    assert "head_dim in (64, 128, 256)" in cfg.fits(96)
+    # head dim 256: O is staged in the single Q buffer (no room for its own), 80-key blocks fit and 128-key ones not
+    assert KernelConfig.sm90(block_kv=80).sm90_o_in_q(256) and not KernelConfig.sm90().sm90_o_in_q(128)
+    assert KernelConfig.sm90(block_kv=80).fits(256) is None
+    assert KernelConfig.sm90(block_kv=80).smem_bytes(256) == 64 * 1024 + 4 * 80 * 512 + 8 * 14 + 96 + 1024
+    assert "bytes of shared memory" in KernelConfig.sm90(block_kv=128).fits(256)
     assert "needs compute capability 9.0" in cfg.fits(128, arch=80)
     with pytest.raises(ValueError, match="family='gfx90' is not allowed"):
         KernelConfig(family="gfx90")
@@ -182,8 +187,11 @@ def test_sm90_config_validation():
 
 def test_sm90_wide_key_blocks_validation():
     assert KernelConfig.sm90(block_kv=192).fits(64) is None and KernelConfig.sm90(block_kv=160).fits(128) is None
-    # 128 x 192 at head dim 128: the K/V ring (2 x 2 x 48 KB) with Q and O (64 KB) exceeds 227 KB of shared memory
-    assert "needs 263376 bytes of shared memory" in KernelConfig.sm90(block_kv=192).fits(128)
+    # 128 x 192 at head dim 128: the K/V ring (2 x 2 x 48 KB) with Q and O (64 KB) exceeds 227 KB of shared memory,
+    # so O would be staged in Q; but S (96) + P (48) + O (64) + state is over a consumer's 232 registers
+    wide = KernelConfig.sm90(block_kv=192)
+    assert wide.sm90_o_in_q(128) and wide.smem_bytes(128) == 32768 + 4 * 49152 + 8 * 14 + 2 * 48 + 1024
+    assert "needs about 248 registers per consumer thread at head_dim=128 (limit 232)" in wide.fits(128)
     assert KernelConfig.sm90(block_kv=160).smem_bytes(128) == 230608
     # Q is double-buffered where 227 KB allow: 128 x 128 at head dim 128 fits (2 Q + O + 4 x 32 KB + barriers),
     # 128 x 160 keeps one Q buffer
@@ -205,7 +213,7 @@ def test_sm90_three_consumers_validation():
     # S (96) + O (32) + state is over the 152 registers three consumers get (ptxas spilled ~600 bytes)
     assert "needs about 168 registers per consumer thread at head_dim=64 (limit 152)" in \
         KernelConfig.sm90(block_kv=192, consumer_warpgroups=3).fits(64)
-    assert "needs 279760 bytes of shared memory" in cfg.fits(128)
+    assert "needs about 168 registers per consumer thread at head_dim=128 (limit 152)" in cfg.fits(128)
     with pytest.raises(ValueError, match="consumer_warpgroups=4 is not allowed for family='sm90'"):
         KernelConfig.sm90(consumer_warpgroups=4)
     with pytest.raises(ValueError, match="block_q=128 must be 64 \\* consumer_warpgroups = 192"):
@@ -229,7 +237,8 @@ def test_sm90_family_is_refused_below_sm90_at_lowering(monkeypatch):
     assert _primitive.resolve_gpu_config(None, jnp.float16, 64, seq_k=4096) == sm90[64][1]  # 192-key blocks
     assert _primitive.resolve_gpu_config(None, jnp.float16, 64, right_bounded=True, seq_k=2048) == sm90[64][0]
     assert _primitive.resolve_gpu_config(None, jnp.float16, 64, right_bounded=True, seq_k=4096) == sm90[64][1]
-    assert _primitive.resolve_gpu_config(None, jnp.bfloat16, 256).family == "sm80"  # not built for sm90
+    assert _primitive.resolve_gpu_config(None, jnp.bfloat16, 256) == sm90[256][0]
+    assert _primitive.resolve_gpu_config(None, jnp.bfloat16, 256, right_bounded=True) == sm90[256][1]
 
 
 def test_generated_instantiations_are_fresh():

@@ -74,7 +74,7 @@ def _hopper():
     return bool(GPU_DEVICES) and str(getattr(GPU_DEVICES[0], "compute_capability", "")).startswith("9")
 
 
-SM90_GRID = [g for g in GRID if g[1] in (64, 128)]
+SM90_GRID = [g for g in GRID if g[1] in SM90_CONFIGS]  # head dims 64, 128 and 256
 
 
 @pytest.mark.skipif(not _hopper(), reason="the sm90 family needs an sm_90 GPU (H100/H200)")

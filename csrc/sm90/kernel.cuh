@@ -130,7 +130,9 @@ __global__ void __launch_bounds__(T::kNumThreads, 1)
   if (tid == 0) {
     for (int b = 0; b < kQB; ++b) {
       mbarrier_init(&q_full[b], 1);
-      mbarrier_init(&q_empty[b], T::kConsumers * 128);
+      // every consumer thread releases Q after its last Q K^T; with O staged in Q (T::kOInQ), one thread per
+      // consumer once the TMA store of its O has read it
+      mbarrier_init(&q_empty[b], T::kOInQ ? T::kConsumers : T::kConsumers * 128);
     }
     for (int s = 0; s < T::kStages; ++s) {
       mbarrier_init(&k_full[s], 1);
@@ -165,6 +167,7 @@ __global__ void __launch_bounds__(T::kNumThreads, 1)
   constexpr bool kEarlyTest = T::kEarlyKVTest;
   constexpr bool kTmaStore = T::kTmaStore;
 #endif
+  static_assert(kTmaStore || !T::kOInQ, "O staged in Q needs the TMA-store epilogue (it releases Q)");
   // P through shared memory (wgmma SS for P V) instead of registers (traits.cuh)
   constexpr bool kPSmem = T::kPInSmem || (kHasSoftcap && T::kPSmemIfSoftcap);
   auto stage_of = [](int it) {
@@ -463,6 +466,11 @@ __global__ void __launch_bounds__(T::kNumThreads, 1)
     auto fence_p = [&] {  // P V has completed: the compiler may now reuse P's registers
       if constexpr (!kPSmem) fence_registers(rP_flat);
     };
+    // After the tile's last Q K^T the producer may refill the Q buffer, unless O is staged there (T::kOInQ: the
+    // epilogue releases it once the TMA store has read this consumer's rows).
+    auto release_q = [&] {
+      if constexpr (!T::kOInQ) mbarrier_arrive(&q_empty[qb]);
+    };
     mbarrier_wait(&q_full[qb], q_parity_of(tiles_done));
     ++tiles_done;
     if constexpr (!T::kOverlap) {
@@ -476,7 +484,7 @@ __global__ void __launch_bounds__(T::kNumThreads, 1)
         wgmma_wait<0>();
         fence_registers(acc_s_flat);
         mbarrier_arrive(&k_empty[stage_of(it)]);
-        if (j == block_end - 1) mbarrier_arrive(&q_empty[qb]);  // the tile's last read of Q
+        if (j == block_end - 1) release_q();  // the tile's last read of Q
         const bool rescale_o = scores_to_max(j);
         wait_turn();
         softmax.exponentiate(acc_s, p.scale_log2);
@@ -499,7 +507,7 @@ __global__ void __launch_bounds__(T::kNumThreads, 1)
       wgmma_wait<0>();
       fence_registers(acc_s_flat);
       mbarrier_arrive(&k_empty[stage_of(it)]);
-      if (block_end - block_begin == 1) mbarrier_arrive(&q_empty[qb]);  // the tile's last read of Q
+      if (block_end - block_begin == 1) release_q();  // the tile's last read of Q
       scores_to_probabilities(block_begin);
       pack_probabilities();
       ++it;
@@ -519,7 +527,7 @@ __global__ void __launch_bounds__(T::kNumThreads, 1)
         wgmma_wait<1>();  // the older group, S_j, is done
         fence_registers(acc_s_flat);
         mbarrier_arrive(&k_empty[stage_of(it)]);
-        if (j == block_end - 1) mbarrier_arrive(&q_empty[qb]);  // the tile's last read of Q: its buffer may refill
+        if (j == block_end - 1) release_q();  // the tile's last read of Q: its buffer may refill
         const bool rescale_o = scores_to_max(j);
         if constexpr (kEarlyTest) {
           kv_ready = mbarrier_test(&k_full[stage_of(it + 1)], parity_of(it + 1)) &&
@@ -580,6 +588,10 @@ __global__ void __launch_bounds__(T::kNumThreads, 1)
                        row0 + 64 * consumer, head, batch);
         }
         bulk_commit_group();
+        if constexpr (T::kOInQ) {  // O was staged in this consumer's rows of Q: they may refill once read
+          bulk_wait_group_read0();
+          mbarrier_arrive(&q_empty[qb]);
+        }
       }
     } else {  // 16-byte coalesced stores from every thread
       named_barrier_sync(1 + consumer, 128);  // every thread of this consumer is done reading the last tile's sO rows

@@ -32,7 +32,7 @@ struct Traits {
   // ... and the next key block's K / V barriers tested (mbarrier.test_wait) during this block's softmax, with
   // unsigned pipeline counters, so the waits at the top of the loop are usually skipped (D = 128: -1 to -3%; D = 64:
   // none, and with the ring it cancelled the ring's gain).
-  static constexpr bool kEarlyKVTest = kHeadDim == 128;
+  static constexpr bool kEarlyKVTest = kHeadDim >= 128;  // (head dim 256 taken with 128: the tensor cores dominate)
   // Session 9: the epilogue stores O with stmatrix into shared memory and one TMA store per 64-column panel (16-byte
   // stores from every thread before).
   static constexpr bool kTmaStore = true;
@@ -46,9 +46,9 @@ struct Traits {
   static constexpr bool kPSmemIfSoftcap = kBlockKV > 128 && kHeadDim == 64;
   static_assert(kKey.block_q == kBlockQ, "block_q must be 64 * consumer_warpgroups");
   static_assert(kConsumers == 2 || kConsumers == 3, "sm90 family: 2 or 3 consumer warpgroups");
-  static_assert(kHeadDim == 64 || kHeadDim == 128, "sm90 family: head_dim 64 or 128");
-  static_assert(kBlockKV == 64 || kBlockKV == 128 || kBlockKV == 160 || kBlockKV == 192,
-                "sm90 family: block_kv 64, 128, 160 or 192 (the S = Q K^T wgmma N of csrc/sm90/wgmma_ops.cuh)");
+  static_assert(kHeadDim == 64 || kHeadDim == 128 || kHeadDim == 256, "sm90 family: head_dim 64, 128 or 256");
+  static_assert(kBlockKV == 64 || kBlockKV == 80 || kBlockKV == 128 || kBlockKV == 160 || kBlockKV == 192,
+                "sm90 family: block_kv 64, 80, 128, 160 or 192 (the S = Q K^T wgmma N of csrc/sm90/wgmma_ops.cuh)");
 
   // Registers per thread after setmaxnreg: the producer gives its share to the consumers. setmaxnreg.inc only draws
   // on what setmaxnreg.dec released inside this block, so the roles must fit the block's launch allocation:
@@ -74,23 +74,30 @@ struct Traits {
   // used when kBlockKV = 160), swizzled like Q (wgmma's A).
   static constexpr int kPPanelBytes = 64 * kRowBytes;
   static constexpr int kPBytes = kPInSmem || kPSmemIfSoftcap ? (kBlockKV + 63) / 64 * kPPanelBytes : 0;  // per consumer
-  // Everything but Q: O staging (like Q), the K/V ring, P, barriers (at most 2 x 2 for Q, 4 per stage, 4 for the
+  // Everything but Q and O's staging buffer: the K/V ring, P, barriers (at most 2 x 2 for Q, 4 per stage, 4 for the
   // tile slots), two tile slots, and 1024 bytes so the kernel can round the dynamic shared-memory base up to the
   // 1024-byte swizzle atom.
   static constexpr int kMaxSmemBytes = 227 * 1024;  // opt-in dynamic shared memory per block on sm_90
   static constexpr int kSchedSlotBytes = 48;        // one published tile (kernel.cuh, TileSlot)
-  static constexpr int kFixedBytes = kQBytes + 2 * kStages * kKVBytes + kConsumers * kPBytes +
-                                     8 * (4 + 4 * kStages + 4) + 2 * kSchedSlotBytes + 1024;
-  // Q is double-buffered where it fits (227 KB): the producer then loads the next tile's Q while the consumers
-  // still read this tile's, instead of after their last Q K^T (at 4-8 key blocks per tile that wait was a
-  // visible part of each tile). D = 128 with 128-key blocks fits with 1.9 KB to spare; 160-key blocks do not.
-  static constexpr int kQBuffers = kFixedBytes + 2 * kQBytes <= kMaxSmemBytes ? 2 : 1;
-  static constexpr int kQOffset = 0;                        // [kQBuffers] (kBlockQ, D)
-  static constexpr int kOOffset = kQBuffers * kQBytes;      // the epilogue's staging buffer for O, (kBlockQ, D) like Q
-  static constexpr int kKOffset = kOOffset + kQBytes;
+  static constexpr int kRingBytes = 2 * kStages * kKVBytes + kConsumers * kPBytes + 8 * (4 + 4 * kStages + 4) +
+                                    2 * kSchedSlotBytes + 1024;
+  // Q is double-buffered where it fits (227 KB) beside O's staging buffer: the producer then loads the next tile's
+  // Q while the consumers still read this tile's, instead of after their last Q K^T (at 4-8 key blocks per tile
+  // that wait was a visible part of each tile). D = 128 with 128-key blocks fits with 1.9 KB to spare; 160-key
+  // blocks do not.
+  static constexpr int kQBuffers = kRingBytes + 3 * kQBytes <= kMaxSmemBytes ? 2 : 1;
+  // Where even one Q buffer and a separate O buffer do not fit (head dim 256: Q and O are 64 KB each), O is staged
+  // in the Q buffer: each consumer writes its O into its own 64 rows of Q, which only its own (finished) Q K^T
+  // products read, and Q is released to the producer once the TMA store has read them, not at the tile's last
+  // Q K^T (the next tile's Q then loads after the epilogue instead of under the last key blocks).
+  static constexpr bool kOInQ = kRingBytes + 2 * kQBytes > kMaxSmemBytes;
+  static constexpr int kQOffset = 0;                                 // [kQBuffers] (kBlockQ, D)
+  static constexpr int kOOffset = kOInQ ? kQOffset : kQBuffers * kQBytes;  // O's staging buffer, (kBlockQ, D) like Q
+  static constexpr int kKOffset = kQBuffers * kQBytes + (kOInQ ? 0 : kQBytes);
   static constexpr int kVOffset = kKOffset + kStages * kKVBytes;
   static constexpr int kPOffset = kVOffset + kStages * kKVBytes;
   static constexpr int kBarrierOffset = kPOffset + kConsumers * kPBytes;
+  static_assert(!kOInQ || kConsumers == 2, "O staged in Q: two consumers (three have no registers for D = 256)");
   // Q full and Q empty per Q buffer; K full, V full, K empty, V empty per stage; tile-slot full and empty, 2 each
   static constexpr int kNumBarriers = 2 * kQBuffers + 4 * kStages + 4;
   static constexpr int kSchedOffset = kBarrierOffset + 8 * kNumBarriers;  // two tile slots (kernel.cuh, TileSlot)

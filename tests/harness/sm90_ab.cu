@@ -2,8 +2,9 @@
 // build (docs/NOTES.md, session 7). Compile one binary per variant (-DJAX_FLASH_SM90_VARIANT=N overrides the
 // switches of csrc/sm90/kernel.cuh; without it, the shipped ones, printed as variant -1) and run them alternately on
 // the GPU machine (docs/ab_session7/run.sh); each prints one line per shape:
-//   sm90_ab [--check] [D S [causal]]  (--check: first compare one small unmasked case per head dim with the CPU
-//                                      implementation; D S: only that shape, e.g. for Nsight Compute)
+//   sm90_ab [--check] [D [S [causal]]]  (--check: first compare 256-tile problems per head dim with the CPU
+//                                        implementation; D: only that head dim's shapes; D S: only that shape,
+//                                        e.g. for Nsight Compute)
 // Shapes are the benchmark's (batch x seq = 16384 tokens, heads x head_dim = 2048), bf16, with the config
 // cfg=None picks for each (run_shape). Time: median over 7 repetitions of back-to-back launches lasting >= 25 ms.
 #include <cuda_bf16.h>
@@ -43,6 +44,13 @@ namespace {
 #endif
 #ifndef JAX_FLASH_AB_D128_CAUSAL_PINGPONG
 #define JAX_FLASH_AB_D128_CAUSAL_PINGPONG false
+#endif
+// ... and head dim 256's key block and pingpong (non-causal; causal runs without, like head dim 128)
+#ifndef JAX_FLASH_AB_D256_BLOCK_KV
+#define JAX_FLASH_AB_D256_BLOCK_KV 80
+#endif
+#ifndef JAX_FLASH_AB_D256_PINGPONG
+#define JAX_FLASH_AB_D256_PINGPONG true
 #endif
 constexpr KernelKey key_for(int head_dim, int block_kv = 128, bool pingpong = true) {
   // The shipped configs (jax_flash/defaults.py, SM90_BY_SHAPE): q128, 2 stages, 2 consumers, overlap; D = 128
@@ -103,6 +111,7 @@ struct Shape {
 };
 
 int block_kv_of(const Shape& sh) {
+  if (sh.head_dim == 256) return JAX_FLASH_AB_D256_BLOCK_KV;
   return sh.head_dim == 64 && JAX_FLASH_AB_D64_BLOCK_KV != 0 ? JAX_FLASH_AB_D64_BLOCK_KV : sh.block_kv;
 }
 
@@ -112,6 +121,11 @@ std::string run_shape(const Shape& sh, const Problem& pr, cudaStream_t stream) {
   if (sh.head_dim == 64) {
     return block_kv_of(sh) == 192 ? sm90::run_attention_sm90<key_for(64, 192)>(pr.params(), stream)
                                   : sm90::run_attention_sm90<key_for(64)>(pr.params(), stream);
+  }
+  if (sh.head_dim == 256) {
+    constexpr int kv = JAX_FLASH_AB_D256_BLOCK_KV;
+    return sh.causal ? sm90::run_attention_sm90<key_for(256, kv, false)>(pr.params(), stream)
+                     : sm90::run_attention_sm90<key_for(256, kv, JAX_FLASH_AB_D256_PINGPONG)>(pr.params(), stream);
   }
   constexpr KernelKey kCausal128 = key_for(128, 128, JAX_FLASH_AB_D128_CAUSAL_PINGPONG);
   return sh.causal ? sm90::run_attention_sm90<kCausal128>(pr.params(), stream)
@@ -155,16 +169,17 @@ float check(int head_dim, int block_kv, bool causal) {
 int main(int argc, char** argv) {
   const bool do_check = argc > 1 && std::string(argv[1]) == "--check";
   const int first = do_check ? 2 : 1;
-  const int only_d = argc > first + 1 ? std::atoi(argv[first]) : 0;
+  const int only_d = argc > first ? std::atoi(argv[first]) : 0;
   const int only_s = argc > first + 1 ? std::atoi(argv[first + 1]) : 0;
   const bool only_causal = argc > first + 2 && std::string(argv[first + 2]) == "causal";
   if (do_check) {
-    for (int d : {64, 128}) {
+    for (int d : {64, 128, 256}) {
       for (int block_kv : {128, 192}) {
-        if (d == 128 && block_kv == 192) continue;  // (no such shipped config)
+        if (d != 64 && block_kv == 192) continue;  // (no such shipped config; D = 256 runs its one key block)
         for (bool causal : {false, true}) {
           const float err = check(d, block_kv, causal);
-          std::printf("variant %d check D=%d kv%d%s: max |gpu - cpu| = %.4f %s\n", kVariant, d, block_kv,
+          std::printf("variant %d check D=%d kv%d%s: max |gpu - cpu| = %.4f %s\n", kVariant, d,
+                      block_kv_of({d, block_kv, 0, causal}),
                       causal ? " causal" : "", err, err <= 4e-2f ? "ok" : "FAIL");
           if (!(err <= 4e-2f)) return 1;
         }
@@ -181,11 +196,14 @@ int main(int argc, char** argv) {
                           {64, 192, 16384, false}, {64, 192, 4096, true},    {128, 128, 512, false},
                           {128, 128, 1024, false}, {128, 128, 4096, false},  {128, 128, 16384, false},
                           {128, 128, 512, true},   {128, 128, 1024, true},   {128, 128, 2048, true},
-                          {128, 128, 4096, true}};
+                          {128, 128, 4096, true},    {256, 0, 512, false},     {256, 0, 1024, false},
+                          {256, 0, 4096, false},     {256, 0, 16384, false},   {256, 0, 1024, true},
+                          {256, 0, 4096, true}};
   for (const Shape& sh : shapes) {
     {
       const int d = sh.head_dim, s = sh.seq;
-      if (only_d != 0 && (d != only_d || s != only_s || sh.causal != only_causal)) continue;
+      if (only_d != 0 && d != only_d) continue;
+      if (only_s != 0 && (s != only_s || sh.causal != only_causal)) continue;
       Problem pr(16384 / s, s, 2048 / d, d);
       pr.causal = sh.causal;
       auto run_any = [&](const Problem& problem, cudaStream_t st) { return run_shape(sh, problem, st); };
