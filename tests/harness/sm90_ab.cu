@@ -197,8 +197,8 @@ int main(int argc, char** argv) {
                           {128, 128, 1024, false}, {128, 128, 4096, false},  {128, 128, 16384, false},
                           {128, 128, 512, true},   {128, 128, 1024, true},   {128, 128, 2048, true},
                           {128, 128, 4096, true},    {256, 0, 512, false},     {256, 0, 1024, false},
-                          {256, 0, 4096, false},     {256, 0, 16384, false},   {256, 0, 1024, true},
-                          {256, 0, 4096, true}};
+                          {256, 0, 4096, false},     {256, 0, 16384, false},   {256, 0, 512, true},
+                          {256, 0, 1024, true},      {256, 0, 2048, true},     {256, 0, 4096, true}};
   for (const Shape& sh : shapes) {
     {
       const int d = sh.head_dim, s = sh.seq;
