@@ -168,6 +168,16 @@ __global__ void __launch_bounds__(T::kNumThreads, 1)
   constexpr bool kTmaStore = T::kTmaStore;
 #endif
   static_assert(kTmaStore || !T::kOInQ, "O staged in Q needs the TMA-store epilogue (it releases Q)");
+  // Each consumer stops at its own rows' last key block (traits.cuh); masked kernels only (unmasked, every row sees
+  // every key). JAX_FLASH_AB_TRIM_TAIL overrides it in A/B builds.
+#ifdef JAX_FLASH_AB_TRIM_TAIL
+  constexpr bool kTrimTail = (JAX_FLASH_AB_TRIM_TAIL != 0) && kMaskBlocks;
+#else
+  constexpr bool kTrimTail = T::kTrimConsumerTail && kMaskBlocks;
+#endif
+  // (the exponentials' ring counts one turn per computed key block: a consumer that skips blocks would leave the
+  // other waiting; seen as a hang in an A/B build that trimmed at head dim 64, docs/NOTES.md session 10)
+  static_assert(!(kTrimTail && kExpTurns), "a consumer's own last key block and the exponentials' ring exclude each other");
   // P through shared memory (wgmma SS for P V) instead of registers (traits.cuh)
   constexpr bool kPSmem = T::kPInSmem || (kHasSoftcap && T::kPSmemIfSoftcap);
   auto stage_of = [](int it) {
@@ -365,6 +375,15 @@ __global__ void __launch_bounds__(T::kNumThreads, 1)
     const int diag_offset = len.kv_len - len.q_len;
     const int lo_off = p.window_left >= kUnbounded ? -kUnbounded : diag_offset - p.window_left;
     const int hi_off = p.window_right >= kUnbounded ? kUnbounded : diag_offset + p.window_right;
+    // kTrimTail: this consumer's own last key block. Its 64 rows can see fewer keys than the tile's last row (causal:
+    // consumer 0's rows end 64 rows above consumer 1's), and the key blocks past them would be computed fully
+    // masked; it skips their math but still waits for and releases their stages and takes their turns (below). At
+    // least one block is computed, so rows that see no key come out as before (zeros, lse = -inf).
+    int my_end = block_end;
+    if constexpr (kTrimTail) {
+      const KeySpan mine = visible_keys_of_rows(p, len, row0 + 64 * consumer, row0 + min(64 * consumer + 64, q_rows_valid));
+      my_end = max(block_begin + 1, min(block_end, (mine.end + T::kBlockKV - 1) / T::kBlockKV));
+    }
 
     // Descriptors. Q (A, K-major): this consumer's 64 rows of each panel; k16 step kk is panel kk/4, byte 32*(kk%4)
     // of the swizzled row. K (B, K-major): the same stepping over kBlockKV rows. V (B, MN-major): k16 step t is rows
@@ -478,13 +497,13 @@ __global__ void __launch_bounds__(T::kNumThreads, 1)
       // S_j = Q K_j^T waited for at once, its row max, then the turn: exponentials, O rescale and P packing, pass
       // the turn, O += P_j V_j waited for at once. With pingpong the consumers' exponentials (MUFU) never run at
       // the same time, and each one's products run under the other's exponentials.
-      for (int j = block_begin; j < block_end; ++j, ++it) {
+      for (int j = block_begin; j < my_end; ++j, ++it) {
         mbarrier_wait(&k_full[stage_of(it)], parity_of(it));
         issue_s(stage_of(it));
         wgmma_wait<0>();
         fence_registers(acc_s_flat);
         mbarrier_arrive(&k_empty[stage_of(it)]);
-        if (j == block_end - 1) release_q();  // the tile's last read of Q
+        if (j == my_end - 1) release_q();  // the tile's last read of Q
         const bool rescale_o = scores_to_max(j);
         wait_turn();
         softmax.exponentiate(acc_s, p.scale_log2);
@@ -507,7 +526,7 @@ __global__ void __launch_bounds__(T::kNumThreads, 1)
       wgmma_wait<0>();
       fence_registers(acc_s_flat);
       mbarrier_arrive(&k_empty[stage_of(it)]);
-      if (block_end - block_begin == 1) release_q();  // the tile's last read of Q
+      if (my_end - block_begin == 1) release_q();  // the tile's last read of Q
       scores_to_probabilities(block_begin);
       pack_probabilities();
       ++it;
@@ -515,7 +534,7 @@ __global__ void __launch_bounds__(T::kNumThreads, 1)
       // Steady state (intra-warpgroup overlap): issue S_j = Q K_j^T and O += P_{j-1} V_{j-1} back to back; the
       // softmax of S_j runs while P_{j-1} V_{j-1} is still on the tensor cores; O is rescaled once it is done.
       bool kv_ready = false;  // kEarlyTest: K_j and V_{j-1} were seen complete during the last block's softmax
-      for (int j = block_begin + 1; j < block_end; ++j, ++it) {
+      for (int j = block_begin + 1; j < my_end; ++j, ++it) {
         if (!kv_ready) {
           mbarrier_wait(&k_full[stage_of(it)], parity_of(it));
           mbarrier_wait(&v_full[stage_of(it - 1)], parity_of(it - 1));
@@ -527,7 +546,7 @@ __global__ void __launch_bounds__(T::kNumThreads, 1)
         wgmma_wait<1>();  // the older group, S_j, is done
         fence_registers(acc_s_flat);
         mbarrier_arrive(&k_empty[stage_of(it)]);
-        if (j == block_end - 1) release_q();  // the tile's last read of Q: its buffer may refill
+        if (j == my_end - 1) release_q();  // the tile's last read of Q: its buffer may refill
         const bool rescale_o = scores_to_max(j);
         if constexpr (kEarlyTest) {
           kv_ready = mbarrier_test(&k_full[stage_of(it + 1)], parity_of(it + 1)) &&
@@ -551,6 +570,16 @@ __global__ void __launch_bounds__(T::kNumThreads, 1)
       fence_p();
       mbarrier_arrive(&v_empty[stage_of(it - 1)]);
     }  // kOverlap
+    if constexpr (kTrimTail) {
+      for (int j = my_end; j < block_end; ++j, ++it) {  // the key blocks past this consumer's rows: no math
+        wait_turn();  // (one turn per key block, with or without overlap)
+        pass_turn();
+        mbarrier_wait(&k_full[stage_of(it)], parity_of(it));  // (an arrival before the fill would count toward
+        mbarrier_arrive(&k_empty[stage_of(it)]);              // the barrier's previous phase)
+        mbarrier_wait(&v_full[stage_of(it)], parity_of(it));
+        mbarrier_arrive(&v_empty[stage_of(it)]);
+      }
+    }
 
     // ---- epilogue: O / l (zeros for rows past q_rows_valid) and lse -------------------------------------------
     bool row_valid[2];

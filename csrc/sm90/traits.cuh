@@ -36,6 +36,12 @@ struct Traits {
   // Session 9: the epilogue stores O with stmatrix into shared memory and one TMA store per 64-column panel (16-byte
   // stores from every thread before).
   static constexpr bool kTmaStore = true;
+  // Session 10: in masked kernels each consumer stops at its own 64 rows' last visible key block instead of the
+  // tile's (kernel.cuh, kTrimTail). On the causal diagonal consumer 0's last block differs from consumer 1's when a
+  // key-block boundary falls between their last rows: always with 80-key blocks (head dim 256), never with 128-key
+  // blocks and equal lengths; 192-key blocks (head dim 64) are left as they are (their soft-capped kernels are at
+  // the edge of spilling).
+  static constexpr bool kTrimConsumerTail = kHeadDim == 256;
   // P (the softmax's probabilities, the A operand of O += P V) from registers (wgmma RS) with two consumers; with
   // three, each consumer has 152 registers (below) and S + O + P do not fit (D = 64, 128 keys: 64 + 32 + 32 plus
   // the softmax state and addresses spilled 64-100 bytes), so P goes through shared memory (wgmma SS), as in FA3.
