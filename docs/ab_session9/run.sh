@@ -4,15 +4,16 @@
 # -DJAX_FLASH_SM90_VARIANT prints "variant -1"). Correctness check, alternating timed runs, Nsight Compute durations
 # at its locked clock.
 #   NCU_SHAPES="128 512;64 4096" bash docs/ab_session9/run.sh "b s n"
+#   TIME_D=256 bash docs/ab_session9/run.sh "k80 k64"   (TIME_D: time one head dim's shapes only; session 10)
 set -uo pipefail
 OUT=${OUT:-/tmp/jax_flash_out}
 mkdir -p "$OUT"
 NAMES=${1:?names of the binaries}
 NCU=${NCU:-$(command -v ncu || echo /usr/local/cuda/bin/ncu)}
 nvidia-smi --query-gpu=name,driver_version,clocks.max.sm --format=csv,noheader
-for v in $NAMES; do timeout 120 build/ab/sm90_ab_v$v --check 64 512 | sed "s/^variant -\?[0-9]*/$v/" | head -6; done | tee "$OUT/ab_check.txt"
+for v in $NAMES; do timeout 120 build/ab/sm90_ab_v$v --check 64 512 | sed "s/^variant -\?[0-9]*/$v/" | grep check; done | tee "$OUT/ab_check.txt"
 for round in 1 2; do
-  for v in $NAMES; do timeout 120 build/ab/sm90_ab_v$v | sed "s/^variant -\?[0-9]*/$v/"; done
+  for v in $NAMES; do timeout 120 build/ab/sm90_ab_v$v ${TIME_D:-} | sed "s/^variant -\?[0-9]*/$v/"; done
 done > "$OUT/ab_time.txt" 2>&1
 IFS=';' read -ra SHAPES <<< "${NCU_SHAPES:-128 512;128 1024;64 4096}"  # "D S [causal]" entries
 for shape in "${SHAPES[@]}"; do
