@@ -9,6 +9,7 @@
 
 #include "ffi/attention_attrs.h"
 #include "ffi/handlers.h"
+#include "ffi/tile_counters.h"
 #include "ffi/validate.h"
 #include "common/registry.h"
 
@@ -119,13 +120,20 @@ ffi::Error attention_cuda_impl(cudaStream_t stream, ffi::ScratchAllocator scratc
   }
   // Every block writes all its rows (zeros and lse = -inf for rows that see no key), also when Sk = 0.
   AttentionParams params = params_from_buffers(q, k, v, q_lengths, kv_lengths, *o, *lse, attrs);
-  if (key.family == 90) {  // the dynamic tile scheduler's counter: XLA scratch memory, ordered on this stream
-    std::optional<void*> counter = scratch.Allocate(sizeof(unsigned long long), alignof(unsigned long long));
-    if (!counter.has_value()) {
-      return ffi::Error(ffi::ErrorCode::kResourceExhausted,
-                        "jax_flash: could not allocate the 8-byte tile counter from XLA's scratch memory");
+  if (key.family == 90) {
+    // The dynamic tile scheduler's counters: this stream's persistent pair, which the kernel leaves zero
+    // (ffi/tile_counters.h); if it cannot be allocated, 16 bytes of XLA's scratch memory zeroed on the stream.
+    if (!stream_tile_counter(stream, &params.tile_counter).empty()) {
+      std::optional<void*> counter = scratch.Allocate(2 * sizeof(unsigned long long), alignof(unsigned long long));
+      if (!counter.has_value()) {
+        return ffi::Error(ffi::ErrorCode::kResourceExhausted,
+                          "jax_flash: could not allocate the 16-byte tile counter from XLA's scratch memory");
+      }
+      if (cudaError_t err = cudaMemsetAsync(*counter, 0, 2 * sizeof(unsigned long long), stream); err != cudaSuccess) {
+        return cuda_error("cudaMemsetAsync(tile counter)", err);
+      }
+      params.tile_counter = static_cast<unsigned long long*>(*counter);
     }
-    params.tile_counter = static_cast<unsigned long long*>(*counter);
   }
   if (std::string failure = entry->run(params, stream); !failure.empty()) {
     return ffi::Error(ffi::ErrorCode::kInternal, "jax_flash: " + failure);

@@ -92,6 +92,23 @@ def test_semantics_grid_sm90(dtype, head_dim, seq_q, seq_k, feature, heads, retu
     run_case(GPU_DEVICES[0], dtype, head_dim, seq_q, seq_k, feature, heads, return_lse, cfg=cfg)
 
 
+@pytest.mark.skipif(not _hopper(), reason="the sm90 family needs an sm_90 GPU (H100/H200)")
+def test_sm90_back_to_back_launches_agree():
+    """The sm90 tile scheduler's counters live across launches on a stream and each kernel leaves them zero
+    (ffi/tile_counters.h): launches of different tile counts (more tiles than SMs, so blocks draw several, and fewer)
+    and masks, interleaved on one stream, must each compute every tile, identically every time."""
+    gpu = GPU_DEVICES[0]
+    cases = [(2, 2048, 8, 128, True), (1, 256, 2, 64, False), (2, 2048, 8, 128, False), (1, 1000, 3, 256, True)]
+    inputs = [random_qkv(7 + i, b, s, s, h, h, d, jnp.bfloat16, gpu) for i, (b, s, h, d, _) in enumerate(cases)]
+    fns = [jax.jit(lambda q, k, v, c=c: jax_flash.attention(q, k, v, causal=c[4])) for c in cases]
+    first = [np.asarray(f(*x).astype(jnp.float32)) for f, x in zip(fns, inputs)]
+    for (b, s, h, d, causal), (q, k, v), out in zip(cases, inputs, first):
+        assert_flash_close(jnp.asarray(out, jnp.bfloat16), q, k, v, causal=causal)
+    for _ in range(3):
+        for f, x, out in zip(fns, inputs, first):
+            np.testing.assert_array_equal(np.asarray(f(*x).astype(jnp.float32)), out)
+
+
 def test_rows_that_see_nothing_are_zero_with_lse_neg_inf(device):
     # causal with Sq > Sk: the first Sq - Sk rows see no key; a (0, 0) window with kv_lengths 0 sees nothing at all.
     q, k, v = random_qkv(1, 1, 40, 10, 2, 2, 64, jnp.float16, device)

@@ -53,8 +53,10 @@ struct AttentionParams {
   // Derived by the launcher for the chosen tile size (key blocks come from the visible span, common/visibility.h).
   int num_q_blocks;  // ceil(seqlen_q / block_q)
 
-  // sm90 family, dynamic tile scheduler: 8 bytes of device memory the launcher zeroes on the stream before the
-  // launch (thread blocks draw their next tile from it with atomicAdd); nullptr = a static stride of the grid.
+  // sm90 family, dynamic tile scheduler: two words of device memory, zero when the kernel starts and zero again when
+  // it ends (thread blocks draw their next tile from [0] with atomicAdd and count themselves done in [1]; the last
+  // one resets both), so one pair serves every launch on a stream in turn (ffi/tile_counters.h); nullptr = a static
+  // stride of the grid.
   unsigned long long* tile_counter;
   // sm90, right-bounded masks: tiles are ordered heaviest first inside sections of this many (batch, head) pairs
   // whose K and V fit in half the L2 cache together (set by the launcher).

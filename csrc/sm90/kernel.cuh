@@ -90,9 +90,10 @@ struct TileSlot {
   int more;  // 0: no tile is left, the block ends
 };
 
-// Persistent: gridDim.x blocks (at most one per SM) each start at tile blockIdx.x and then draw their next tile
-// from p.tile_counter (gridDim.x + atomicAdd: a block that finishes early takes more tiles, which is what balances
-// causal tiles of different cost), or walk blockIdx.x + k * gridDim.x when it is null. The producer draws the tiles
+// Persistent: gridDim.x blocks (at most one per SM, never more than there are tiles) each start at tile blockIdx.x
+// and then draw their next tile from p.tile_counter[0] (gridDim.x + atomicAdd: a block that finishes early takes
+// more tiles, which is what balances causal tiles of different cost; the launch finds both counter words zero and
+// leaves them zero), or walk blockIdx.x + k * gridDim.x when it is null. The producer draws the tiles
 // and publishes each, with its facts (TileWork), in a two-slot shared-memory ring (sched_full / sched_empty
 // barriers) that the consumers copy; a slot with more = 0 ends the block. The producer runs ahead across tile
 // boundaries (the next tile's Q and first K/V land while the consumers finish the current tile), the K/V ring's
@@ -210,7 +211,21 @@ __global__ void __launch_bounds__(T::kNumThreads, 1)
         if (more) sched[slot].work = tile_work<T>(p, next);
         sched[slot].more = more;
         mbarrier_arrive(&sched_full[slot]);
-        if (!more) break;
+        if (!more) {
+          // The counter resets itself (so no memset precedes each launch): every block makes exactly one draw past
+          // the last tile, its last, and then counts itself done in p.tile_counter[1]; the block that counts last
+          // knows every draw of this launch has happened and zeroes both words for the next launch on the stream.
+          // The fences order each block's draws before its count, and the reset after all of them.
+          if (p.tile_counter != nullptr) {
+            __threadfence();
+            if (atomicAdd(&p.tile_counter[1], 1ull) == gridDim.x - 1) {
+              __threadfence();
+              atomicExch(&p.tile_counter[0], 0ull);
+              atomicExch(&p.tile_counter[1], 0ull);
+            }
+          }
+          break;
+        }
         // (read back from the slot, which only this thread writes until it arrives on sched_full again: holding the
         // whole TileWork in registers spilled the producer's 40)
         const TileWork& w = sched[slot].work;

@@ -83,8 +83,10 @@ RunResult run_gpu(const RegistryEntry& e, const Case& c, const std::vector<uint1
                                              c.heads_k, D, 1.0f / std::sqrt(static_cast<float>(D)));
   set_features(p, c.causal, c.window_left, c.window_right, c.softcap, c.lengths ? dql : nullptr,
                c.lengths ? dkl : nullptr, dlse);
-  unsigned long long* dcounter = nullptr;  // the sm90 dynamic tile scheduler's counter (the launcher zeroes it)
-  CHECK_CUDA(cudaMalloc(&dcounter, sizeof(unsigned long long)));
+  // the sm90 dynamic tile scheduler's two counter words: zero before the first launch, the kernel leaves them zero
+  unsigned long long* dcounter = nullptr;
+  CHECK_CUDA(cudaMalloc(&dcounter, 2 * sizeof(unsigned long long)));
+  CHECK_CUDA(cudaMemset(dcounter, 0, 2 * sizeof(unsigned long long)));
   p.tile_counter = dcounter;
   cudaStream_t stream;
   CHECK_CUDA(cudaStreamCreate(&stream));
@@ -92,6 +94,12 @@ RunResult run_gpu(const RegistryEntry& e, const Case& c, const std::vector<uint1
   CHECK_CUDA(cudaStreamSynchronize(stream));
   CHECK_CUDA(cudaGetLastError());
   CHECK_CUDA(cudaStreamDestroy(stream));
+  unsigned long long counter_after[2] = {1, 1};  // the next launch on a stream needs them zero again
+  CHECK_CUDA(cudaMemcpy(counter_after, dcounter, sizeof(counter_after), cudaMemcpyDeviceToHost));
+  if (failure.empty() && (counter_after[0] != 0 || counter_after[1] != 0)) {
+    failure = "tile counter left at (" + std::to_string(counter_after[0]) + ", " + std::to_string(counter_after[1]) +
+              ") instead of (0, 0)";
+  }
   RunResult r{dout.read(), lse_host};
   CHECK_CUDA(cudaMemcpy(r.lse.data(), dlse, r.lse.size() * 4, cudaMemcpyDeviceToHost));
   cudaFree(dlse);

@@ -42,6 +42,10 @@ namespace {
 #ifndef JAX_FLASH_AB_D64_BLOCK_KV
 #define JAX_FLASH_AB_D64_BLOCK_KV 0
 #endif
+// ... and their consumer warpgroups (3: 192-row tiles, P through shared memory; 128-key blocks only)
+#ifndef JAX_FLASH_AB_D64_CONSUMERS
+#define JAX_FLASH_AB_D64_CONSUMERS 2
+#endif
 #ifndef JAX_FLASH_AB_D128_CAUSAL_PINGPONG
 #define JAX_FLASH_AB_D128_CAUSAL_PINGPONG false
 #endif
@@ -55,11 +59,12 @@ namespace {
 constexpr KernelKey key_for(int head_dim, int block_kv = 128, bool pingpong = true) {
   // The shipped configs (jax_flash/defaults.py, SM90_BY_SHAPE): q128, 2 stages, 2 consumers, overlap; D = 128
   // causal without pingpong, D = 64 from 4096 keys with 192-key blocks.
-  return KernelKey{.dtype = static_cast<int>(DType::kBFloat16), .head_dim = head_dim, .block_q = 128,
-                   .block_kv = block_kv, .num_warps = 12, .async_copy = true, .eager_load_blocks = true,
+  const int consumers = head_dim == 64 ? JAX_FLASH_AB_D64_CONSUMERS : 2;
+  return KernelKey{.dtype = static_cast<int>(DType::kBFloat16), .head_dim = head_dim, .block_q = 64 * consumers,
+                   .block_kv = block_kv, .num_warps = 4 * (consumers + 1), .async_copy = true, .eager_load_blocks = true,
                    .swizzled = true, .q_mma_load_k_fragments = 2, .k_mma_load_k_fragments = 1,
                    .v_mma_load_k_fragments = 1, .mma_double_buffer_loads = true, .optimized_softmax = true,
-                   .family = 90, .stages = head_dim == 64 ? JAX_FLASH_AB_STAGES_D64 : 2, .consumer_warpgroups = 2,
+                   .family = 90, .stages = head_dim == 64 ? JAX_FLASH_AB_STAGES_D64 : 2, .consumer_warpgroups = consumers,
                    .pingpong = pingpong, .overlap = true};
 }
 
@@ -87,7 +92,9 @@ struct Problem {
       CHECK_CUDA(cudaMemcpy(*dst, src->data(), n * 2, cudaMemcpyHostToDevice));
     }
     CHECK_CUDA(cudaMalloc(&dout, n * 2));
-    CHECK_CUDA(cudaMalloc(&dcounter, sizeof(unsigned long long)));
+    // the tile scheduler's two counter words: zero before the first launch (the kernel leaves them zero)
+    CHECK_CUDA(cudaMalloc(&dcounter, 2 * sizeof(unsigned long long)));
+    CHECK_CUDA(cudaMemset(dcounter, 0, 2 * sizeof(unsigned long long)));
   }
   ~Problem() {
     cudaFree(dq);
@@ -112,6 +119,7 @@ struct Shape {
 
 int block_kv_of(const Shape& sh) {
   if (sh.head_dim == 256) return JAX_FLASH_AB_D256_BLOCK_KV;
+  if (sh.head_dim == 64 && JAX_FLASH_AB_D64_CONSUMERS == 3) return 128;
   return sh.head_dim == 64 && JAX_FLASH_AB_D64_BLOCK_KV != 0 ? JAX_FLASH_AB_D64_BLOCK_KV : sh.block_kv;
 }
 
@@ -119,8 +127,10 @@ int block_kv_of(const Shape& sh) {
 // keys are not a multiple of the block).
 std::string run_shape(const Shape& sh, const Problem& pr, cudaStream_t stream) {
   if (sh.head_dim == 64) {
-    return block_kv_of(sh) == 192 ? sm90::run_attention_sm90<key_for(64, 192)>(pr.params(), stream)
-                                  : sm90::run_attention_sm90<key_for(64)>(pr.params(), stream);
+    if constexpr (JAX_FLASH_AB_D64_CONSUMERS == 2) {  // (three consumers have no registers for 192-key blocks)
+      if (block_kv_of(sh) == 192) return sm90::run_attention_sm90<key_for(64, 192)>(pr.params(), stream);
+    }
+    return sm90::run_attention_sm90<key_for(64)>(pr.params(), stream);
   }
   if (sh.head_dim == 256) {
     constexpr int kv = JAX_FLASH_AB_D256_BLOCK_KV;
