@@ -95,8 +95,9 @@ def test_semantics_grid_sm90(dtype, head_dim, seq_q, seq_k, feature, heads, retu
 @pytest.mark.skipif(not _hopper(), reason="the sm90 family needs an sm_90 GPU (H100/H200)")
 def test_sm90_back_to_back_launches_agree():
     """The sm90 kernels draw their tiles from a counter in XLA's scratch memory, zeroed on the stream before each
-    launch (csrc/sm90/launch.cuh): launches of different tile counts (more tiles than SMs, so blocks draw several, and
-    fewer) and masks, interleaved on one stream, must each compute every tile, identically every time."""
+    launch, or walk a static stride (csrc/sm90/launch.cuh): launches of different tile counts (more tiles than SMs,
+    so blocks take several, and fewer) and masks, interleaved on one stream, must each compute every tile,
+    identically every time."""
     gpu = GPU_DEVICES[0]
     cases = [(2, 2048, 8, 128, True), (1, 256, 2, 64, False), (2, 2048, 8, 128, False), (1, 1000, 3, 256, True)]
     inputs = [random_qkv(7 + i, b, s, s, h, h, d, jnp.bfloat16, gpu) for i, (b, s, h, d, _) in enumerate(cases)]

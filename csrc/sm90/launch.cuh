@@ -23,10 +23,10 @@ template <class T, bool kMaskBlocks, bool kHasSoftcap>
 std::string launch_sm90(AttentionParams p, const CUtensorMap& map_q, const CUtensorMap& map_k,
                         const CUtensorMap& map_v, const CUtensorMap& map_o, cudaStream_t stream) {
   auto kernel = attention_kernel<T, kMaskBlocks, kHasSoftcap>;
-  // A persistent grid, one block per SM (the shared memory allows no second). Tiles of equal cost (no right bound)
-  // could be walked with a static stride, but causal tiles differ by up to the whole key range and a static stride
-  // left some SMs with all the heavy ones (H200: causal S=16384 fell from 631 to 416 TFLOP/s with it): with a
-  // tile counter the blocks draw tiles dynamically, heaviest first (kernel.cuh, tile_work).
+  // A persistent grid, one block per SM (the shared memory allows no second). Causal tiles differ by up to the whole
+  // key range and a static stride left some SMs with all the heavy ones (H200: causal S=16384 fell from 631 to 416
+  // TFLOP/s with it): with a tile counter the blocks draw tiles dynamically, heaviest first (kernel.cuh, tile_work).
+  // Tiles of equal cost take the static stride where it measured faster (below).
   const int64_t num_tiles = static_cast<int64_t>(p.num_q_blocks) * p.heads_q * p.batch;
   int device = 0;
   if (cudaError_t err = cudaGetDevice(&device); err != cudaSuccess) return cuda_failure("cudaGetDevice", err);
@@ -43,14 +43,22 @@ std::string launch_sm90(AttentionParams p, const CUtensorMap& map_q, const CUten
   const int64_t batch_heads = int64_t{p.batch} * p.heads_q;
   const int64_t section = std::min<int64_t>((l2_bytes / 2) / kv_bytes_per_head, batch_heads);
   p.section_heads = static_cast<int>(std::max<int64_t>(section, 1));
-  // Measurement switch (docs/NOTES.md, sm90 v4): JAX_FLASH_SM90_SCHEDULE=static walks tiles with a fixed stride of
-  // the grid, =per_tile launches one block per tile (the v2 launch); anything else is the dynamic scheduler.
+  // Tiles of equal cost (every row of every tile sees every key) at head dim 128 / 256 walk a static stride of the
+  // grid: 2-4% faster than drawing them at 512-4096 keys in two A/B runs on the H200 (docs/NOTES.md session 11),
+  // -1 to +1% at 16384; head dim 64 moved -1 to +0.7% and keeps the counter.
+  const bool equal_cost_tiles = p.window_left >= kUnbounded && p.window_right >= kUnbounded &&
+                                p.q_lengths == nullptr && p.kv_lengths == nullptr;
+  // Measurement switch (docs/NOTES.md, sm90 v4, session 11): JAX_FLASH_SM90_SCHEDULE=static walks tiles with a
+  // fixed stride of the grid, =dynamic draws them from the counter, =per_tile launches one block per tile (the v2
+  // launch); unset or anything else, the rule above.
   static const int schedule = [] {
     const char* s = std::getenv("JAX_FLASH_SM90_SCHEDULE");
-    return s == nullptr ? 0 : std::string(s) == "static" ? 1 : std::string(s) == "per_tile" ? 2 : 0;
+    const std::string v = s == nullptr ? "" : s;
+    return v == "static" ? 1 : v == "per_tile" ? 2 : v == "dynamic" ? 3 : 0;
   }();
   int64_t max_grid = num_sms;
-  if (schedule != 0) p.tile_counter = nullptr;
+  const bool static_stride = schedule == 1 || schedule == 2 || (schedule == 0 && equal_cost_tiles && T::kHeadDim >= 128);
+  if (static_stride) p.tile_counter = nullptr;
   if (schedule == 2) max_grid = INT_MAX;
   if (p.tile_counter != nullptr) {
     if (cudaError_t err = cudaMemsetAsync(p.tile_counter, 0, sizeof(unsigned long long), stream); err != cudaSuccess) {
