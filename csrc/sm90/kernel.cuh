@@ -16,6 +16,7 @@
 #pragma once
 
 #include <cstdint>
+#include <type_traits>
 
 #include "common/mask_fragment.cuh"
 #include "common/params.h"
@@ -178,6 +179,16 @@ __global__ void __launch_bounds__(T::kNumThreads, 1)
   // (the exponentials' ring counts one turn per computed key block: a consumer that skips blocks would leave the
   // other waiting; seen as a hang in an A/B build that trimmed at head dim 64, docs/NOTES.md session 10)
   static_assert(!(kTrimTail && kExpTurns), "a consumer's own last key block and the exponentials' ring exclude each other");
+  // A/B experiment (session 11, off unless JAX_FLASH_AB_HALF_DIAG): in masked kernels with 128-key blocks, a
+  // consumer whose rows see none of its last key block's upper 64 keys (causal: consumer 0 on the diagonal) computes
+  // that block as S = Q K^T with N = 64 and O += P V over 4 k16 steps instead of 8.
+#ifdef JAX_FLASH_AB_HALF_DIAG
+  constexpr bool kHalfDiag = (JAX_FLASH_AB_HALF_DIAG != 0) && kMaskBlocks && T::kBlockKV == 128 && T::kOverlap &&
+                             (JAX_FLASH_AB_HALF_DIAG == 2 || (T::kHeadDim == 128 && !T::kPingpong)) &&
+                             !kTrimTail;
+#else
+  constexpr bool kHalfDiag = false;
+#endif
   // P through shared memory (wgmma SS for P V) instead of registers (traits.cuh)
   constexpr bool kPSmem = T::kPInSmem || (kHasSoftcap && T::kPSmemIfSoftcap);
   auto stage_of = [](int it) {
@@ -380,6 +391,12 @@ __global__ void __launch_bounds__(T::kNumThreads, 1)
     // masked; it skips their math but still waits for and releases their stages and takes their turns (below). At
     // least one block is computed, so rows that see no key come out as before (zeros, lse = -inf).
     int my_end = block_end;
+    bool half_last = false;  // kHalfDiag: this consumer's last key block is computed as its first 64 keys only
+    if constexpr (kHalfDiag) {
+      const KeySpan mine = visible_keys_of_rows(p, len, row0 + 64 * consumer, row0 + min(64 * consumer + 64, q_rows_valid));
+      half_last = block_end - block_begin >= 2 && mine.end <= (block_end - 1) * T::kBlockKV + 64;
+      half_last = __shfl_sync(0xffffffffu, half_last, 0);  // (warp-uniform for ptxas)
+    }
     if constexpr (kTrimTail) {
       const KeySpan mine = visible_keys_of_rows(p, len, row0 + 64 * consumer, row0 + min(64 * consumer + 64, q_rows_valid));
       my_end = max(block_begin + 1, min(block_end, (mine.end + T::kBlockKV - 1) / T::kBlockKV));
@@ -422,6 +439,19 @@ __global__ void __launch_bounds__(T::kNumThreads, 1)
           wgmma_rs<Element, T::kHeadDim>(acc_o_flat, rP[t], v_desc(stage, t), 1);
         }
       }
+      wgmma_commit();
+    };
+    auto issue_s_half = [&](int stage) {  // kHalfDiag: S's first 64 columns (keys) only, one commit group
+      auto& acc_s_half = *reinterpret_cast<float(*)[32]>(&acc_s_flat[0]);  // n-tiles 0..7: keys 0..63
+      wgmma_fence();
+#pragma unroll
+      for (int kk = 0; kk < T::kDSteps; ++kk) wgmma_ss<Element, 64>(acc_s_half, q_desc(kk), k_desc(stage, kk), kk > 0);
+      wgmma_commit();
+    };
+    auto issue_pv_half = [&](int stage) {  // kHalfDiag: O += P V over keys 0..63 (P is 0 beyond them)
+      wgmma_fence();
+#pragma unroll
+      for (int t = 0; t < T::kKVSteps / 2; ++t) wgmma_rs<Element, T::kHeadDim>(acc_o_flat, rP[t], v_desc(stage, t), 1);
       wgmma_commit();
     };
     const float softcap_exp2_scale = p.softcap_scale * 2.0f * 1.4426950408889634f;  // 2 log2(e) * scale / softcap
@@ -531,16 +561,18 @@ __global__ void __launch_bounds__(T::kNumThreads, 1)
       pack_probabilities();
       ++it;
 
-      // Steady state (intra-warpgroup overlap): issue S_j = Q K_j^T and O += P_{j-1} V_{j-1} back to back; the
-      // softmax of S_j runs while P_{j-1} V_{j-1} is still on the tensor cores; O is rescaled once it is done.
       bool kv_ready = false;  // kEarlyTest: K_j and V_{j-1} were seen complete during the last block's softmax
-      for (int j = block_begin + 1; j < my_end; ++j, ++it) {
+      auto step = [&](int j, auto half) {  // key block j (half: kHalfDiag's last block, its first 64 keys)
         if (!kv_ready) {
           mbarrier_wait(&k_full[stage_of(it)], parity_of(it));
           mbarrier_wait(&v_full[stage_of(it - 1)], parity_of(it - 1));
         }
         wait_turn();
-        issue_s(stage_of(it));
+        if constexpr (decltype(half)::value) {
+          issue_s_half(stage_of(it));
+        } else {
+          issue_s(stage_of(it));
+        }
         issue_pv(stage_of(it - 1));
         pass_turn();
         wgmma_wait<1>();  // the older group, S_j, is done
@@ -559,16 +591,32 @@ __global__ void __launch_bounds__(T::kNumThreads, 1)
         mbarrier_arrive(&v_empty[stage_of(it - 1)]);
         if (rescale_o) decltype(softmax)::rescale(acc_o, alpha);
         pack_probabilities();
+      };
+      auto drain = [&](auto half) {  // O += P_last V_last
+        mbarrier_wait(&v_full[stage_of(it - 1)], parity_of(it - 1));
+        wait_turn();
+        if constexpr (decltype(half)::value) {
+          issue_pv_half(stage_of(it - 1));
+        } else {
+          issue_pv(stage_of(it - 1));
+        }
+        pass_turn();
+        wgmma_wait<0>();
+        fence_registers(acc_o_flat);
+        fence_p();
+        mbarrier_arrive(&v_empty[stage_of(it - 1)]);
+      };
+      // Steady state (intra-warpgroup overlap): issue S_j = Q K_j^T and O += P_{j-1} V_{j-1} back to back; the
+      // softmax of S_j runs while P_{j-1} V_{j-1} is still on the tensor cores; O is rescaled once it is done.
+      const int loop_end = half_last ? my_end - 1 : my_end;
+      for (int j = block_begin + 1; j < loop_end; ++j, ++it) step(j, std::false_type{});
+      if (kHalfDiag && half_last) {  // (each path waits for all it issued before they join: ptxas otherwise
+        step(my_end - 1, std::true_type{});  // serialises every wgmma of the kernel)
+        ++it;
+        drain(std::true_type{});
+      } else {
+        drain(std::false_type{});
       }
-      // Drain: O += P_last V_last.
-      mbarrier_wait(&v_full[stage_of(it - 1)], parity_of(it - 1));
-      wait_turn();
-      issue_pv(stage_of(it - 1));
-      pass_turn();
-      wgmma_wait<0>();
-      fence_registers(acc_o_flat);
-      fence_p();
-      mbarrier_arrive(&v_empty[stage_of(it - 1)]);
     }  // kOverlap
     if constexpr (kTrimTail) {
       for (int j = my_end; j < block_end; ++j, ++it) {  // the key blocks past this consumer's rows: no math
