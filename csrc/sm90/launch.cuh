@@ -44,8 +44,8 @@ std::string launch_sm90(AttentionParams p, const CUtensorMap& map_q, const CUten
   const int64_t section = std::min<int64_t>((l2_bytes / 2) / kv_bytes_per_head, batch_heads);
   p.section_heads = static_cast<int>(std::max<int64_t>(section, 1));
   // Tiles of equal cost (every row of every tile sees every key) at head dim 128 / 256 walk a static stride of the
-  // grid: 2-4% faster than drawing them at 512-4096 keys in two A/B runs on the H200 (docs/NOTES.md session 11),
-  // -1 to +1% at 16384; head dim 64 moved -1 to +0.7% and keeps the counter.
+  // grid: 1.5-4.7% faster than drawing them at 512-4096 keys in three A/B runs on the H200 (docs/NOTES.md,
+  // session 11), -1.4 to +1.2% at 16384; head dim 64 moved -1.5 to +1.7% and keeps the counter.
   const bool equal_cost_tiles = p.window_left >= kUnbounded && p.window_right >= kUnbounded &&
                                 p.q_lengths == nullptr && p.kv_lengths == nullptr;
   // Measurement switch (docs/NOTES.md, sm90 v4, session 11): JAX_FLASH_SM90_SCHEDULE=static walks tiles with a
@@ -57,7 +57,8 @@ std::string launch_sm90(AttentionParams p, const CUtensorMap& map_q, const CUten
     return v == "static" ? 1 : v == "per_tile" ? 2 : v == "dynamic" ? 3 : 0;
   }();
   int64_t max_grid = num_sms;
-  const bool static_stride = schedule == 1 || schedule == 2 || (schedule == 0 && equal_cost_tiles && T::kHeadDim >= 128);
+  const bool static_stride =
+      schedule == 1 || schedule == 2 || (schedule == 0 && equal_cost_tiles && T::kHeadDim >= 128);
   if (static_stride) p.tile_counter = nullptr;
   if (schedule == 2) max_grid = INT_MAX;
   if (p.tile_counter != nullptr) {
