@@ -48,8 +48,8 @@ class KernelConfig:
         consumer_warpgroups, num_warps = 4 * (consumer_warpgroups + 1), block_kv in {64, 80, 128, 160, 192} and its own
         knobs:
     stages: depth of the K/V shared-memory pipeline the producer fills with TMA copies (sm90 only).
-    consumer_warpgroups: math warpgroups of 64 query rows each (sm90 only): 2, or 3 with P (the probabilities) passed
-        to the P V product through shared memory, since each consumer then has 152 registers instead of 232.
+    consumer_warpgroups: math warpgroups of 64 query rows each (sm90 only): 2 (232 registers each), or 3 (160 each:
+        192-row tiles; the soft-capped kernels pass P, the probabilities, to the P V product through shared memory).
     pingpong: the consumer warpgroups take turns (sm90 only): with overlap, on issuing their wgmma products, so one's
         softmax overlaps the other's matrix work; without it, on the softmax's exponentials (the MUFU section), so
         one's exponentials run while the other's products occupy the tensor cores.
@@ -161,8 +161,8 @@ class KernelConfig:
         return (self.block_q + 2 * self.block_kv) * head_dim * elem_bytes
 
     def _sm90_smem_bytes(self, head_dim: int, elem_bytes: int, q_buffers: int, o_buffer: bool = True) -> int:
-        # P: per consumer 64 rows x whole 64-key panels (block_kv 160 fills 2.5 of 3), with three consumers and for
-        # the soft-capped kernels of head dim 64 with more than 128 keys per block (traits.cuh, kPSmemIfSoftcap)
+        # P: per consumer 64 rows x whole 64-key panels (block_kv 160 fills 2.5 of 3), for the soft-capped kernels
+        # with three consumers or, at head dim 64, more than 128 keys per block (traits.cuh, kPSmemIfSoftcap)
         p_in_smem = self.consumer_warpgroups == 3 or (self.block_kv > 128 and head_dim == 64)
         p_bytes = self.block_q * -(-self.block_kv // 64) * 64 * elem_bytes if p_in_smem else 0
         # barriers, two 48-byte tile slots (kernel.cuh, TileSlot) and the 1024-byte alignment slack
@@ -225,11 +225,12 @@ class KernelConfig:
             return f"family='sm90' is built for head_dim in {_SM90_HEAD_DIMS}, not {head_dim}"
         if self.smem_bytes(head_dim) > _MAX_SMEM_BYTES:
             return f"needs {self.smem_bytes(head_dim)} bytes of shared memory, more than {_MAX_SMEM_BYTES} on sm_90"
-        # Per consumer thread: O (64 x D fp32 over 128 threads) + S (64 x block_kv) + P (bf16 pairs; in shared memory
-        # with three consumers) + about 40 for softmax state and addresses, within what setmaxnreg gives each
-        # consumer (232 with two consumers, 152 with three; csrc/sm90/traits.cuh derives the same split).
-        p_regs = 0 if self.consumer_warpgroups == 3 else self.block_kv // 4
-        regs = head_dim // 2 + self.block_kv // 2 + p_regs + 40
+        # Per consumer thread: O (64 x D fp32 over 128 threads) + S (64 x block_kv) + P (bf16 pairs) + about 40 for
+        # softmax state and addresses (32 with three consumers, whose tile facts stay in shared memory: traits.cuh,
+        # kHoldTileSlot), within what setmaxnreg gives each consumer (232 with two consumers, 160 with three;
+        # csrc/sm90/traits.cuh derives the same split).
+        state = 32 if self.consumer_warpgroups == 3 else 40
+        regs = head_dim // 2 + self.block_kv // 2 + self.block_kv // 4 + state
         limit = self.consumer_registers()
         if regs > limit:
             return f"needs about {regs} registers per consumer thread at head_dim={head_dim} (limit {limit})"
@@ -237,10 +238,12 @@ class KernelConfig:
 
     def consumer_registers(self) -> int:
         """Registers per consumer thread after setmaxnreg (sm90): the block's launch allocation (64K registers over
-        its threads, a multiple of 8) minus the producer's 40, split over the consumers (csrc/sm90/traits.cuh)."""
+        its threads, a multiple of 8) minus the producer's (40 with two consumers, 32 with three), split over the
+        consumers (csrc/sm90/traits.cuh)."""
         threads = 128 * (self.consumer_warpgroups + 1)
         launch = (65536 // threads) // 8 * 8
-        return (threads * launch // 128 - 40) // self.consumer_warpgroups // 8 * 8
+        producer = 32 if self.consumer_warpgroups == 3 else 40
+        return (threads * launch // 128 - producer) // self.consumer_warpgroups // 8 * 8
 
     def short_name(self) -> str:
         """Compact name used in generated file names: q128_kv64_w8_a1e1s1_f0-2-1_d1o1 (sm80), sm90_q128_kv128_st2_wg2."""
@@ -317,7 +320,7 @@ TUNED_CONFIGS: dict[int, tuple[KernelConfig, ...]] = {
 # the most that fit beside Q with O staged in Q (csrc/sm90/traits.cuh, kOInQ; 64-key blocks were 4-8% slower:
 # docs/NOTES.md, session 10).
 SM90_CONFIGS: dict[int, tuple[KernelConfig, ...]] = {
-    64: (KernelConfig.sm90(block_kv=128), KernelConfig.sm90(block_kv=192)),
+    64: (KernelConfig.sm90(block_kv=128), KernelConfig.sm90(block_kv=192), KernelConfig.sm90(block_kv=128, consumer_warpgroups=3)),
     128: (KernelConfig.sm90(block_kv=128), KernelConfig.sm90(block_kv=128, pingpong=False)),
     256: (KernelConfig.sm90(block_kv=80), KernelConfig.sm90(block_kv=80, pingpong=False)),
 }
@@ -362,8 +365,8 @@ SWEEP_CONFIGS: dict[int, tuple[KernelConfig, ...]] = {
 
 
 # The sm90 family's candidates (build with -DJAX_FLASH_CONFIG_SET=sweep_sm90): the schedule without intra-warpgroup
-# overlap (pingpong on the exponentials, session 6), three consumer warpgroups (192-row tiles, P through shared
-# memory) with and without pingpong; 64-key blocks at head dim 256. (The v4 sweep's block_kv 160 / 192, pingpong off and 3 stages are in
+# overlap (pingpong on the exponentials, session 6), three consumer warpgroups (192-row tiles) with and without
+# pingpong; 64-key blocks at head dim 256. (The v4 sweep's block_kv 160 / 192, pingpong off and 3 stages are in
 # docs/NOTES.md.)
 SM90_SWEEP_CONFIGS: dict[int, tuple[KernelConfig, ...]] = {
     128: (KernelConfig.sm90(block_kv=128, overlap=False), KernelConfig.sm90(block_kv=128, pingpong=False, overlap=False),

@@ -65,11 +65,16 @@ DEFAULTS.update({(90, dtype, 256): SM90_CONFIGS[256][0] for dtype in ("float16",
 #   (from 2048 in sessions 4-8; with v10 (session 9) kv128 is ahead at causal 2048 in two measurements: the sweep
 #   356 vs 348 TFLOP/s, docs/sweep_h200_sm90_session9.json, and Nsight Compute 475.8 vs 486.1 us,
 #   docs/ab_session9/run7; at 4096 kv192 stays ahead: 403 vs 392 in the sweep, 413 vs 408 timed in run7)
+# Session 12: three consumer warpgroups (192 x 128 tiles) with P from registers, spill-free, A/B harness on the H200
+# (bf16, docs/ab_session12/run2), TFLOP/s against the two-consumer configs shipped before:
+#   D=64 non-causal 512 / 1024 / 2048 / 4096 / 16384: 396 / 434 / 486 / 503 / 530 vs 364 / 410 / 430 / 444 / 468
+#   D=64 causal 1024 / 2048 / 4096 (each consumer stops at its own rows' last key block): 314 / 393 / 444 vs
+#   314 / 367 / 408                                     -> three consumers, causal from 2048 keys
 SM90_BY_SHAPE: dict[tuple[int, bool], tuple[tuple[int, KernelConfig], ...]] = {
     (128, False): ((0, SM90_CONFIGS[128][0]),),
     (128, True): ((0, SM90_CONFIGS[128][1]),),
-    (64, False): ((0, SM90_CONFIGS[64][0]), (4096, SM90_CONFIGS[64][1])),
-    (64, True): ((0, SM90_CONFIGS[64][0]), (4096, SM90_CONFIGS[64][1])),
+    (64, False): ((0, SM90_CONFIGS[64][2]),),
+    (64, True): ((0, SM90_CONFIGS[64][0]), (2048, SM90_CONFIGS[64][2])),
     (256, False): ((0, SM90_CONFIGS[256][0]),),
     (256, True): ((0, SM90_CONFIGS[256][1]),),
 }

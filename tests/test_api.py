@@ -206,14 +206,14 @@ def test_sm90_wide_key_blocks_validation():
 
 def test_sm90_three_consumers_validation():
     cfg = KernelConfig.sm90(block_kv=128, consumer_warpgroups=3)
-    assert (cfg.block_q, cfg.num_warps, cfg.consumer_registers()) == (192, 16, 152)  # 512 threads: 40 + 3 x 152
+    assert (cfg.block_q, cfg.num_warps, cfg.consumer_registers()) == (192, 16, 160)  # 512 threads: 32 + 3 x 160
     assert cfg.fits(64) is None and KernelConfig.sm90(block_kv=64, consumer_warpgroups=3).fits(128) is None
-    # P lives in shared memory: 2 Q + O (3 x 24 KB) + K/V ring (4 x 16 KB) + P (3 x 16 KB) + barriers, slots, slack
+    # 2 Q + O (3 x 24 KB) + K/V ring (4 x 16 KB) + P for the soft-capped kernels (3 x 16 KB) + barriers, slots, slack
     assert cfg.smem_bytes(64) == 3 * 24576 + 4 * 16384 + 3 * 16384 + 8 * 16 + 2 * 48 + 1024
-    # S (96) + O (32) + state is over the 152 registers three consumers get (ptxas spilled ~600 bytes)
-    assert "needs about 168 registers per consumer thread at head_dim=64 (limit 152)" in \
+    # S (96) + P (48) + O (32) + state is over the 160 registers three consumers get (ptxas spilled ~600 bytes)
+    assert "needs about 208 registers per consumer thread at head_dim=64 (limit 160)" in \
         KernelConfig.sm90(block_kv=192, consumer_warpgroups=3).fits(64)
-    assert "needs about 168 registers per consumer thread at head_dim=128 (limit 152)" in cfg.fits(128)
+    assert "needs about 192 registers per consumer thread at head_dim=128 (limit 160)" in cfg.fits(128)
     with pytest.raises(ValueError, match="consumer_warpgroups=4 is not allowed for family='sm90'"):
         KernelConfig.sm90(consumer_warpgroups=4)
     with pytest.raises(ValueError, match="block_q=128 must be 64 \\* consumer_warpgroups = 192"):
@@ -233,10 +233,11 @@ def test_sm90_family_is_refused_below_sm90_at_lowering(monkeypatch):
     sm90 = jax_flash.config.SM90_CONFIGS
     assert _primitive.resolve_gpu_config(None, jnp.float16, 128) == sm90[128][0]
     assert _primitive.resolve_gpu_config(None, jnp.float16, 128, right_bounded=True) == sm90[128][1]  # no pingpong
-    assert _primitive.resolve_gpu_config(None, jnp.float16, 64, seq_k=2048) == sm90[64][0]
-    assert _primitive.resolve_gpu_config(None, jnp.float16, 64, seq_k=4096) == sm90[64][1]  # 192-key blocks
-    assert _primitive.resolve_gpu_config(None, jnp.float16, 64, right_bounded=True, seq_k=2048) == sm90[64][0]
-    assert _primitive.resolve_gpu_config(None, jnp.float16, 64, right_bounded=True, seq_k=4096) == sm90[64][1]
+    # head dim 64: three consumer warpgroups, causal from 2048 keys
+    assert _primitive.resolve_gpu_config(None, jnp.float16, 64, seq_k=512) == sm90[64][2]
+    assert _primitive.resolve_gpu_config(None, jnp.float16, 64, seq_k=16384) == sm90[64][2]
+    assert _primitive.resolve_gpu_config(None, jnp.float16, 64, right_bounded=True, seq_k=1024) == sm90[64][0]
+    assert _primitive.resolve_gpu_config(None, jnp.float16, 64, right_bounded=True, seq_k=2048) == sm90[64][2]
     assert _primitive.resolve_gpu_config(None, jnp.bfloat16, 256) == sm90[256][0]
     assert _primitive.resolve_gpu_config(None, jnp.bfloat16, 256, right_bounded=True) == sm90[256][1]
 

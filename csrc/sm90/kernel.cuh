@@ -52,18 +52,19 @@ __device__ __forceinline__ float softcap_score(float s, float softcap, float exp
   return fmaf(-2.0f * softcap, r, softcap);
 }
 
-template <class T>
-__device__ __forceinline__ TileWork tile_work(const AttentionParams& p, int64_t tile) {
+// Index: the tile numbers' type, int64_t, or int where the launcher has checked that they fit (T::kTileIndex32).
+template <class T, class Index>
+__device__ __forceinline__ TileWork tile_work(const AttentionParams& p, Index tile) {
   TileWork w;
   int q_block;
-  int64_t batch_head;
+  Index batch_head;
   if (p.window_right < kUnbounded) {
-    const int64_t batch_heads = static_cast<int64_t>(p.batch) * p.heads_q;
-    const int64_t section_tiles = static_cast<int64_t>(p.section_heads) * p.num_q_blocks;
-    const int64_t section = tile / section_tiles;
-    const int64_t first = section * p.section_heads;
-    const int64_t heads_here = min(static_cast<int64_t>(p.section_heads), batch_heads - first);
-    const int64_t r = tile - section * section_tiles;
+    const Index batch_heads = static_cast<Index>(p.batch) * p.heads_q;
+    const Index section_tiles = static_cast<Index>(p.section_heads) * p.num_q_blocks;
+    const Index section = tile / section_tiles;
+    const Index first = section * p.section_heads;
+    const Index heads_here = min(static_cast<Index>(p.section_heads), batch_heads - first);
+    const Index r = tile - section * section_tiles;
     q_block = p.num_q_blocks - 1 - static_cast<int>(r / heads_here);
     batch_head = first + r % heads_here;
   } else {
@@ -171,7 +172,7 @@ __global__ void __launch_bounds__(T::kNumThreads, 1)
   // Each consumer stops at its own rows' last key block (traits.cuh); masked kernels only (unmasked, every row sees
   // every key). JAX_FLASH_AB_TRIM_TAIL overrides it in A/B builds.
 #ifdef JAX_FLASH_AB_TRIM_TAIL
-  constexpr bool kTrimTail = (JAX_FLASH_AB_TRIM_TAIL != 0) && kMaskBlocks;
+  constexpr bool kTrimTail = (JAX_FLASH_AB_TRIM_TAIL != 0) && kMaskBlocks && !kExpTurns;  // (where it may)
 #else
   constexpr bool kTrimTail = T::kTrimConsumerTail && kMaskBlocks;
 #endif
@@ -202,12 +203,14 @@ __global__ void __launch_bounds__(T::kNumThreads, 1)
       prefetch_tensor_map(&tma_k);
       prefetch_tensor_map(&tma_v);
       int it = 0, tiles_done = 0;
-      int64_t next = blockIdx.x;
+      // (32-bit tile arithmetic where it suffices: the 64-bit divisions of tile_work spilled a 32-register producer)
+      using TileIndex = std::conditional_t<T::kTileIndex32, int, int64_t>;
+      TileIndex next = blockIdx.x;
       for (int n = 0;; ++n) {
         const int slot = n & 1;
         const bool more = next < num_tiles;
         mbarrier_wait(&sched_empty[slot], ((n >> 1) & 1) ^ 1);  // the consumers have read this slot's last tile
-        if (more) sched[slot].work = tile_work<T>(p, next);
+        if (more) sched[slot].work = tile_work<T, TileIndex>(p, next);
         sched[slot].more = more;
         mbarrier_arrive(&sched_full[slot]);
         if (!more) break;
@@ -215,8 +218,9 @@ __global__ void __launch_bounds__(T::kNumThreads, 1)
         // whole TileWork in registers spilled the producer's 40)
         const TileWork& w = sched[slot].work;
         // Drawn now, used at the next iteration: the atomic's latency hides under this tile's loads.
-        next = p.tile_counter != nullptr ? int64_t{gridDim.x} + static_cast<int64_t>(atomicAdd(p.tile_counter, 1ull))
-                                         : next + gridDim.x;
+        next = p.tile_counter != nullptr
+                   ? static_cast<TileIndex>(gridDim.x) + static_cast<TileIndex>(atomicAdd(p.tile_counter, 1ull))
+                   : next + static_cast<TileIndex>(gridDim.x);
         if (w.block_begin >= w.block_end) continue;  // the consumers write zeros; nothing to load
         const int qb = q_buffer_of(tiles_done);
         mbarrier_wait(&q_empty[qb], q_parity_of(tiles_done) ^ 1);  // the buffer's last tile's last Q K^T is done
@@ -308,10 +312,23 @@ __global__ void __launch_bounds__(T::kNumThreads, 1)
     // cannot prove uniform)
     const bool more = __shfl_sync(0xffffffffu, sched[slot].more, 0) != 0;
     const TileWork w = sched[slot].work;
-    mbarrier_arrive(&sched_empty[slot]);
+    // T::kHoldTileSlot: the slot is released at the end of the tile, and the epilogue reads the tile's facts back
+    // from it (reload_tile) instead of holding them in registers across the key loop. The producer loses nothing:
+    // it publishes tile n + 2 into this slot only after tile n + 1's loads, which wait on this tile's stages anyway.
+    auto release_slot = [&] { mbarrier_arrive(&sched_empty[slot]); };
+    if (!T::kHoldTileSlot || !more) release_slot();
     if (!more) break;
-    const int batch = w.batch, head = w.head;
-    const int row0 = w.row0, q_rows = w.q_rows, q_rows_valid = w.q_rows_valid;
+    int batch = w.batch, head = w.head;
+    int row0 = w.row0, q_rows = w.q_rows, q_rows_valid = w.q_rows_valid;
+    auto reload_tile = [&] {
+      if constexpr (T::kHoldTileSlot) {  // (after the key loop's barriers, whose asm clobbers memory: a fresh load)
+        const TileWork& ws = sched[slot].work;
+        batch = ws.batch, head = ws.head, row0 = ws.row0, q_rows = ws.q_rows, q_rows_valid = ws.q_rows_valid;
+      }
+    };
+    auto end_tile = [&] {
+      if constexpr (T::kHoldTileSlot) release_slot();
+    };
     const int block_begin = w.block_begin, block_end = w.block_end;
     const BatchLengths len = w.len;
     // The tile's O rows and lse entries, formed where they are written (held across the key loop, the 64-bit
@@ -335,6 +352,7 @@ __global__ void __launch_bounds__(T::kNumThreads, 1)
     };
     if (block_begin >= block_end) {  // no row sees a key (nothing was loaded)
       write_zero_rows();
+      end_tile();
       continue;
     }
     if (T::kConsumers > 2 && 64 * consumer >= q_rows_valid) {
@@ -362,7 +380,9 @@ __global__ void __launch_bounds__(T::kNumThreads, 1)
         }
       }
       --it;  // the loop ran block_end - block_begin + 1 times; the math path advances it once per key block
+      reload_tile();
       write_zero_rows();
+      end_tile();
       continue;
     }
 
@@ -582,6 +602,7 @@ __global__ void __launch_bounds__(T::kNumThreads, 1)
     }
 
     // ---- epilogue: O / l (zeros for rows past q_rows_valid) and lse -------------------------------------------
+    reload_tile();
     bool row_valid[2];
     float row_lse[2];
 #pragma unroll
@@ -601,12 +622,26 @@ __global__ void __launch_bounds__(T::kNumThreads, 1)
       // the TMA unit clips rows past the tensor. That thread first waits until its previous store has read sO.
       if (wg_tid == 0) bulk_wait_group_read0();
       named_barrier_sync(1 + consumer, 128);  // ... and every thread of the consumer knows it
-      const uint32_t so_base = smem_u32(sO) + (64 * consumer + st_row) * T::kRowBytes;
+      if constexpr (T::kHoldTileSlot) {
+        // the lane read afresh, so these addresses are formed here, not held through the key loop
+        const int e_lane = lane_id_fresh();
+        const int e_row = 16 * warp_in_wg + e_lane % 8 + 8 * ((e_lane / 8) % 2);  // as st_row
+        const uint32_t so_base = smem_u32(sO) + (64 * consumer + e_row) * T::kRowBytes;
 #pragma unroll
-      for (int t = 0; t < T::kHeadDim / 16; ++t) {  // O tiles 2t, 2t + 1: columns 16t .. 16t + 15
-        uint32_t a[4];
-        pack_k16(acc_o, t, a);
-        stmatrix_x4(so_base + (t / 4) * T::kQPanelBytes + st_chunk(t) * 16, a);
+        for (int t = 0; t < T::kHeadDim / 16; ++t) {
+          uint32_t a[4];
+          pack_k16(acc_o, t, a);
+          const uint32_t chunk = static_cast<uint32_t>((2 * (t % 4) + (e_lane / 8) / 2) ^ (e_lane % 8));  // st_chunk
+          stmatrix_x4(so_base + (t / 4) * T::kQPanelBytes + chunk * 16, a);
+        }
+      } else {
+        const uint32_t so_base = smem_u32(sO) + (64 * consumer + st_row) * T::kRowBytes;
+#pragma unroll
+        for (int t = 0; t < T::kHeadDim / 16; ++t) {  // O tiles 2t, 2t + 1: columns 16t .. 16t + 15
+          uint32_t a[4];
+          pack_k16(acc_o, t, a);
+          stmatrix_x4(so_base + (t / 4) * T::kQPanelBytes + st_chunk(t) * 16, a);
+        }
       }
       fence_proxy_async_smem();               // the generic-proxy writes, visible to the TMA unit ...
       named_barrier_sync(1 + consumer, 128);  // ... from every thread of the consumer
@@ -643,6 +678,7 @@ __global__ void __launch_bounds__(T::kNumThreads, 1)
         }
       }
     }
+    end_tile();
   }
   if constexpr (kTmaStore) {
     if (wg_tid == 0) bulk_wait_group0();  // the last O store has completed before the block's shared memory goes

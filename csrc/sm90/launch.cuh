@@ -28,6 +28,11 @@ std::string launch_sm90(AttentionParams p, const CUtensorMap& map_q, const CUten
   // TFLOP/s with it): with a tile counter the blocks draw tiles dynamically, heaviest first (kernel.cuh, tile_work).
   // Tiles of equal cost take the static stride where it measured faster (below).
   const int64_t num_tiles = static_cast<int64_t>(p.num_q_blocks) * p.heads_q * p.batch;
+  if (T::kTileIndex32 && num_tiles > INT_MAX) {
+    return "sm90 kernel with " + std::to_string(T::kConsumers) + " consumer warpgroups: " + std::to_string(num_tiles) +
+           " tiles (batch x heads_q x query blocks) exceed its 32-bit tile index (at most " + std::to_string(INT_MAX) +
+           ")";
+  }
   int device = 0;
   if (cudaError_t err = cudaGetDevice(&device); err != cudaSuccess) return cuda_failure("cudaGetDevice", err);
   int num_sms = 0, l2_bytes = 0;

@@ -8,6 +8,14 @@
 
 namespace jax_flash::sm90 {
 
+// The lane index read by a volatile asm, which ptxas neither hoists out of loops nor keeps live across them: for
+// addresses that are needed once per tile (the epilogue's), so they are not held in registers through the key loop.
+__device__ __forceinline__ int lane_id_fresh() {
+  int lane;
+  asm volatile("mov.u32 %0, %%laneid;" : "=r"(lane));
+  return lane;
+}
+
 __device__ __forceinline__ uint32_t smem_u32(const void* ptr) {
   return static_cast<uint32_t>(__cvta_generic_to_shared(ptr));
 }

@@ -40,16 +40,32 @@ struct Traits {
   // tile's (kernel.cuh, kTrimTail). On the causal diagonal consumer 0's last block differs from consumer 1's when a
   // key-block boundary falls between their last rows: always with 80-key blocks (head dim 256), never with 128-key
   // blocks and equal lengths; 192-key blocks (head dim 64) are left as they are (their soft-capped kernels are at
-  // the edge of spilling).
-  static constexpr bool kTrimConsumerTail = kHeadDim == 256;
-  // P (the softmax's probabilities, the A operand of O += P V) from registers (wgmma RS) with two consumers; with
-  // three, each consumer has 152 registers (below) and S + O + P do not fit (D = 64, 128 keys: 64 + 32 + 32 plus
-  // the softmax state and addresses spilled 64-100 bytes), so P goes through shared memory (wgmma SS), as in FA3.
+  // the edge of spilling). Session 12: with three consumers (192-row tiles over 128-key blocks) too, where causal
+  // D = 64 1024 / 2048 keys measured 314 / 393 TFLOP/s with it against 295 / 387 without (docs/NOTES.md).
+  static constexpr bool kTrimConsumerTail = kHeadDim == 256 || kConsumers == 3;
+  // P (the softmax's probabilities, the A operand of O += P V) from registers (wgmma RS), with three consumers too
+  // since session 12: at 160 registers each (producer 32) S + O + P (64 + 32 + 32 at D = 64, 128 keys) fit once the
+  // tile's facts stay in shared memory (kHoldTileSlot) and the producer numbers tiles in 32 bits (kTileIndex32).
+  // Sessions 3-11 sent P through shared memory with three consumers (wgmma SS; -DJAX_FLASH_AB_P_SMEM_3C rebuilds
+  // that): measured 5-9% slower at D = 64 from 2048 keys (docs/NOTES.md, session 12).
+#ifdef JAX_FLASH_AB_P_SMEM_3C
   static constexpr bool kPInSmem = kConsumers == 3;
-  // ... and in the soft-capped kernels of 192-key blocks (kernel.cuh, kPSmem): S (96 registers), P (48) and the
-  // softcap's temporaries left no room for the session-9 epilogue (16-76 bytes spilled however it was arranged).
-  // Head dim 64 only: at 128 the 160 / 192-key sweep configs have no shared memory left for P.
-  static constexpr bool kPSmemIfSoftcap = kBlockKV > 128 && kHeadDim == 64;
+#else
+  static constexpr bool kPInSmem = false;
+#endif
+  // ... but through shared memory in the soft-capped kernels of 192-key blocks (kernel.cuh, kPSmem): S (96
+  // registers), P (48) and the softcap's temporaries left no room for the session-9 epilogue (16-76 bytes spilled
+  // however it was arranged); and in the soft-capped three-consumer kernels (the softcap's temporaries beside
+  // S + O + P spilled 64-124 bytes at 160 registers). More than 128 keys per block: head dim 64 only (at 128 the
+  // 160 / 192-key sweep configs have no shared memory left for P).
+  static constexpr bool kPSmemIfSoftcap = (kBlockKV > 128 && kHeadDim == 64) || kConsumers == 3;
+  // Session 12: the consumers hold their tile's slot (kernel.cuh, TileSlot) until the epilogue and read the tile's
+  // facts back from it there, instead of holding them in registers across the key loop: with three consumers (160
+  // registers each) and P in registers they spilled 60-216 bytes otherwise.
+  static constexpr bool kHoldTileSlot = kConsumers == 3;
+  // ... and the producer (32 registers beside three 160-register consumers) numbers tiles in 32 bits: tile_work's
+  // 64-bit divisions spilled it. The launcher refuses more than INT_MAX tiles (no tensor that fits on a GPU has them).
+  static constexpr bool kTileIndex32 = kConsumers == 3;
   static_assert(kKey.block_q == kBlockQ, "block_q must be 64 * consumer_warpgroups");
   static_assert(kConsumers == 2 || kConsumers == 3, "sm90 family: 2 or 3 consumer warpgroups");
   static_assert(kHeadDim == 64 || kHeadDim == 128 || kHeadDim == 256, "sm90 family: head_dim 64, 128 or 256");
@@ -60,10 +76,12 @@ struct Traits {
   // on what setmaxnreg.dec released inside this block, so the roles must fit the block's launch allocation:
   // 128 * (kProducerRegs + kConsumers * kConsumerRegs) <= kNumThreads * kLaunchRegs, with kLaunchRegs the 64K
   // register file over the block's threads rounded down to a multiple of 8 (168 for 384 threads, 128 for 512: the
-  // consumers get 232 with two consumers, 152 with three). Asking for more blocks the consumers
+  // consumers get 232 with two consumers, 160 with three). Asking for more blocks the consumers
   // forever (seen on the H200 with 32 / 240: every launch hung).
   static constexpr int kLaunchRegs = (65536 / kNumThreads) / 8 * 8;
-  static constexpr int kProducerRegs = 40;  // 32 spilled the tile scheduler's bookkeeping (and, with three consumers, theirs)
+  // 40 with two consumers (32 spilled the tile scheduler's bookkeeping); 32 with three, so each consumer gets 160
+  // (with 40: 152, too few for P in registers), its tile numbers in 32 bits (kTileIndex32)
+  static constexpr int kProducerRegs = kConsumers == 3 ? 32 : 40;
   static constexpr int kConsumerRegs = (kNumThreads * kLaunchRegs / 128 - kProducerRegs) / kConsumers / 8 * 8;
   static_assert(128 * (kProducerRegs + kConsumers * kConsumerRegs) <= kNumThreads * kLaunchRegs,
                 "setmaxnreg split exceeds the block's register allocation");

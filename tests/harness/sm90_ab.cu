@@ -43,8 +43,8 @@ namespace {
 #define JAX_FLASH_AB_D64_BLOCK_KV 0
 #endif
 // ... and their consumer warpgroups (3: 192-row tiles, P through shared memory; 128-key blocks only)
-#ifndef JAX_FLASH_AB_D64_CONSUMERS
-#define JAX_FLASH_AB_D64_CONSUMERS 2
+#ifndef JAX_FLASH_AB_D64_CONSUMERS  // 0: per shape, as shipped (Shape::consumers)
+#define JAX_FLASH_AB_D64_CONSUMERS 0
 #endif
 // ... and pingpong between their two consumers (shipped with)
 #ifndef JAX_FLASH_AB_D64_PINGPONG
@@ -60,10 +60,10 @@ namespace {
 #ifndef JAX_FLASH_AB_D256_PINGPONG
 #define JAX_FLASH_AB_D256_PINGPONG true
 #endif
-constexpr KernelKey key_for(int head_dim, int block_kv = 128, bool pingpong = true) {
-  // The shipped configs (jax_flash/defaults.py, SM90_BY_SHAPE): q128, 2 stages, 2 consumers, overlap; D = 128
-  // causal without pingpong, D = 64 from 4096 keys with 192-key blocks.
-  const int consumers = head_dim == 64 ? JAX_FLASH_AB_D64_CONSUMERS : 2;
+constexpr KernelKey key_for(int head_dim, int block_kv = 128, bool pingpong = true, int consumers = 2) {
+  // The shipped configs (jax_flash/defaults.py, SM90_BY_SHAPE): 2 stages, 2 consumers (q128), overlap; D = 128
+  // causal without pingpong; D = 64 non-causal from 2048 keys with 3 consumers (q192), causal from 4096 keys with
+  // 192-key blocks.
   return KernelKey{.dtype = static_cast<int>(DType::kBFloat16), .head_dim = head_dim, .block_q = 64 * consumers,
                    .block_kv = block_kv, .num_warps = 4 * (consumers + 1), .async_copy = true, .eager_load_blocks = true,
                    .swizzled = true, .q_mma_load_k_fragments = 2, .k_mma_load_k_fragments = 1,
@@ -120,11 +120,17 @@ struct Problem {
 struct Shape {
   int head_dim, block_kv, seq;
   bool causal;
+  int consumers = 2;  // the shipped config's consumer warpgroups
 };
+
+int consumers_of(const Shape& sh) {
+  if (sh.head_dim != 64) return 2;
+  return JAX_FLASH_AB_D64_CONSUMERS != 0 ? JAX_FLASH_AB_D64_CONSUMERS : sh.consumers;
+}
 
 int block_kv_of(const Shape& sh) {
   if (sh.head_dim == 256) return JAX_FLASH_AB_D256_BLOCK_KV;
-  if (sh.head_dim == 64 && JAX_FLASH_AB_D64_CONSUMERS == 3) return 128;
+  if (sh.head_dim == 64 && consumers_of(sh) == 3) return 128;
   return sh.head_dim == 64 && JAX_FLASH_AB_D64_BLOCK_KV != 0 ? JAX_FLASH_AB_D64_BLOCK_KV : sh.block_kv;
 }
 
@@ -133,9 +139,10 @@ int block_kv_of(const Shape& sh) {
 std::string run_shape(const Shape& sh, const Problem& pr, cudaStream_t stream) {
   if (sh.head_dim == 64) {
     constexpr bool kPingpong = JAX_FLASH_AB_D64_PINGPONG;
-    if constexpr (JAX_FLASH_AB_D64_CONSUMERS == 2) {  // (three consumers have no registers for 192-key blocks)
-      if (block_kv_of(sh) == 192) return sm90::run_attention_sm90<key_for(64, 192, kPingpong)>(pr.params(), stream);
+    if (consumers_of(sh) == 3) {  // (three consumers have no registers for 192-key blocks)
+      return sm90::run_attention_sm90<key_for(64, 128, kPingpong, 3)>(pr.params(), stream);
     }
+    if (block_kv_of(sh) == 192) return sm90::run_attention_sm90<key_for(64, 192, kPingpong)>(pr.params(), stream);
     constexpr int kSmallBlock = JAX_FLASH_AB_D64_BLOCK_KV == 64 ? 64 : 128;  // (64: every shape, when asked)
     return sm90::run_attention_sm90<key_for(64, kSmallBlock, kPingpong)>(pr.params(), stream);
   }
@@ -152,12 +159,12 @@ std::string run_shape(const Shape& sh, const Problem& pr, cudaStream_t stream) {
 // Max |GPU - CPU| (bf16 output; the CPU implementation computes in fp32) over a problem of 256 tiles, so each
 // persistent block runs several (what carries across tiles, the pipeline counters, the Q buffers, the epilogue's
 // staging buffer, is exercised), with 1000 keys (a partial last key block) and, when causal, masking.
-float check(int head_dim, int block_kv, bool causal) {
+float check(int head_dim, int block_kv, bool causal, int consumers) {
   Problem pr(4, 1000, 8, head_dim);
   pr.causal = causal;
   cudaStream_t stream;
   CHECK_CUDA(cudaStreamCreate(&stream));
-  std::string f = run_shape({head_dim, block_kv, pr.seq, causal}, pr, stream);
+  std::string f = run_shape({head_dim, block_kv, pr.seq, causal, consumers}, pr, stream);
   if (!f.empty()) {
     std::fprintf(stderr, "launch failed: %s\n", f.c_str());
     std::exit(3);
@@ -190,16 +197,16 @@ int main(int argc, char** argv) {
   const int only_s = argc > first + 1 ? std::atoi(argv[first + 1]) : 0;
   const bool only_causal = argc > first + 2 && std::string(argv[first + 2]) == "causal";
   if (do_check) {
-    for (int d : {64, 128, 256}) {
-      for (int block_kv : {128, 192}) {
-        if (d != 64 && block_kv == 192) continue;  // (no such shipped config; D = 256 runs its one key block)
-        for (bool causal : {false, true}) {
-          const float err = check(d, block_kv, causal);
-          std::printf("variant %d check D=%d kv%d%s: max |gpu - cpu| = %.4f %s\n", kVariant, d,
-                      block_kv_of({d, block_kv, 0, causal}),
-                      causal ? " causal" : "", err, err <= 4e-2f ? "ok" : "FAIL");
-          if (!(err <= 4e-2f)) return 1;
-        }
+    // (head dim, key block, consumers) of the shipped configs; D = 256 runs its one key block
+    const Shape configs[] = {{64, 128, 0, false, 2}, {64, 192, 0, false, 2}, {64, 128, 0, false, 3},
+                             {128, 128, 0, false, 2}, {256, 0, 0, false, 2}};
+    for (const Shape& c : configs) {
+      for (bool causal : {false, true}) {
+        const float err = check(c.head_dim, c.block_kv, causal, c.consumers);
+        const Shape run{c.head_dim, c.block_kv, 0, causal, c.consumers};
+        std::printf("variant %d check D=%d kv%d wg%d%s: max |gpu - cpu| = %.4f %s\n", kVariant, c.head_dim,
+                    block_kv_of(run), consumers_of(run), causal ? " causal" : "", err, err <= 4e-2f ? "ok" : "FAIL");
+        if (!(err <= 4e-2f)) return 1;
       }
     }
   }
@@ -209,8 +216,8 @@ int main(int argc, char** argv) {
   CHECK_CUDA(cudaEventCreate(&start));
   CHECK_CUDA(cudaEventCreate(&stop));
   const Shape shapes[] = {{64, 128, 512, false},   {64, 128, 1024, false},   {64, 128, 1024, true},
-                          {64, 128, 2048, false},  {64, 128, 2048, true},    {64, 192, 4096, false},
-                          {64, 192, 16384, false}, {64, 192, 4096, true},    {128, 128, 512, false},
+                          {64, 128, 2048, false, 3},  {64, 128, 2048, true},    {64, 128, 4096, false, 3},
+                          {64, 128, 16384, false, 3}, {64, 192, 4096, true},    {128, 128, 512, false},
                           {128, 128, 1024, false}, {128, 128, 4096, false},  {128, 128, 16384, false},
                           {128, 128, 512, true},   {128, 128, 1024, true},   {128, 128, 2048, true},
                           {128, 128, 4096, true},    {256, 0, 512, false},     {256, 0, 1024, false},
@@ -247,8 +254,9 @@ int main(int argc, char** argv) {
       std::sort(per_call.begin(), per_call.end());
       const double ms = per_call[per_call.size() / 2];
       const double flops = 4.0 * pr.batch * pr.heads * double(s) * s * d / (sh.causal ? 2 : 1);
-      std::printf("variant %d D=%d S=%d%s kv%d: %.1f us %.1f TFLOP/s (min %.1f us)\n", kVariant, d, s,
-                  sh.causal ? "c" : "", block_kv_of(sh), ms * 1e3, flops / ms / 1e9, per_call.front() * 1e3);
+      std::printf("variant %d D=%d S=%d%s kv%d wg%d: %.1f us %.1f TFLOP/s (min %.1f us)\n", kVariant, d, s,
+                  sh.causal ? "c" : "", block_kv_of(sh), consumers_of(sh), ms * 1e3, flops / ms / 1e9,
+                  per_call.front() * 1e3);
     }
   }
   return 0;
