@@ -32,7 +32,11 @@ struct Traits {
   // ... and the next key block's K / V barriers tested (mbarrier.test_wait) during this block's softmax, with
   // unsigned pipeline counters, so the waits at the top of the loop are usually skipped (D = 128: -1 to -3%; D = 64:
   // none, and with the ring it cancelled the ring's gain).
-  static constexpr bool kEarlyKVTest = kHeadDim >= 128;  // (head dim 256 taken with 128: the tensor cores dominate)
+#ifdef JAX_FLASH_AB_EARLY_TEST_3C  // A/B builds: three consumers too
+  static constexpr bool kEarlyKVTest = kHeadDim >= 128 || kConsumers == 3;
+#else
+  static constexpr bool kEarlyKVTest = kHeadDim >= 128;
+#endif  // (head dim 256 taken with 128: the tensor cores dominate)
   // Session 9: the epilogue stores O with stmatrix into shared memory and one TMA store per 64-column panel (16-byte
   // stores from every thread before).
   static constexpr bool kTmaStore = true;
@@ -62,10 +66,18 @@ struct Traits {
   // Session 12: the consumers hold their tile's slot (kernel.cuh, TileSlot) until the epilogue and read the tile's
   // facts back from it there, instead of holding them in registers across the key loop: with three consumers (160
   // registers each) and P in registers they spilled 60-216 bytes otherwise.
+#ifdef JAX_FLASH_AB_HOLD_SLOT_ALL  // A/B builds: every config
+  static constexpr bool kHoldTileSlot = true;
+#else
   static constexpr bool kHoldTileSlot = kConsumers == 3;
+#endif
   // ... and the producer (32 registers beside three 160-register consumers) numbers tiles in 32 bits: tile_work's
   // 64-bit divisions spilled it. The launcher refuses more than INT_MAX tiles (no tensor that fits on a GPU has them).
+#ifdef JAX_FLASH_AB_TILE32_ALL  // A/B builds: every config
+  static constexpr bool kTileIndex32 = true;
+#else
   static constexpr bool kTileIndex32 = kConsumers == 3;
+#endif
   static_assert(kKey.block_q == kBlockQ, "block_q must be 64 * consumer_warpgroups");
   static_assert(kConsumers == 2 || kConsumers == 3, "sm90 family: 2 or 3 consumer warpgroups");
   static_assert(kHeadDim == 64 || kHeadDim == 128 || kHeadDim == 256, "sm90 family: head_dim 64, 128 or 256");
