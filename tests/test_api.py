@@ -118,7 +118,10 @@ needs_cuda_build = pytest.mark.skipif(not jax_flash._ffi.BUILT_WITH_CUDA, reason
 def test_cuda_lowering_uses_default_config():
     text = lower_for_cuda(*qkv(dtype=jnp.bfloat16))
     assert "stablehlo.custom_call @jax_flash_attention" in text
-    assert "block_q = 128 : i64" in text
+    # (cross-lowering assumes sm_90: head dim 64 takes the three-consumer sm90 config, 192-row tiles)
+    assert "block_q = 192 : i64" in text and "consumer_warpgroups = 3 : i64" in text
+    text = lower_for_cuda(*qkv((2, 16, 4, 128), dtype=jnp.bfloat16))
+    assert "block_q = 128 : i64" in text and "consumer_warpgroups = 2 : i64" in text
 
 
 @needs_cuda_build
