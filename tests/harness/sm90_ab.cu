@@ -50,6 +50,11 @@ namespace {
 #ifndef JAX_FLASH_AB_D64_PINGPONG
 #define JAX_FLASH_AB_D64_PINGPONG true
 #endif
+// ... and three consumer warpgroups at head dim 128 (every shape; 192 x JAX_FLASH_AB_D128_3C_BLOCK_KV tiles; 0: as
+// shipped, two)
+#ifndef JAX_FLASH_AB_D128_3C_BLOCK_KV
+#define JAX_FLASH_AB_D128_3C_BLOCK_KV 0
+#endif
 #ifndef JAX_FLASH_AB_D128_CAUSAL_PINGPONG
 #define JAX_FLASH_AB_D128_CAUSAL_PINGPONG false
 #endif
@@ -123,12 +128,14 @@ struct Shape {
 };
 
 int consumers_of(const Shape& sh) {
+  if (sh.head_dim == 128 && JAX_FLASH_AB_D128_3C_BLOCK_KV != 0) return 3;
   if (sh.head_dim != 64) return 2;
   return JAX_FLASH_AB_D64_CONSUMERS != 0 ? JAX_FLASH_AB_D64_CONSUMERS : sh.consumers;
 }
 
 int block_kv_of(const Shape& sh) {
   if (sh.head_dim == 256) return JAX_FLASH_AB_D256_BLOCK_KV;
+  if (sh.head_dim == 128 && JAX_FLASH_AB_D128_3C_BLOCK_KV != 0) return JAX_FLASH_AB_D128_3C_BLOCK_KV;
   if (sh.head_dim == 64 && consumers_of(sh) == 3) return 128;
   return sh.head_dim == 64 && JAX_FLASH_AB_D64_BLOCK_KV != 0 ? JAX_FLASH_AB_D64_BLOCK_KV : sh.block_kv;
 }
@@ -149,6 +156,12 @@ std::string run_shape(const Shape& sh, const Problem& pr, cudaStream_t stream) {
     constexpr int kv = JAX_FLASH_AB_D256_BLOCK_KV;
     return sh.causal ? sm90::run_attention_sm90<key_for(256, kv, false)>(pr.params(), stream)
                      : sm90::run_attention_sm90<key_for(256, kv, JAX_FLASH_AB_D256_PINGPONG)>(pr.params(), stream);
+  }
+  if constexpr (JAX_FLASH_AB_D128_3C_BLOCK_KV != 0) {
+    constexpr int kv = JAX_FLASH_AB_D128_3C_BLOCK_KV;
+    return sh.causal
+               ? sm90::run_attention_sm90<key_for(128, kv, JAX_FLASH_AB_D128_CAUSAL_PINGPONG, 3)>(pr.params(), stream)
+               : sm90::run_attention_sm90<key_for(128, kv, true, 3)>(pr.params(), stream);
   }
   constexpr KernelKey kCausal128 = key_for(128, 128, JAX_FLASH_AB_D128_CAUSAL_PINGPONG);
   return sh.causal ? sm90::run_attention_sm90<kCausal128>(pr.params(), stream)
