@@ -13,6 +13,21 @@
 
 namespace jax_flash::sm90 {
 
+// 2^x on the FMA pipe (FlashAttention-4's partial exponential emulation; A/B builds only, JAX_FLASH_AB_EXP_EMU):
+// x = j + f with j = rint(x) (by the 1.5 * 2^23 magic add) and f in [-0.5, 0.5], 2^f by a cubic (relative error
+// 7.5e-5, under bf16's and fp16's rounding of P), and j added to the exponent field. x is clamped at -126 so the
+// exponent stays >= 0 (2^-126 and below read as 0 after the P conversion), which also maps -inf (masked) to ~0.
+__device__ __forceinline__ float exp2_fma(float x) {
+  x = fmaxf(x, -126.0f);
+  const float t = x + 12582912.0f;           // 1.5 * 2^23: t's low mantissa bits hold rint(x)
+  const float j = t - 12582912.0f;
+  const float f = x - j;
+  float p = fmaf(0.05517132f, f, 0.24261054f);  // 2^f on [-0.5, 0.5], relative-error minimax cubic (7.5e-5)
+  p = fmaf(p, f, 0.69326099f);
+  p = fmaf(p, f, 0.99992811f);
+  return __int_as_float(__float_as_int(p) + (__float_as_int(t) << 23));
+}
+
 template <int kSTiles, int kOTiles>
 struct SplitSoftmax {
   float row_max[2] = {-INFINITY, -INFINITY};  // raw score units (the scale is applied inside exp2)
@@ -61,6 +76,12 @@ struct SplitSoftmax {
       for (int n = 0; n < kSTiles; ++n) {
 #pragma unroll
         for (int e = 2 * h; e < 2 * h + 2; ++e) {
+#ifdef JAX_FLASH_AB_EXP_EMU  // every JAX_FLASH_AB_EXP_EMU-th n-tile's exponentials on the FMA pipe
+          if (n % JAX_FLASH_AB_EXP_EMU == JAX_FLASH_AB_EXP_EMU - 1) {
+            acc_s[0][n][e] = exp2_fma(fmaf(acc_s[0][n][e], scale_log2, -m_scaled));
+            continue;
+          }
+#endif
           acc_s[0][n][e] = sm80::exp2_approx(fmaf(acc_s[0][n][e], scale_log2, -m_scaled));
         }
       }
