@@ -5,6 +5,7 @@
 # at its locked clock.
 #   NCU_SHAPES="128 512;64 4096" bash docs/ab_session9/run.sh "b s n"
 #   TIME_D=256 bash docs/ab_session9/run.sh "k80 k64"   (TIME_D: time one head dim's shapes only; session 10)
+# (session 12: the timing lines may name the consumer warpgroups, "kv128 wg3")
 set -uo pipefail
 OUT=${OUT:-/tmp/jax_flash_out}
 mkdir -p "$OUT"
@@ -29,7 +30,7 @@ import collections, re, statistics, sys
 names = sys.argv[2].split()
 rows = collections.defaultdict(list)
 for line in open(sys.argv[1]):
-    m = re.match(r"(\S+) D=(\d+) S=(\d+c?) kv(\d+): ([\d.]+) us ([\d.]+) TFLOP/s", line)
+    m = re.match(r"(\S+) D=(\d+) S=(\d+c?) kv(\d+)(?: wg\d)?: ([\d.]+) us ([\d.]+) TFLOP/s", line)
     if m: rows[(int(m[2]), m[3], m[1])].append(float(m[6]))  # (the key block may differ between builds)
     elif line.strip(): print(line.rstrip())
 shapes = sorted({k[:2] for k in rows})
