@@ -16,6 +16,7 @@
 #pragma once
 
 #include <cstdint>
+#include <type_traits>  // std::conditional_t
 
 #include "common/mask_fragment.cuh"
 #include "common/params.h"
