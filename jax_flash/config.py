@@ -320,7 +320,8 @@ TUNED_CONFIGS: dict[int, tuple[KernelConfig, ...]] = {
 # the most that fit beside Q with O staged in Q (csrc/sm90/traits.cuh, kOInQ; 64-key blocks were 4-8% slower:
 # docs/NOTES.md, session 10).
 SM90_CONFIGS: dict[int, tuple[KernelConfig, ...]] = {
-    64: (KernelConfig.sm90(block_kv=128), KernelConfig.sm90(block_kv=192), KernelConfig.sm90(block_kv=128, consumer_warpgroups=3)),
+    64: (KernelConfig.sm90(block_kv=128), KernelConfig.sm90(block_kv=192),
+         KernelConfig.sm90(block_kv=128, consumer_warpgroups=3)),
     128: (KernelConfig.sm90(block_kv=128), KernelConfig.sm90(block_kv=128, pingpong=False)),
     256: (KernelConfig.sm90(block_kv=80), KernelConfig.sm90(block_kv=80, pingpong=False)),
 }

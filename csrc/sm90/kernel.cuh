@@ -475,9 +475,11 @@ __global__ void __launch_bounds__(T::kNumThreads, 1)
     // stmatrix addresses (kPSmem): lane l gives row l%8 of 8x8 matrix l/8 of each k16 step t, i.e. row
     // 16 * warp + l%8 + 8 * ((l/8) % 2), 16-byte chunk 2t + (l/8)/2 of the keys (panel t/4, chunk 2(t%4) + (l/8)/2
     // inside it, XOR-swizzled by the row's low 3 bits, which are l%8).
-    const int st_row = 16 * warp_in_wg + lane % 8 + 8 * ((lane / 8) % 2);
+    auto st_row_of = [&](int l) { return 16 * warp_in_wg + l % 8 + 8 * ((l / 8) % 2); };
+    auto st_chunk_of = [](int t, int l) { return static_cast<uint32_t>((2 * (t % 4) + (l / 8) / 2) ^ (l % 8)); };
+    const int st_row = st_row_of(lane);
     const uint32_t st_base = sP_addr + st_row * T::kRowBytes;
-    auto st_chunk = [&](int t) { return static_cast<uint32_t>((2 * (t % 4) + (lane / 8) / 2) ^ (lane % 8)); };
+    auto st_chunk = [&](int t) { return st_chunk_of(t, lane); };
     // Accumulator n-tiles 2t and 2t + 1 (this warp's 16 rows x columns 16t .. 16t + 15) packed to 16 bits: the four
     // 8x8 matrices of one stmatrix.x4, which are also the wgmma A fragment of k16 step t
     auto pack_k16 = [&](const auto& acc, int t, uint32_t (&a)[4]) {
@@ -623,26 +625,14 @@ __global__ void __launch_bounds__(T::kNumThreads, 1)
       // the TMA unit clips rows past the tensor. That thread first waits until its previous store has read sO.
       if (wg_tid == 0) bulk_wait_group_read0();
       named_barrier_sync(1 + consumer, 128);  // ... and every thread of the consumer knows it
-      if constexpr (T::kHoldTileSlot) {
-        // the lane read afresh, so these addresses are formed here, not held through the key loop
-        const int e_lane = lane_id_fresh();
-        const int e_row = 16 * warp_in_wg + e_lane % 8 + 8 * ((e_lane / 8) % 2);  // as st_row
-        const uint32_t so_base = smem_u32(sO) + (64 * consumer + e_row) * T::kRowBytes;
+      // (kHoldTileSlot: the lane read afresh, so these addresses are formed here, not held through the key loop)
+      const int e_lane = T::kHoldTileSlot ? lane_id_fresh() : lane;
+      const uint32_t so_base = smem_u32(sO) + (64 * consumer + st_row_of(e_lane)) * T::kRowBytes;
 #pragma unroll
-        for (int t = 0; t < T::kHeadDim / 16; ++t) {
-          uint32_t a[4];
-          pack_k16(acc_o, t, a);
-          const uint32_t chunk = static_cast<uint32_t>((2 * (t % 4) + (e_lane / 8) / 2) ^ (e_lane % 8));  // st_chunk
-          stmatrix_x4(so_base + (t / 4) * T::kQPanelBytes + chunk * 16, a);
-        }
-      } else {
-        const uint32_t so_base = smem_u32(sO) + (64 * consumer + st_row) * T::kRowBytes;
-#pragma unroll
-        for (int t = 0; t < T::kHeadDim / 16; ++t) {  // O tiles 2t, 2t + 1: columns 16t .. 16t + 15
-          uint32_t a[4];
-          pack_k16(acc_o, t, a);
-          stmatrix_x4(so_base + (t / 4) * T::kQPanelBytes + st_chunk(t) * 16, a);
-        }
+      for (int t = 0; t < T::kHeadDim / 16; ++t) {  // O tiles 2t, 2t + 1: columns 16t .. 16t + 15
+        uint32_t a[4];
+        pack_k16(acc_o, t, a);
+        stmatrix_x4(so_base + (t / 4) * T::kQPanelBytes + st_chunk_of(t, e_lane) * 16, a);
       }
       fence_proxy_async_smem();               // the generic-proxy writes, visible to the TMA unit ...
       named_barrier_sync(1 + consumer, 128);  // ... from every thread of the consumer
