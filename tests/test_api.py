@@ -236,10 +236,10 @@ def test_sm90_family_is_refused_below_sm90_at_lowering(monkeypatch):
     sm90 = jax_flash.config.SM90_CONFIGS
     assert _primitive.resolve_gpu_config(None, jnp.float16, 128) == sm90[128][0]
     assert _primitive.resolve_gpu_config(None, jnp.float16, 128, right_bounded=True) == sm90[128][1]  # no pingpong
-    # head dim 64: three consumer warpgroups, causal from 2048 keys
+    # head dim 64: three consumer warpgroups, causal too (since session 13)
     assert _primitive.resolve_gpu_config(None, jnp.float16, 64, seq_k=512) == sm90[64][2]
     assert _primitive.resolve_gpu_config(None, jnp.float16, 64, seq_k=16384) == sm90[64][2]
-    assert _primitive.resolve_gpu_config(None, jnp.float16, 64, right_bounded=True, seq_k=1024) == sm90[64][0]
+    assert _primitive.resolve_gpu_config(None, jnp.float16, 64, right_bounded=True, seq_k=512) == sm90[64][2]
     assert _primitive.resolve_gpu_config(None, jnp.float16, 64, right_bounded=True, seq_k=2048) == sm90[64][2]
     assert _primitive.resolve_gpu_config(None, jnp.bfloat16, 256) == sm90[256][0]
     assert _primitive.resolve_gpu_config(None, jnp.bfloat16, 256, right_bounded=True) == sm90[256][1]

@@ -177,6 +177,19 @@ __global__ void __launch_bounds__(T::kNumThreads, 1)
 #else
   constexpr bool kTrimTail = T::kTrimConsumerTail && kMaskBlocks;
 #endif
+  // A consumer's last key block at half width where its rows see only the block's first half (below, half_last):
+  // masked kernels with the overlapped key loop and 128-key blocks (the m64n64 product exists; traits.cuh).
+#ifdef JAX_FLASH_AB_HALF_LAST  // A/B builds: 0 off, 1 as shipped, 2 with two consumers too
+  constexpr bool kHalfLast = (JAX_FLASH_AB_HALF_LAST == 2 ? T::kBlockKV == 128
+                                                          : JAX_FLASH_AB_HALF_LAST == 1 && T::kHalfLastBlock) &&
+                             kMaskBlocks && T::kOverlap && !kHasSoftcap;
+#else
+  // (not in the soft-capped kernels: ptxas serialised the wgmma of some of them with it, C7511, at head dim 64 with
+  // the exponentials' ring and at head dim 128 without pingpong)
+  constexpr bool kHalfLast = T::kHalfLastBlock && kMaskBlocks && T::kOverlap && !kHasSoftcap;
+#endif
+  // ... which needs the key blocks last first (kernel.cuh, the overlapped key loop; the producer loads them so)
+  constexpr bool kReverse = kHalfLast;
   // (the exponentials' ring counts one turn per computed key block: a consumer that skips blocks would leave the
   // other waiting; seen as a hang in an A/B build that trimmed at head dim 64, docs/NOTES.md session 10)
   static_assert(!(kTrimTail && kExpTurns), "a consumer's own last key block and the exponentials' ring exclude each other");
@@ -231,7 +244,10 @@ __global__ void __launch_bounds__(T::kNumThreads, 1)
           tma_load_4d(sQ(qb) + panel * T::kQPanelBytes, &tma_q, &q_full[qb], panel * 64, w.row0, w.head, w.batch);
         }
         ++tiles_done;
-        for (int j = w.block_begin; j < w.block_end; ++j, ++it) {
+        // (kReverse: last key block first, the consumers' order)
+        const int j_first = kReverse ? w.block_end - 1 : w.block_begin;
+        const int j_step = kReverse ? -1 : 1;
+        for (int j = j_first; kReverse ? j >= w.block_begin : j < w.block_end; j += j_step, ++it) {
           const int stage = stage_of(it);
           const uint32_t parity = parity_of(it);
           mbarrier_wait(&k_empty[stage], parity ^ 1);  // the consumers are done with this stage's last K
@@ -401,9 +417,18 @@ __global__ void __launch_bounds__(T::kNumThreads, 1)
     // masked; it skips their math but still waits for and releases their stages and takes their turns (below). At
     // least one block is computed, so rows that see no key come out as before (zeros, lse = -inf).
     int my_end = block_end;
-    if constexpr (kTrimTail) {
+    // kHalfLast: this consumer's rows see none of the second half of its last key block (the causal diagonal: in a
+    // 128 x 128 diagonal block consumer 0's rows end at key 64; a key length that ends in a block's first half),
+    // so that block's two products run at half width (S = Q K^T over its first 64 keys, P V over 4 k16 steps) and
+    // its softmax over half the scores. (Warp-uniform for ptxas through a lane-0 shuffle, like `more`: wgmma under
+    // a branch it cannot prove uniform is serialised.)
+    bool half_last = false;
+    if constexpr (kTrimTail || kHalfLast) {
       const KeySpan mine = visible_keys_of_rows(p, len, row0 + 64 * consumer, row0 + min(64 * consumer + 64, q_rows_valid));
-      my_end = max(block_begin + 1, min(block_end, (mine.end + T::kBlockKV - 1) / T::kBlockKV));
+      if constexpr (kTrimTail) my_end = max(block_begin + 1, min(block_end, (mine.end + T::kBlockKV - 1) / T::kBlockKV));
+      if constexpr (kHalfLast) {
+        half_last = __shfl_sync(0xffffffffu, mine.end <= (my_end - 1) * T::kBlockKV + T::kBlockKV / 2 ? 1 : 0, 0) != 0;
+      }
     }
 
     // Descriptors. Q (A, K-major): this consumer's 64 rows of each panel; k16 step kk is panel kk/4, byte 32*(kk%4)
@@ -421,11 +446,14 @@ __global__ void __launch_bounds__(T::kNumThreads, 1)
       return smem_offset(k_desc0, stage * T::kKVBytes + (kk / 4) * T::kKVPanelBytes + (kk % 4) * 32);
     };
     auto v_desc = [&](int stage, int t) { return smem_offset(v_desc0, stage * T::kKVBytes + t * 16 * T::kRowBytes); };
-    auto issue_s = [&](int stage) {  // S = Q K^T, one commit group
+    // The products and the softmax steps take kKeys, the keys of the block that are computed: kBlockKV, or its
+    // first half (kHalfLast). S's first kKeys / 8 n-tiles are the m64n(kKeys) accumulator.
+    auto issue_s = [&]<int kKeys = T::kBlockKV>(int stage) {  // S = Q K^T, one commit group
       wgmma_fence();
 #pragma unroll
       for (int kk = 0; kk < T::kDSteps; ++kk) {
-        wgmma_ss<Element, T::kBlockKV>(acc_s_flat, q_desc(kk), k_desc(stage, kk), kk > 0);
+        wgmma_ss<Element, kKeys>(*reinterpret_cast<float(*)[kKeys / 2]>(&acc_s[0][0][0]), q_desc(kk),
+                                 k_desc(stage, kk), kk > 0);
       }
       wgmma_commit();
     };
@@ -433,10 +461,10 @@ __global__ void __launch_bounds__(T::kNumThreads, 1)
     const uint32_t sP_addr = smem_u32(smem + T::kPOffset) + consumer * T::kPBytes;
     const uint64_t p_desc0 = smem_descriptor(sP_addr, 16, 1024);
     auto p_desc = [&](int t) { return smem_offset(p_desc0, (t / 4) * T::kPPanelBytes + (t % 4) * 32); };
-    auto issue_pv = [&](int stage) {  // O += P V, one commit group
+    auto issue_pv = [&]<int kKeys = T::kBlockKV>(int stage) {  // O += P V, one commit group
       wgmma_fence();
 #pragma unroll
-      for (int t = 0; t < T::kKVSteps; ++t) {
+      for (int t = 0; t < kKeys / 16; ++t) {
         if constexpr (kPSmem) {
           wgmma_ss_tb<Element, T::kHeadDim>(acc_o_flat, p_desc(t), v_desc(stage, t), 1);
         } else {
@@ -447,29 +475,30 @@ __global__ void __launch_bounds__(T::kNumThreads, 1)
     };
     const float softcap_exp2_scale = p.softcap_scale * 2.0f * 1.4426950408889634f;  // 2 log2(e) * scale / softcap
     // softcap, mask and the running max of S_j; alpha for the O rescale and whether it is needed
-    auto scores_to_max = [&](int j) {
+    auto scores_to_max = [&]<int kKeys = T::kBlockKV>(int j) {
       if constexpr (kHasSoftcap) {  // S = softcap * tanh(S * scale / softcap); the softmax then runs with scale 1
 #pragma unroll
-        for (int n = 0; n < T::kSTiles; ++n)
+        for (int n = 0; n < kKeys / 8; ++n)
 #pragma unroll
           for (int e = 0; e < 4; ++e) acc_s[0][n][e] = softcap_score(acc_s[0][n][e], p.softcap, softcap_exp2_scale);
       }
       if constexpr (kMaskBlocks) {
-        mask_key_block<T::kBlockKV>(acc_s, j * T::kBlockKV, row0, q_rows_valid, warp_row0, lane, lo_off, hi_off,
-                                    len.kv_len);
+        mask_key_block<kKeys>(*reinterpret_cast<float(*)[1][kKeys / 8][4]>(&acc_s[0][0][0]), j * T::kBlockKV, row0,
+                              q_rows_valid, warp_row0, lane, lo_off, hi_off, len.kv_len);
       }
-      return softmax.update_max(acc_s, p.scale_log2, max_growth, alpha);
+      return softmax.template update_max<kKeys / 8>(acc_s, p.scale_log2, max_growth, alpha);
     };
-    auto exponentiate_in_turn = [&] {  // P = exp2(...) in place, inside the exponentials' turn (kExpTurns)
+    auto exponentiate_in_turn = [&]<int kKeys = T::kBlockKV>() {  // P = exp2(...) in place, inside the exponentials' turn (kExpTurns)
+      auto& s_flat = *reinterpret_cast<float(*)[kKeys / 2]>(&acc_s[0][0][0]);
       wait_exp_turn();
-      if constexpr (kExpTurns) fence_registers(acc_s_flat);
-      softmax.exponentiate(acc_s, p.scale_log2);
-      if constexpr (kExpTurns) fence_registers(acc_s_flat);
+      if constexpr (kExpTurns) fence_registers(s_flat);
+      softmax.template exponentiate<kKeys / 8>(acc_s, p.scale_log2);
+      if constexpr (kExpTurns) fence_registers(s_flat);
       pass_exp_turn();
     };
-    auto scores_to_probabilities = [&](int j) {  // scores_to_max, then P
-      const bool rescale = scores_to_max(j);
-      exponentiate_in_turn();
+    auto scores_to_probabilities = [&]<int kKeys = T::kBlockKV>(int j) {  // scores_to_max, then P
+      const bool rescale = scores_to_max.template operator()<kKeys>(j);
+      exponentiate_in_turn.template operator()<kKeys>();
       return rescale;
     };
     // stmatrix addresses (kPSmem): lane l gives row l%8 of 8x8 matrix l/8 of each k16 step t, i.e. row
@@ -488,9 +517,9 @@ __global__ void __launch_bounds__(T::kNumThreads, 1)
       a[2] = sm80::pack2<Element>(acc[0][2 * t + 1][0], acc[0][2 * t + 1][1]);
       a[3] = sm80::pack2<Element>(acc[0][2 * t + 1][2], acc[0][2 * t + 1][3]);
     };
-    auto pack_probabilities = [&] {  // P (fp32) -> A fragments: k16 step t covers S tiles 2t and 2t+1
+    auto pack_probabilities = [&]<int kKeys = T::kBlockKV>() {  // P (fp32) -> A fragments: k16 step t covers S tiles 2t and 2t+1
 #pragma unroll
-      for (int t = 0; t < T::kKVSteps; ++t) {
+      for (int t = 0; t < kKeys / 16; ++t) {
         uint32_t a[4];
         pack_k16(acc_s, t, a);
         if constexpr (kPSmem) {
@@ -512,6 +541,18 @@ __global__ void __launch_bounds__(T::kNumThreads, 1)
     // epilogue releases it once the TMA store has read this consumer's rows).
     auto release_q = [&] {
       if constexpr (!T::kOInQ) mbarrier_arrive(&q_empty[qb]);
+    };
+    // kTrimTail: the key blocks past this consumer's rows (after its math, or before it in kReverse order): no math,
+    // but the consumer waits for and releases their stages and takes their turns.
+    auto skip_blocks = [&] {
+      for (int j = my_end; j < block_end; ++j, ++it) {
+        wait_turn();  // (one turn per key block, with or without overlap)
+        pass_turn();
+        mbarrier_wait(&k_full[stage_of(it)], parity_of(it));  // (an arrival before the fill would count toward
+        mbarrier_arrive(&k_empty[stage_of(it)]);              // the barrier's previous phase)
+        mbarrier_wait(&v_full[stage_of(it)], parity_of(it));
+        mbarrier_arrive(&v_empty[stage_of(it)]);
+      }
     };
     mbarrier_wait(&q_full[qb], q_parity_of(tiles_done));
     ++tiles_done;
@@ -541,68 +582,102 @@ __global__ void __launch_bounds__(T::kNumThreads, 1)
         mbarrier_arrive(&v_empty[stage_of(it)]);
       }
     } else {
-      // Prologue: S_0 and its softmax (O is still zero: no rescale).
-      mbarrier_wait(&k_full[stage_of(it)], parity_of(it));
-      wait_turn();
-      issue_s(stage_of(it));
-      pass_turn();
-      wgmma_wait<0>();
-      fence_registers(acc_s_flat);
-      mbarrier_arrive(&k_empty[stage_of(it)]);
-      if (my_end - block_begin == 1) release_q();  // the tile's last read of Q
-      scores_to_probabilities(block_begin);
-      pack_probabilities();
-      ++it;
-
-      // Steady state (intra-warpgroup overlap): issue S_j = Q K_j^T and O += P_{j-1} V_{j-1} back to back; the
-      // softmax of S_j runs while P_{j-1} V_{j-1} is still on the tensor cores; O is rescaled once it is done.
-      bool kv_ready = false;  // kEarlyTest: K_j and V_{j-1} were seen complete during the last block's softmax
-      for (int j = block_begin + 1; j < my_end; ++j, ++it) {
+      // kReverse: the key blocks come last first (block_end - 1 down to block_begin, the producer's order), so a
+      // consumer's half-width block (kHalfLast) is its first, and the key blocks past its own rows (kTrimTail) come
+      // before its math. (A half-width S = Q K^T in the steady loop, issued beside a full P V, made ptxas serialise
+      // every wgmma of the kernel, C7511; in the prologue it does not.)
+      if constexpr (kTrimTail && kReverse) skip_blocks();
+      // Key blocks in this consumer's order: block first_j first, then each block toward last_j.
+      const int first_j = kReverse ? my_end - 1 : block_begin;
+      const int last_j = kReverse ? block_begin : my_end - 1;
+      constexpr int kDir = kReverse ? -1 : 1;
+      // Prologue: S of the first block and its softmax (O is still zero: no rescale). kKeys: the keys of the block
+      // computed (kBlockKV, or its first half).
+      auto prologue = [&]<int kKeys>() {
+        mbarrier_wait(&k_full[stage_of(it)], parity_of(it));
+        wait_turn();
+        issue_s.template operator()<kKeys>(stage_of(it));
+        pass_turn();
+        wgmma_wait<0>();
+        fence_registers(*reinterpret_cast<float(*)[kKeys / 2]>(&acc_s[0][0][0]));
+        mbarrier_arrive(&k_empty[stage_of(it)]);
+        if (first_j == last_j) release_q();  // the tile's last read of Q
+        scores_to_probabilities.template operator()<kKeys>(first_j);
+        pack_probabilities.template operator()<kKeys>();
+        ++it;
+      };
+      // Steady state (intra-warpgroup overlap): issue S_j = Q K_j^T and O += P_prev V_prev back to back; the
+      // softmax of S_j runs while P_prev V_prev is still on the tensor cores; O is rescaled once it is done.
+      // kPrevKeys: the keys of the previous block computed.
+      bool kv_ready = false;  // kEarlyTest: K_j and V_prev were seen complete during the last block's softmax
+      auto step = [&]<int kPrevKeys>(int j) {
         if (!kv_ready) {
           mbarrier_wait(&k_full[stage_of(it)], parity_of(it));
           mbarrier_wait(&v_full[stage_of(it - 1)], parity_of(it - 1));
         }
         wait_turn();
         issue_s(stage_of(it));
-        issue_pv(stage_of(it - 1));
+        issue_pv.template operator()<kPrevKeys>(stage_of(it - 1));
         pass_turn();
         wgmma_wait<1>();  // the older group, S_j, is done
         fence_registers(acc_s_flat);
         mbarrier_arrive(&k_empty[stage_of(it)]);
-        if (j == my_end - 1) release_q();  // the tile's last read of Q: its buffer may refill
+        if (j == last_j) release_q();  // the tile's last read of Q: its buffer may refill
         const bool rescale_o = scores_to_max(j);
         if constexpr (kEarlyTest) {
           kv_ready = mbarrier_test(&k_full[stage_of(it + 1)], parity_of(it + 1)) &&
                      mbarrier_test(&v_full[stage_of(it)], parity_of(it));
         }
         exponentiate_in_turn();
-        wgmma_wait<0>();  // P_{j-1} V_{j-1} is done: O and the P fragments may change
+        wgmma_wait<0>();  // P_prev V_prev is done: O and the P fragments may change
         fence_registers(acc_o_flat);
         fence_p();
         mbarrier_arrive(&v_empty[stage_of(it - 1)]);
         if (rescale_o) decltype(softmax)::rescale(acc_o, alpha);
         pack_probabilities();
-      }
-      // Drain: O += P_last V_last.
-      mbarrier_wait(&v_full[stage_of(it - 1)], parity_of(it - 1));
-      wait_turn();
-      issue_pv(stage_of(it - 1));
-      pass_turn();
-      wgmma_wait<0>();
-      fence_registers(acc_o_flat);
-      fence_p();
-      mbarrier_arrive(&v_empty[stage_of(it - 1)]);
-    }  // kOverlap
-    if constexpr (kTrimTail) {
-      for (int j = my_end; j < block_end; ++j, ++it) {  // the key blocks past this consumer's rows: no math
-        wait_turn();  // (one turn per key block, with or without overlap)
+        ++it;
+      };
+      // Drain: O += P_last V_last (kKeys: the keys of the last block computed).
+      auto drain = [&]<int kKeys>() {
+        mbarrier_wait(&v_full[stage_of(it - 1)], parity_of(it - 1));
+        wait_turn();
+        issue_pv.template operator()<kKeys>(stage_of(it - 1));
         pass_turn();
-        mbarrier_wait(&k_full[stage_of(it)], parity_of(it));  // (an arrival before the fill would count toward
-        mbarrier_arrive(&k_empty[stage_of(it)]);              // the barrier's previous phase)
-        mbarrier_wait(&v_full[stage_of(it)], parity_of(it));
-        mbarrier_arrive(&v_empty[stage_of(it)]);
+        wgmma_wait<0>();
+        fence_registers(acc_o_flat);
+        fence_p();
+        mbarrier_arrive(&v_empty[stage_of(it - 1)]);
+      };
+      // The key loop whose first block computes kFirstKeys keys. (Each path issues and waits for all of its
+      // products itself: wgmma issued in one branch and waited for after the paths join is serialised by ptxas.)
+      auto in_range = [&](int j) { return kReverse ? j >= last_j : j <= last_j; };
+      auto key_loop = [&]<int kFirstKeys>() {
+        prologue.template operator()<kFirstKeys>();
+        if constexpr (kFirstKeys == T::kBlockKV) {
+          for (int j = first_j + kDir; in_range(j); j += kDir) step.template operator()<T::kBlockKV>(j);
+          drain.template operator()<T::kBlockKV>();
+        } else {
+          if (first_j == last_j) {
+            drain.template operator()<kFirstKeys>();
+            return;
+          }
+          step.template operator()<kFirstKeys>(first_j + kDir);
+          for (int j = first_j + 2 * kDir; in_range(j); j += kDir) step.template operator()<T::kBlockKV>(j);
+          drain.template operator()<T::kBlockKV>();
+        }
+      };
+      if constexpr (kHalfLast) {
+        if (half_last) {
+          key_loop.template operator()<T::kBlockKV / 2>();
+        } else {
+          key_loop.template operator()<T::kBlockKV>();
+        }
+      } else {
+        key_loop.template operator()<T::kBlockKV>();
       }
-    }
+      if constexpr (kTrimTail && !kReverse) skip_blocks();
+    }  // kOverlap
+    if constexpr (kTrimTail && !T::kOverlap) skip_blocks();
 
     // ---- epilogue: O / l (zeros for rows past q_rows_valid) and lse -------------------------------------------
     reload_tile();

@@ -45,13 +45,18 @@ struct SplitSoftmax {
   // m, so its entries are <= 2^8 (exact enough in bf16 / fp16: the relative rounding is the same), the row sums and
   // O stay in fp32, and the O rescale (D / 2 FMUL per thread) and the alpha exponentials are skipped: after the
   // first key blocks the maximum of a row rarely grows that much. Needs scale_log2 > 0 (csrc/common/params.h).
+  // kTiles: the n-tiles that hold this key block's scores (fewer than kSTiles when only the block's first keys were
+  // computed: the kernel's half-width last key block); the others are ignored.
+  template <int kTiles = kSTiles>
   __device__ __forceinline__ bool update_max(const float (&acc_s)[1][kSTiles][4], float scale_log2, float max_growth,
                                              float (&alpha)[2]) {
+    static_assert(kTiles <= kSTiles);
+    const auto& tiles = *reinterpret_cast<const float(*)[kTiles][4]>(&acc_s[0][0][0]);
     float m_new[2];
     bool grows = false;
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
-      m_new[h] = fmaxf(row_max[h], sm80::quad_max(sm80::row_half_max<kSTiles, kChains>(acc_s[0], h)));
+      m_new[h] = fmaxf(row_max[h], sm80::quad_max(sm80::row_half_max<kTiles, kChains>(tiles, h)));
       // true for a row's first finite maximum (-inf + max_growth is -inf); false while every score is masked
       grows |= !(m_new[h] <= row_max[h] + max_growth);
     }
@@ -68,12 +73,14 @@ struct SplitSoftmax {
     return rescale;
   }
 
+  template <int kTiles = kSTiles>  // (as in update_max)
   __device__ __forceinline__ void exponentiate(float (&acc_s)[1][kSTiles][4], float scale_log2) {
+    static_assert(kTiles <= kSTiles);
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
       const float m_scaled = (row_max[h] == -INFINITY ? 0.0f : row_max[h]) * scale_log2;
 #pragma unroll
-      for (int n = 0; n < kSTiles; ++n) {
+      for (int n = 0; n < kTiles; ++n) {
 #pragma unroll
         for (int e = 2 * h; e < 2 * h + 2; ++e) {
 #ifdef JAX_FLASH_AB_EXP_EMU  // every JAX_FLASH_AB_EXP_EMU-th n-tile's exponentials on the FMA pipe
@@ -85,7 +92,7 @@ struct SplitSoftmax {
           acc_s[0][n][e] = sm80::exp2_approx(fmaf(acc_s[0][n][e], scale_log2, -m_scaled));
         }
       }
-      row_sum[h] += sm80::row_half_sum<kSTiles, kChains>(acc_s[0], h);
+      row_sum[h] += sm80::row_half_sum<kTiles, kChains>(*reinterpret_cast<const float(*)[kTiles][4]>(&acc_s[0][0][0]), h);
     }
   }
 

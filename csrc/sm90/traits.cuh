@@ -47,6 +47,14 @@ struct Traits {
   // the edge of spilling). Session 12: with three consumers (192-row tiles over 128-key blocks) too, where causal
   // D = 64 1024 / 2048 keys measured 314 / 393 TFLOP/s with it against 295 / 387 without (docs/NOTES.md).
   static constexpr bool kTrimConsumerTail = kHeadDim == 256 || kConsumers == 3;
+  // Session 13: in masked kernels a consumer whose rows see only the first half of its last key block computes that
+  // block at half width (kernel.cuh, kHalfLast; the key blocks then run last first): S = Q K^T as m64n64, P V over 4
+  // k16 steps, the softmax over half the scores. With 192-row tiles over 128-key blocks that is every other
+  // consumer's last block on the causal diagonal: causal D = 64 512 / 1024 / 2048 keys measured 250 / 324 / 408
+  // TFLOP/s with it against 238 / 316 / 402 (two consumers at 512 / 1024, docs/NOTES.md). With two consumers
+  // (consumer 0's diagonal block in every 128 x 128 tile) it measured -1 to +1.5% timed and +2 to +5% time in Nsight
+  // Compute at D = 128: off. 128-key blocks only (80 / 192 have no wgmma of half their N).
+  static constexpr bool kHalfLastBlock = kBlockKV == 128 && kConsumers == 3;
   // P (the softmax's probabilities, the A operand of O += P V) from registers (wgmma RS), with three consumers too
   // since session 12: at 160 registers each (producer 32) S + O + P (64 + 32 + 32 at D = 64, 128 keys) fit once the
   // tile's facts stay in shared memory (kHoldTileSlot) and the producer numbers tiles in 32 bits (kTileIndex32).
