@@ -489,7 +489,7 @@ __global__ void __launch_bounds__(T::kNumThreads, 1)
       return softmax.template update_max<kKeys / 8>(acc_s, p.scale_log2, max_growth, alpha);
     };
     auto exponentiate_in_turn = [&]<int kKeys = T::kBlockKV>() {  // P = exp2(...) in place, inside the exponentials' turn (kExpTurns)
-      auto& s_flat = *reinterpret_cast<float(*)[kKeys / 2]>(&acc_s[0][0][0]);
+      [[maybe_unused]] auto& s_flat = *reinterpret_cast<float(*)[kKeys / 2]>(&acc_s[0][0][0]);
       wait_exp_turn();
       if constexpr (kExpTurns) fence_registers(s_flat);
       softmax.template exponentiate<kKeys / 8>(acc_s, p.scale_log2);
