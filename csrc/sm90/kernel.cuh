@@ -11,6 +11,8 @@
 //     block's P V is issued together with this block's Q K^T, so the softmax overlaps it (intra-warpgroup overlap),
 //     and with pingpong the two consumers take turns on the tensor cores. Without overlap (T::kOverlap false, a
 //     measured alternative) each product is waited for at once and the turns cover the exponentials instead.
+// Masked three-consumer kernels walk a tile's key blocks last first (kReverse), so a consumer whose rows see only
+// the first half of its last block computes that block, its first, at half width (kHalfLast).
 // The epilogue writes O through a shared-memory buffer of its own: stmatrix, then one TMA store per 64-column panel
 // (T::kTmaStore; 16-byte coalesced stores from every thread otherwise).
 #pragma once
