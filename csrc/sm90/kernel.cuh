@@ -654,19 +654,19 @@ __global__ void __launch_bounds__(T::kNumThreads, 1)
       // products itself: wgmma issued in one branch and waited for after the paths join is serialised by ptxas.)
       auto in_range = [&](int j) { return kReverse ? j >= last_j : j <= last_j; };
       auto key_loop = [&]<int kFirstKeys>() {
+        constexpr bool kHalfFirst = kFirstKeys < T::kBlockKV;
         prologue.template operator()<kFirstKeys>();
-        if constexpr (kFirstKeys == T::kBlockKV) {
-          for (int j = first_j + kDir; in_range(j); j += kDir) step.template operator()<T::kBlockKV>(j);
-          drain.template operator()<T::kBlockKV>();
-        } else {
+        if constexpr (kHalfFirst) {  // the next step's P V is the half-width one (or the drain's, if none)
           if (first_j == last_j) {
             drain.template operator()<kFirstKeys>();
             return;
           }
           step.template operator()<kFirstKeys>(first_j + kDir);
-          for (int j = first_j + 2 * kDir; in_range(j); j += kDir) step.template operator()<T::kBlockKV>(j);
-          drain.template operator()<T::kBlockKV>();
         }
+        for (int j = first_j + (kHalfFirst ? 2 : 1) * kDir; in_range(j); j += kDir) {
+          step.template operator()<T::kBlockKV>(j);
+        }
+        drain.template operator()<T::kBlockKV>();
       };
       if constexpr (kHalfLast) {
         if (half_last) {

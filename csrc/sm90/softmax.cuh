@@ -47,11 +47,15 @@ struct SplitSoftmax {
   // first key blocks the maximum of a row rarely grows that much. Needs scale_log2 > 0 (csrc/common/params.h).
   // kTiles: the n-tiles that hold this key block's scores (fewer than kSTiles when only the block's first keys were
   // computed: the kernel's half-width last key block); the others are ignored.
+  template <int kTiles>
+  __device__ __forceinline__ static const auto& first_tiles(const float (&acc_s)[1][kSTiles][4]) {
+    static_assert(kTiles <= kSTiles);
+    return *reinterpret_cast<const float(*)[kTiles][4]>(&acc_s[0][0][0]);
+  }
   template <int kTiles = kSTiles>
   __device__ __forceinline__ bool update_max(const float (&acc_s)[1][kSTiles][4], float scale_log2, float max_growth,
                                              float (&alpha)[2]) {
-    static_assert(kTiles <= kSTiles);
-    const auto& tiles = *reinterpret_cast<const float(*)[kTiles][4]>(&acc_s[0][0][0]);
+    const auto& tiles = first_tiles<kTiles>(acc_s);
     float m_new[2];
     bool grows = false;
 #pragma unroll
@@ -92,7 +96,7 @@ struct SplitSoftmax {
           acc_s[0][n][e] = sm80::exp2_approx(fmaf(acc_s[0][n][e], scale_log2, -m_scaled));
         }
       }
-      row_sum[h] += sm80::row_half_sum<kTiles, kChains>(*reinterpret_cast<const float(*)[kTiles][4]>(&acc_s[0][0][0]), h);
+      row_sum[h] += sm80::row_half_sum<kTiles, kChains>(first_tiles<kTiles>(acc_s), h);
     }
   }
 
