@@ -490,7 +490,8 @@ __global__ void __launch_bounds__(T::kNumThreads, 1)
       }
       return softmax.template update_max<kKeys / 8>(acc_s, p.scale_log2, max_growth, alpha);
     };
-    auto exponentiate_in_turn = [&]<int kKeys = T::kBlockKV>() {  // P = exp2(...) in place, inside the exponentials' turn (kExpTurns)
+    // P = exp2(...) in place, inside the exponentials' turn (kExpTurns)
+    auto exponentiate_in_turn = [&]<int kKeys = T::kBlockKV>() {
       [[maybe_unused]] auto& s_flat = *reinterpret_cast<float(*)[kKeys / 2]>(&acc_s[0][0][0]);
       wait_exp_turn();
       if constexpr (kExpTurns) fence_registers(s_flat);
@@ -519,7 +520,8 @@ __global__ void __launch_bounds__(T::kNumThreads, 1)
       a[2] = sm80::pack2<Element>(acc[0][2 * t + 1][0], acc[0][2 * t + 1][1]);
       a[3] = sm80::pack2<Element>(acc[0][2 * t + 1][2], acc[0][2 * t + 1][3]);
     };
-    auto pack_probabilities = [&]<int kKeys = T::kBlockKV>() {  // P (fp32) -> A fragments: k16 step t covers S tiles 2t and 2t+1
+    // P (fp32) -> A fragments: k16 step t covers S tiles 2t and 2t+1
+    auto pack_probabilities = [&]<int kKeys = T::kBlockKV>() {
 #pragma unroll
       for (int t = 0; t < kKeys / 16; ++t) {
         uint32_t a[4];
