@@ -58,6 +58,13 @@ namespace {
 #ifndef JAX_FLASH_AB_D128_CAUSAL_PINGPONG
 #define JAX_FLASH_AB_D128_CAUSAL_PINGPONG false
 #endif
+// ... and its key block and K/V stages (session 14: 64-key blocks for short causal)
+#ifndef JAX_FLASH_AB_D128_CAUSAL_BLOCK_KV
+#define JAX_FLASH_AB_D128_CAUSAL_BLOCK_KV 128
+#endif
+#ifndef JAX_FLASH_AB_D128_CAUSAL_STAGES
+#define JAX_FLASH_AB_D128_CAUSAL_STAGES 2
+#endif
 // ... and head dim 256's key block and pingpong (non-causal; causal runs without, like head dim 128)
 #ifndef JAX_FLASH_AB_D256_BLOCK_KV
 #define JAX_FLASH_AB_D256_BLOCK_KV 80
@@ -65,14 +72,14 @@ namespace {
 #ifndef JAX_FLASH_AB_D256_PINGPONG
 #define JAX_FLASH_AB_D256_PINGPONG true
 #endif
-constexpr KernelKey key_for(int head_dim, int block_kv = 128, bool pingpong = true, int consumers = 2) {
+constexpr KernelKey key_for(int head_dim, int block_kv = 128, bool pingpong = true, int consumers = 2, int stages = 0) {
   // The shipped configs (jax_flash/defaults.py, SM90_BY_SHAPE): 2 stages, 2 consumers (q128), overlap; D = 128
   // causal without pingpong; D = 64 with 3 consumers (q192), causal from 2048 keys (below, 2 consumers).
   return KernelKey{.dtype = static_cast<int>(DType::kBFloat16), .head_dim = head_dim, .block_q = 64 * consumers,
                    .block_kv = block_kv, .num_warps = 4 * (consumers + 1), .async_copy = true, .eager_load_blocks = true,
                    .swizzled = true, .q_mma_load_k_fragments = 2, .k_mma_load_k_fragments = 1,
                    .v_mma_load_k_fragments = 1, .mma_double_buffer_loads = true, .optimized_softmax = true,
-                   .family = 90, .stages = head_dim == 64 ? JAX_FLASH_AB_STAGES_D64 : 2, .consumer_warpgroups = consumers,
+                   .family = 90, .stages = stages != 0 ? stages : head_dim == 64 ? JAX_FLASH_AB_STAGES_D64 : 2, .consumer_warpgroups = consumers,
                    .pingpong = pingpong, .overlap = true};
 }
 
@@ -136,6 +143,7 @@ int consumers_of(const Shape& sh) {
 int block_kv_of(const Shape& sh) {
   if (sh.head_dim == 256) return JAX_FLASH_AB_D256_BLOCK_KV;
   if (sh.head_dim == 128 && JAX_FLASH_AB_D128_3C_BLOCK_KV != 0) return JAX_FLASH_AB_D128_3C_BLOCK_KV;
+  if (sh.head_dim == 128 && sh.causal) return JAX_FLASH_AB_D128_CAUSAL_BLOCK_KV;
   if (sh.head_dim == 64 && consumers_of(sh) == 3) return 128;
   return sh.head_dim == 64 && JAX_FLASH_AB_D64_BLOCK_KV != 0 ? JAX_FLASH_AB_D64_BLOCK_KV : sh.block_kv;
 }
@@ -163,7 +171,8 @@ std::string run_shape(const Shape& sh, const Problem& pr, cudaStream_t stream) {
                ? sm90::run_attention_sm90<key_for(128, kv, JAX_FLASH_AB_D128_CAUSAL_PINGPONG, 3)>(pr.params(), stream)
                : sm90::run_attention_sm90<key_for(128, kv, true, 3)>(pr.params(), stream);
   }
-  constexpr KernelKey kCausal128 = key_for(128, 128, JAX_FLASH_AB_D128_CAUSAL_PINGPONG);
+  constexpr KernelKey kCausal128 = key_for(128, JAX_FLASH_AB_D128_CAUSAL_BLOCK_KV, JAX_FLASH_AB_D128_CAUSAL_PINGPONG, 2,
+                                           JAX_FLASH_AB_D128_CAUSAL_STAGES);
   return sh.causal ? sm90::run_attention_sm90<kCausal128>(pr.params(), stream)
                    : sm90::run_attention_sm90<key_for(128)>(pr.params(), stream);
 }
