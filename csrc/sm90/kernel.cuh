@@ -192,6 +192,13 @@ __global__ void __launch_bounds__(T::kNumThreads, 1)
 #endif
   // ... which needs the key blocks last first (kernel.cuh, the overlapped key loop; the producer loads them so)
   constexpr bool kReverse = kHalfLast;
+  // The producer loads K of the next key block before V of this one (traits.cuh, kKAhead); JAX_FLASH_AB_K_AHEAD
+  // overrides it in A/B builds (0 off, 1 every config).
+#ifdef JAX_FLASH_AB_K_AHEAD
+  constexpr bool kKAhead = JAX_FLASH_AB_K_AHEAD != 0;
+#else
+  constexpr bool kKAhead = T::kKAhead;
+#endif
   // (the exponentials' ring counts one turn per computed key block: a consumer that skips blocks would leave the
   // other waiting; seen as a hang in an A/B build that trimmed at head dim 64, docs/NOTES.md session 10)
   static_assert(!(kTrimTail && kExpTurns), "a consumer's own last key block and the exponentials' ring exclude each other");
@@ -249,22 +256,37 @@ __global__ void __launch_bounds__(T::kNumThreads, 1)
         // (kReverse: last key block first, the consumers' order)
         const int j_first = kReverse ? w.block_end - 1 : w.block_begin;
         const int j_step = kReverse ? -1 : 1;
-        for (int j = j_first; kReverse ? j >= w.block_begin : j < w.block_end; j += j_step, ++it) {
-          const int stage = stage_of(it);
-          const uint32_t parity = parity_of(it);
-          mbarrier_wait(&k_empty[stage], parity ^ 1);  // the consumers are done with this stage's last K
+        auto in_tile = [&](int j) { return kReverse ? j >= w.block_begin : j < w.block_end; };
+        auto load_k = [&](int j, int step) {  // key block j into the stage of pipeline step `step`
+          const int stage = stage_of(step);
+          mbarrier_wait(&k_empty[stage], parity_of(step) ^ 1);  // the consumers are done with this stage's last K
           mbarrier_arrive_expect_tx(&k_full[stage], T::kKVBytes);
 #pragma unroll
           for (int panel = 0; panel < T::kPanels; ++panel) {
             tma_load_4d(sK(stage) + panel * T::kKVPanelBytes, &tma_k, &k_full[stage], panel * 64, j * T::kBlockKV,
                         w.kv_head, w.batch);
           }
-          mbarrier_wait(&v_empty[stage], parity ^ 1);  // ... and with its last V
+        };
+        auto load_v = [&](int j, int step) {
+          const int stage = stage_of(step);
+          mbarrier_wait(&v_empty[stage], parity_of(step) ^ 1);  // ... and with its last V
           mbarrier_arrive_expect_tx(&v_full[stage], T::kKVBytes);
 #pragma unroll
           for (int panel = 0; panel < T::kPanels; ++panel) {
             tma_load_4d(sV(stage) + panel * T::kKVPanelBytes, &tma_v, &v_full[stage], panel * 64, j * T::kBlockKV,
                         w.kv_head, w.batch);
+          }
+        };
+        if constexpr (kKAhead) {  // K_first, then per block j: K_{j+1} (if any), V_j
+          load_k(j_first, it);
+          for (int j = j_first; in_tile(j); j += j_step, ++it) {
+            if (in_tile(j + j_step)) load_k(j + j_step, it + 1);
+            load_v(j, it);
+          }
+        } else {  // per block j: K_j, V_j
+          for (int j = j_first; kReverse ? j >= w.block_begin : j < w.block_end; j += j_step, ++it) {
+            load_k(j, it);
+            load_v(j, it);
           }
         }
       }

@@ -55,6 +55,12 @@ struct Traits {
   // (consumer 0's diagonal block in every 128 x 128 tile) it measured -1 to +1.5% timed and +2 to +5% time in Nsight
   // Compute at D = 128: off. 128-key blocks only (80 / 192 have no wgmma of half their N).
   static constexpr bool kHalfLastBlock = kBlockKV == 128 && kConsumers == 3;
+  // Session 14: the producer issues K of key block j + 1 before V of block j (kernel.cuh, kKAhead). K's stage frees
+  // when S = Q K^T is done, V's only after P V, a softmax later; in one thread's in-order loads the next K waited
+  // behind that V. Head dim 256 (two stages of 80-key blocks, 40 KB per K or V): causal 512 / 1024 / 2048 / 4096 keys
+  // +2.4 / +0-2.6 / +3.1-3.7 / +3.1-3.9% timed in two A/B runs, non-causal unchanged; head dims 64 and 128 moved
+  // by -1.5 to +2% (within the runs' noise), so they keep the plain order (docs/NOTES.md, session 14).
+  static constexpr bool kKAhead = kHeadDim == 256;
   // P (the softmax's probabilities, the A operand of O += P V) from registers (wgmma RS), with three consumers too
   // since session 12: at 160 registers each (producer 32) S + O + P (64 + 32 + 32 at D = 64, 128 keys) fit once the
   // tile's facts stay in shared memory (kHoldTileSlot) and the producer numbers tiles in 32 bits (kTileIndex32).
