@@ -59,7 +59,7 @@ struct Traits {
   // when S = Q K^T is done, V's only after P V, a softmax later; in one thread's in-order loads the next K waited
   // behind that V. Head dim 256 (two stages of 80-key blocks, 40 KB per K or V): causal 512 / 1024 / 2048 / 4096 keys
   // +2.4 / +0-2.6 / +3.1-3.7 / +3.1-3.9% timed in two A/B runs, non-causal unchanged; head dims 64 and 128 moved
-  // by -1.5 to +2% (within the runs' noise), so they keep the plain order (docs/NOTES.md, session 14).
+  // by -2.7 to +2.6% (within the runs' noise), so they keep the plain order (docs/NOTES.md, session 14).
   static constexpr bool kKAhead = kHeadDim == 256;
   // P (the softmax's probabilities, the A operand of O += P V) from registers (wgmma RS), with three consumers too
   // since session 12: at 160 registers each (producer 32) S + O + P (64 + 32 + 32 at D = 64, 128 keys) fit once the
