@@ -283,7 +283,7 @@ __global__ void __launch_bounds__(T::kNumThreads, 1)
             if (in_tile(j + j_step)) load_k(j + j_step, it + 1);
             load_v(j, it);
           }
-        } else {  // per block j: K_j, V_j
+        } else {  // per block j: K_j, V_j (the test written out keeps these kernels' PTX as before session 14)
           for (int j = j_first; kReverse ? j >= w.block_begin : j < w.block_end; j += j_step, ++it) {
             load_k(j, it);
             load_v(j, it);
