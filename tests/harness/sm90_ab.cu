@@ -79,8 +79,8 @@ constexpr KernelKey key_for(int head_dim, int block_kv = 128, bool pingpong = tr
                    .block_kv = block_kv, .num_warps = 4 * (consumers + 1), .async_copy = true, .eager_load_blocks = true,
                    .swizzled = true, .q_mma_load_k_fragments = 2, .k_mma_load_k_fragments = 1,
                    .v_mma_load_k_fragments = 1, .mma_double_buffer_loads = true, .optimized_softmax = true,
-                   .family = 90, .stages = stages != 0 ? stages : head_dim == 64 ? JAX_FLASH_AB_STAGES_D64 : 2, .consumer_warpgroups = consumers,
-                   .pingpong = pingpong, .overlap = true};
+                   .family = 90, .stages = stages != 0 ? stages : head_dim == 64 ? JAX_FLASH_AB_STAGES_D64 : 2,
+                   .consumer_warpgroups = consumers, .pingpong = pingpong, .overlap = true};
 }
 
 constexpr int kBf16 = static_cast<int>(DType::kBFloat16);
