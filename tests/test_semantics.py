@@ -99,7 +99,9 @@ def test_sm90_back_to_back_launches_agree():
     so blocks take several, and fewer) and masks, interleaved on one stream, must each compute every tile,
     identically every time."""
     gpu = GPU_DEVICES[0]
-    cases = [(2, 2048, 8, 128, True), (1, 256, 2, 64, False), (2, 2048, 8, 128, False), (1, 1000, 3, 256, True)]
+    # (3 x 12 = 36 causal (batch, head) pairs: heaviest-first sections of at most 16 pairs, the last one partial)
+    cases = [(2, 2048, 8, 128, True), (1, 256, 2, 64, False), (2, 2048, 8, 128, False), (1, 1000, 3, 256, True),
+             (3, 640, 12, 128, True)]
     inputs = [random_qkv(7 + i, b, s, s, h, h, d, jnp.bfloat16, gpu) for i, (b, s, h, d, _) in enumerate(cases)]
     fns = [jax.jit(lambda q, k, v, c=c: jax_flash.attention(q, k, v, causal=c[4])) for c in cases]
     first = [np.asarray(f(*x).astype(jnp.float32)) for f, x in zip(fns, inputs)]
