@@ -57,7 +57,7 @@ struct AttentionParams {
   // launch (thread blocks draw their next tile from it with atomicAdd); nullptr = a static stride of the grid.
   unsigned long long* tile_counter;
   // sm90, right-bounded masks: tiles are ordered heaviest first inside sections of this many (batch, head) pairs
-  // whose K and V fit in half the L2 cache together, at most 16 (set by the launcher, csrc/sm90/launch.cuh).
+  // whose K and V fit in half the L2 cache together, at most 16 from head dim 128 (set by sm90/launch.cuh).
   int section_heads;
 };
 

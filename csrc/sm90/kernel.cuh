@@ -34,9 +34,9 @@ namespace jax_flash::sm90 {
 // One tile = one (batch, query head, block of kBlockQ query rows). Tile t -> (batch, head, query block):
 //  - no right bound (every tile costs the same): query blocks innermost, so the tiles in flight share K/V in L2;
 //  - a right bound (causal; a tile costs up to its last row's keys): the (batch, head) pairs are cut into sections of
-//    p.section_heads (at most 16, launch.cuh) whose K and V fit in L2 together, and inside a section the tiles go
-//    query block by query block, the last (heaviest) first, over all its heads: heavy tiles are handed out first and
-//    light ones fill the tail (longest-processing-time first), while K/V stay in L2.
+//    p.section_heads (at most 16 at head dims 128 / 256, launch.cuh) whose K and V fit in L2 together, and inside
+//    a section the tiles go query block by query block, the last (heaviest) first, over all its heads: heavy tiles
+//    are handed out first and light ones fill the tail (longest-processing-time first), while K/V stay in L2.
 struct TileWork {
   int batch, head, kv_head, row0;
   int q_rows;        // rows of this tile inside the tensor (the rest of the block is past seqlen_q)

@@ -43,12 +43,14 @@ std::string launch_sm90(AttentionParams p, const CUtensorMap& map_q, const CUten
     return cuda_failure("cudaDeviceGetAttribute(L2CacheSize)", err);
   }
   // (batch, head) pairs per heaviest-first section: their K and V together fill at most half the L2 (+ 1 byte keeps
-  // seqlen_k = 0 from dividing by zero), and at most kMaxSectionHeads; at least 1, at most all pairs. The cap: a
-  // section's first tiles are its heaviest, one per pair, and each fetches all of its pair's K and V from DRAM, so a
-  // wide section asks for them all at once (H200, D = 128, 512 keys: 96 pairs, 25 MB). With 16 pairs the fetches
-  // spread over the section's tiles: causal D = 128 +2-5% at 512-2048 keys in three A/B runs, D = 64 / 256 0 to +2%
-  // (docs/NOTES.md, session 15); from 4096 keys at D = 128 the L2 bound is the smaller one.
-  constexpr int64_t kMaxSectionHeads = 16;
+  // seqlen_k = 0 from dividing by zero), and at head dims 128 / 256 at most kMaxSectionHeads; at least 1, at most
+  // all pairs. The cap: a section's first tiles are its heaviest, one per pair, and each fetches all of its pair's K
+  // and V from DRAM, so a wide section asks for them all at once (H200, D = 128, 512 keys: 96 pairs, 25 MB). With 16
+  // pairs the fetches spread over the section's tiles: causal D = 128 +2-5% at 512-2048 keys in three A/B runs,
+  // D = 256 0 to +2%; from 4096 keys at D = 128 the L2 bound is the smaller one. Not at head dim 64: its causal
+  // config (three consumers, key blocks last first) lost 17% at 512 keys with it in the benchmark (docs/NOTES.md,
+  // session 15).
+  constexpr int64_t kMaxSectionHeads = T::kHeadDim >= 128 ? 16 : INT64_MAX;
   const int64_t kv_bytes_per_head = 2 * int64_t{p.seqlen_k} * p.head_dim * 2 + 1;
   const int64_t batch_heads = int64_t{p.batch} * p.heads_q;
   const int64_t section =
