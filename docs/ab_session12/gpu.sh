@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# Session 12 GPU calls: package build + SASS report, then any of: the kernel harness under compute-sanitizer
-# (HARNESS=1), GPU tests (TEST_EXPR), the benchmark (BENCH_DTYPES, BENCH_HEAD_DIMS). Full logs go to /tmp/o; what
+# Session 12 GPU calls (session 15 added BENCH_CAUSAL=on|off|both, default both): package build + SASS report, then
+# any of: the kernel harness under compute-sanitizer (HARNESS=1), GPU tests (TEST_EXPR), the benchmark
+# (BENCH_DTYPES, BENCH_HEAD_DIMS). Full logs go to /tmp/o; what
 # comes back ($OUT, at most 8 files): sass.txt, harness.log (the harness's and each tool's summary lines and any
 # FAIL), pytest.log (failures and the summary), bench_<dtype>.json and the benchmark tables (bench.log).
 set -uo pipefail
@@ -25,7 +26,7 @@ if [ -n "${TEST_EXPR:-}" ]; then
   grep -E "^(FAILED|ERROR)" /tmp/o/pytest.log | head -30 >> "$OUT/pytest.log"; tail -2 /tmp/o/pytest.log | tee -a "$OUT/pytest.log"
 fi
 for dt in ${BENCH_DTYPES:-}; do
-  timeout ${BENCH_TIMEOUT:-230} python3 -m jax_flash.benchmark --dtypes $dt --head-dims ${BENCH_HEAD_DIMS:-64,128} --causal both \
+  timeout ${BENCH_TIMEOUT:-230} python3 -m jax_flash.benchmark --dtypes $dt --head-dims ${BENCH_HEAD_DIMS:-64,128} --causal ${BENCH_CAUSAL:-both} \
     --json "$OUT/bench_$dt.json" > /tmp/o/bench_$dt.log 2>&1
   echo "benchmark $dt: exit $?" >> "$OUT/bench.log"
   sed -n '/^TFLOP/,$p' /tmp/o/bench_$dt.log >> "$OUT/bench.log"

@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
-# Session 9 A/B on the GPU machine: harness binaries (tests/harness/sm90_ab.cu) built on the CPU machine and carried
-# in build/ab as sm90_ab_v<name>; each binary's lines are relabelled with its name (a build without
-# -DJAX_FLASH_SM90_VARIANT prints "variant -1"). Correctness check, alternating timed runs, Nsight Compute durations
-# at its locked clock.
+# Session 9 A/B on the GPU machine (session 15 added ROUNDS, timed rounds, default 2; AB_CAUSAL_ONLY=1, the causal
+# shapes only; NCU_SHAPES="", no Nsight Compute shape, unset the default three): harness binaries
+# (tests/harness/sm90_ab.cu) built on the CPU machine and carried in build/ab as sm90_ab_v<name>; each binary's
+# lines are relabelled with its name (a build without -DJAX_FLASH_SM90_VARIANT prints "variant -1"). Correctness
+# check, alternating timed runs, Nsight Compute durations at its locked clock.
 #   NCU_SHAPES="128 512;64 4096" bash docs/ab_session9/run.sh "b s n"
 #   TIME_D=256 bash docs/ab_session9/run.sh "k80 k64"   (TIME_D: time one head dim's shapes only; session 10)
 # (session 12: the timing lines may name the consumer warpgroups, "kv128 wg3")
@@ -13,10 +14,10 @@ NAMES=${1:?names of the binaries}
 NCU=${NCU:-$(command -v ncu || echo /usr/local/cuda/bin/ncu)}
 nvidia-smi --query-gpu=name,driver_version,clocks.max.sm --format=csv,noheader
 for v in $NAMES; do timeout 120 build/ab/sm90_ab_v$v --check 64 512 | sed "s/^variant -\?[0-9]*/$v/" | grep check; done | tee "$OUT/ab_check.txt"
-for round in 1 2; do
+for round in $(seq ${ROUNDS:-2}); do
   for v in $NAMES; do timeout 120 build/ab/sm90_ab_v$v ${TIME_D:-} | sed "s/^variant -\?[0-9]*/$v/"; done
 done > "$OUT/ab_time.txt" 2>&1
-IFS=';' read -ra SHAPES <<< "${NCU_SHAPES:-128 512;128 1024;64 4096}"  # "D S [causal]" entries
+IFS=';' read -ra SHAPES <<< "${NCU_SHAPES-128 512;128 1024;64 4096}"  # "D S [causal]" entries
 for shape in "${SHAPES[@]}"; do
   for v in $NAMES; do
     t=$(timeout 60 "$NCU" -k regex:attention --launch-skip 3 --launch-count 1 --section SpeedOfLight \
