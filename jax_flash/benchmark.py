@@ -3,6 +3,7 @@
     python -m jax_flash.benchmark                        # bf16+fp16, D 64/128, S 512..16384, non-causal
     python -m jax_flash.benchmark --configs progression  # replay the seed's optimisation steps (D=128)
     python -m jax_flash.benchmark --json out.json --plot out.png
+    python -m jax_flash.benchmark --order interleaved    # rounds of one repetition per implementation
 
 Sizes follow ../shared/docs/PERFORMANCE.md: batch * seq = --tokens (16384), heads * head_dim = --hidden (2048).
 FLOPs = 4 * B * H * S * S * D (halved for causal: --causal on|both). On CPU it compares the CPU handler with XLA on
@@ -22,7 +23,7 @@ import jax.numpy as jnp
 
 import jax_flash
 from jax_flash import config as config_module
-from jax_flash.timing import time_loop_ms
+from jax_flash.timing import time_interleaved_ms, time_loop_ms
 
 DTYPES = {"bf16": jnp.bfloat16, "fp16": jnp.float16, "fp32": jnp.float32}
 # the numpy / jax names name the same dtypes
@@ -107,14 +108,25 @@ def run(args) -> list[dict]:
         print(f"[{index}/{len(cases)}] {dtype_name} D={head_dim} S={seq} B={batch} H={heads} causal={causal}",
               file=sys.stderr, flush=True)
         results = {}
-        for name, fn in _implementations(platform, dtype, head_dim, args.configs, causal, args.family).items():
-            if name == "xla" and platform == "gpu" and seq > args.xla_max_seq:
-                continue  # materialises (S, S) scores: too slow and too large at long sequences
-            try:
-                ms = time_loop_ms(fn, q, k, v, iters=args.iters, reps=args.reps, loop=args.loop,
-                                  min_rep_ms=args.min_rep_ms)
-                results[name] = {"ms": ms, "tflops": flops / ms / 1e9}
-            except Exception as error:
+        impls = {name: fn for name, fn in _implementations(platform, dtype, head_dim, args.configs, causal,
+                                                              args.family).items()
+                 # (XLA materialises (S, S) scores: too slow and too large at long sequences)
+                 if not (name == "xla" and platform == "gpu" and seq > args.xla_max_seq)}
+        timing_args = dict(iters=args.iters, reps=args.reps, loop=args.loop, min_rep_ms=args.min_rep_ms)
+        if args.order == "interleaved":
+            times, failures = time_interleaved_ms(impls, q, k, v, **timing_args)
+        else:
+            times, failures = {}, {}
+            for name, fn in impls.items():
+                try:
+                    times[name] = time_loop_ms(fn, q, k, v, **timing_args)
+                except Exception as error:
+                    failures[name] = error
+        for name in impls:
+            if name in times:
+                results[name] = {"ms": times[name], "tflops": flops / times[name] / 1e9}
+            elif name in failures:
+                error = failures[name]
                 print(f"#   {name} failed: {type(error).__name__}: {str(error)[:200]}", file=sys.stderr)
         rows.append({"dtype": dtype_name, "head_dim": head_dim, "seq": seq, "batch": batch, "heads": heads,
                      "causal": causal, "device": device.device_kind, "results": results})
@@ -184,6 +196,9 @@ def main(argv=None) -> int:
                         help="the timed calls inside XLA's while loop or unrolled back to back (jax_flash.timing)")
     parser.add_argument("--min-rep-ms", type=float, default=25.0 if on_gpu else 0.0,
                         help="each repetition repeats the timed loop until it lasts this long (jax_flash.timing)")
+    parser.add_argument("--order", choices=["sequential", "interleaved"], default="sequential",
+                        help="all repetitions of one implementation, then the next (the README tables' method), or "
+                             "rounds of one repetition of each (jax_flash.timing.time_interleaved_ms)")
     parser.add_argument("--xla-max-seq", type=int, default=4096)
     parser.add_argument("--json", help="write the rows as JSON here")
     parser.add_argument("--plot", help="write a PNG of TFLOP/s against sequence length here")
@@ -193,7 +208,7 @@ def main(argv=None) -> int:
         with open(args.json, "w") as f:
             json.dump({"date": str(datetime.date.today()), "jax": jax.__version__,
                        "timing": {"iters": args.iters, "reps": args.reps, "loop": args.loop,
-                                  "min_rep_ms": args.min_rep_ms},
+                                  "min_rep_ms": args.min_rep_ms, "order": args.order},
                        "rows": rows}, f, indent=1)
     if args.plot and rows:
         plot(rows, args.plot)

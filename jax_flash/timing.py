@@ -33,6 +33,25 @@ def calls_per_rep(call_ms: float, min_rep_ms: float, max_calls: int = 1000) -> i
     return max(1, min(max_calls, math.ceil(min_rep_ms / max(call_ms, 1e-6))))
 
 
+class _Repetitions:
+    """One implementation made ready to time: its loop compiled and warmed, the calls per repetition calibrated
+    (calls_per_rep); each sample_ms() is one repetition, in milliseconds per fn call."""
+
+    def __init__(self, fn, q, k, v, *, iters: int, loop: str, min_rep_ms: float):
+        self.chained, self.inputs, self.iters = timed_loop(fn, iters=iters, loop=loop), (q, k, v), iters
+        self.chained(q, k, v).block_until_ready()  # compile + warm-up
+        start = time.perf_counter()
+        self.chained(q, k, v).block_until_ready()
+        self.calls = calls_per_rep((time.perf_counter() - start) * 1e3, min_rep_ms)
+
+    def sample_ms(self) -> float:
+        start = time.perf_counter()
+        for _ in range(self.calls):  # one device stream: the last call's completion implies the earlier ones'
+            out = self.chained(*self.inputs)
+        out.block_until_ready()
+        return (time.perf_counter() - start) / (self.iters * self.calls) * 1e3
+
+
 def time_loop_ms(fn, q, k, v, *, iters: int = 10, reps: int = 5, loop: str = "unrolled",
                  min_rep_ms: float = 0.0) -> float:
     """Median milliseconds of one fn(q, k, v) call (fn must return q's shape and dtype); compiled and warmed first.
@@ -41,19 +60,35 @@ def time_loop_ms(fn, q, k, v, *, iters: int = 10, reps: int = 5, loop: str = "un
     (calibrated on the warm-up), back to back on the device queue with one synchronisation at the end. At 512-1024
     keys one loop of 10 calls lasts 1-3 ms, and the per-repetition synchronisation and clock ramp then moved cuDNN
     by up to 30% between runs on the H200 (docs/NOTES.md, session 5)."""
-    chained = timed_loop(fn, iters=iters, loop=loop)
-    chained(q, k, v).block_until_ready()  # compile + warm-up
-    start = time.perf_counter()
-    chained(q, k, v).block_until_ready()
-    calls = calls_per_rep((time.perf_counter() - start) * 1e3, min_rep_ms)
-    samples = []
-    for _ in range(reps):
-        start = time.perf_counter()
-        for _ in range(calls):  # one device stream: the last call's completion implies the earlier ones'
-            out = chained(q, k, v)
-        out.block_until_ready()
-        samples.append((time.perf_counter() - start) / (iters * calls))
-    return statistics.median(samples) * 1e3
+    timed = _Repetitions(fn, q, k, v, iters=iters, loop=loop, min_rep_ms=min_rep_ms)
+    return statistics.median(timed.sample_ms() for _ in range(reps))
+
+
+def time_interleaved_ms(fns: dict, q, k, v, *, iters: int = 10, reps: int = 5, loop: str = "unrolled",
+                        min_rep_ms: float = 0.0) -> tuple[dict, dict]:
+    """({name: median ms per call}, {name: exception}) for several implementations timed in rounds: each round takes
+    one repetition of every implementation (time_loop_ms's repetition), the first one rotating from round to round,
+    so a drift of the device's clock or temperature during the run reaches all of them alike instead of the ones
+    timed last (one after the other, as time_loop_ms does, a ratio takes whatever changed between them). An
+    implementation that fails to compile or run is reported in the second dict and left out of later rounds."""
+    if loop not in ("while", "unrolled"):
+        raise ValueError(f"loop={loop!r} is not allowed; choose 'while' or 'unrolled'")
+    ready, failures = {}, {}
+    for name, fn in fns.items():
+        try:
+            ready[name] = _Repetitions(fn, q, k, v, iters=iters, loop=loop, min_rep_ms=min_rep_ms)
+        except Exception as error:  # reported to the caller, who names it
+            failures[name] = error
+    samples = {name: [] for name in ready}
+    for round_index in range(reps):
+        names = [name for name in ready if name not in failures]
+        shift = round_index % max(1, len(names))
+        for name in names[shift:] + names[:shift]:
+            try:
+                samples[name].append(ready[name].sample_ms())
+            except Exception as error:
+                failures[name] = error
+    return {name: statistics.median(s) for name, s in samples.items() if name not in failures and s}, failures
 
 
 def time_attention(q, k, v, cfg=None, *, iters: int = 10, reps: int = 5):

@@ -69,6 +69,41 @@ def test_min_rep_ms_repeats_the_loop_within_each_repetition(monkeypatch):
     assert len(invocations) == 2 + 3
 
 
+def test_time_interleaved_ms_rotates_rounds_and_reports_failures(monkeypatch):
+    # Each round takes one repetition of every implementation still standing, the first one rotating; one that
+    # fails to build is reported and never sampled, one that fails in a round is reported and dropped from then on.
+    sampled = []
+
+    class Recorded:
+        def __init__(self, fn, q, k, v, *, iters, loop, min_rep_ms):
+            if fn == "broken":
+                raise RuntimeError("no kernel for this shape")
+            self.name = fn
+
+        def sample_ms(self):
+            sampled.append(self.name)
+            if self.name == "late" and sampled.count("late") == 2:
+                raise RuntimeError("failed in its second repetition")
+            return {"a": 1.0, "b": 2.0 + len(sampled), "late": 3.0}[self.name]
+
+    monkeypatch.setattr(timing, "_Repetitions", Recorded)
+    names = ["a", "b", "broken", "late"]
+    times, failures = timing.time_interleaved_ms({n: n for n in names}, None, None, None, reps=3)
+    assert sampled == ["a", "b", "late", "b", "late", "a", "a", "b"]
+    assert times == {"a": 1.0, "b": 2.0 + 4} and set(failures) == {"broken", "late"}  # b: median of 2+2, 2+4, 2+8
+    assert "no kernel" in str(failures["broken"]) and "second repetition" in str(failures["late"])
+    with pytest.raises(ValueError, match="loop='scan' is not allowed"):
+        timing.time_interleaved_ms({"a": "a"}, None, None, None, loop="scan")
+
+
+def test_time_interleaved_ms_times_real_loops():
+    q, k, v = random_qkv(3, 1, 64, 64, 2, 2, 32, jnp.float32, jax.devices("cpu")[0])
+    times, failures = timing.time_interleaved_ms({"flash": jax_flash.attention, "identity": lambda q, k, v: q},
+                                                 q, k, v, iters=2, reps=3)
+    assert failures == {} and set(times) == {"flash", "identity"}
+    assert all(np.isfinite(ms) and ms > 0 for ms in times.values())
+
+
 def test_time_attention_returns_the_output_and_a_time():
     q, k, v = random_qkv(5, 2, 48, 80, 4, 2, 64, jnp.float32, jax.devices("cpu")[0])
     out, ms = jax_flash.time_attention(q, k, v, iters=2, reps=2)
@@ -76,15 +111,16 @@ def test_time_attention_returns_the_output_and_a_time():
     assert np.isfinite(ms) and ms > 0
 
 
-def test_benchmark_writes_rows_for_every_case(tmp_path, capsys):
+@pytest.mark.parametrize("order", ["sequential", "interleaved"])
+def test_benchmark_writes_rows_for_every_case(tmp_path, capsys, order):
     path = tmp_path / "bench.json"
     dtype = "bf16" if jax.default_backend() == "gpu" else "fp32"  # the default backend's own path
     assert benchmark.main(["--dtypes", dtype, "--head-dims", "64", "--seqs", "64,128", "--tokens", "128",
-                           "--hidden", "128", "--causal", "both", "--iters", "1", "--reps", "1",
-                           "--json", str(path)]) == 0
+                           "--hidden", "128", "--causal", "both", "--iters", "1", "--reps", "2",
+                           "--order", order, "--json", str(path)]) == 0
     written = json.loads(path.read_text())
-    assert written["timing"] == {"iters": 1, "reps": 1, "loop": "unrolled",
-                                 "min_rep_ms": 25.0 if jax.default_backend() == "gpu" else 0.0}
+    assert written["timing"] == {"iters": 1, "reps": 2, "loop": "unrolled",
+                                 "min_rep_ms": 25.0 if jax.default_backend() == "gpu" else 0.0, "order": order}
     rows = written["rows"]
     assert [(r["seq"], r["causal"]) for r in rows] == [(64, False), (128, False), (64, True), (128, True)]
     for r in rows:
