@@ -17,10 +17,14 @@ import jax
 from jax import lax
 
 
-def timed_loop(fn, *, iters: int = 10, loop: str = "unrolled"):
-    """The jitted (q, k, v) -> q' of `iters` chained fn calls that time_loop_ms times."""
+def _check_loop(loop: str) -> None:
     if loop not in ("while", "unrolled"):
         raise ValueError(f"loop={loop!r} is not allowed; choose 'while' or 'unrolled'")
+
+
+def timed_loop(fn, *, iters: int = 10, loop: str = "unrolled"):
+    """The jitted (q, k, v) -> q' of `iters` chained fn calls that time_loop_ms times."""
+    _check_loop(loop)
     unroll = loop == "unrolled"
     return jax.jit(lambda q, k, v: lax.fori_loop(0, iters, lambda _, x: fn(x, k, v), q, unroll=unroll))
 
@@ -71,8 +75,7 @@ def time_interleaved_ms(fns: dict, q, k, v, *, iters: int = 10, reps: int = 5, l
     so a drift of the device's clock or temperature during the run reaches all of them alike instead of the ones
     timed last (one after the other, as time_loop_ms does, a ratio takes whatever changed between them). An
     implementation that fails to compile or run is reported in the second dict and left out of later rounds."""
-    if loop not in ("while", "unrolled"):
-        raise ValueError(f"loop={loop!r} is not allowed; choose 'while' or 'unrolled'")
+    _check_loop(loop)  # (raised, not recorded as every implementation's failure)
     ready, failures = {}, {}
     for name, fn in fns.items():
         try:
