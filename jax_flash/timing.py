@@ -74,7 +74,13 @@ def time_interleaved_ms(fns: dict, q, k, v, *, iters: int = 10, reps: int = 5, l
     one repetition of every implementation (time_loop_ms's repetition), the first one rotating from round to round,
     so a drift of the device's clock or temperature during the run reaches all of them alike instead of the ones
     timed last (one after the other, as time_loop_ms does, a ratio takes whatever changed between them). An
-    implementation that fails to compile or run is reported in the second dict and left out of later rounds."""
+    implementation that fails to compile or run is reported in the second dict and left out of later rounds.
+
+    Each timed repetition follows an untimed one of the same implementation, so every implementation is timed in its
+    own steady state, as in time_loop_ms, and never right after another one. Without it a rotation keeps each
+    implementation's predecessor (the cyclic order does not change), and under a power cap the predecessor decides
+    the clock: on the H200 (700 W cap reached at D = 128) cuDNN timed right after the slower sm80 kernel read 676
+    TFLOP/s at D = 128, 16384 keys, against 603 timed after itself (docs/NOTES.md, session 16)."""
     _check_loop(loop)  # (raised, not recorded as every implementation's failure)
     ready, failures = {}, {}
     for name, fn in fns.items():
@@ -88,6 +94,7 @@ def time_interleaved_ms(fns: dict, q, k, v, *, iters: int = 10, reps: int = 5, l
         shift = round_index % max(1, len(names))
         for name in names[shift:] + names[:shift]:
             try:
+                ready[name].sample_ms()  # untimed: the device settles into this implementation's own load
                 samples[name].append(ready[name].sample_ms())
             except Exception as error:
                 failures[name] = error

@@ -70,8 +70,9 @@ def test_min_rep_ms_repeats_the_loop_within_each_repetition(monkeypatch):
 
 
 def test_time_interleaved_ms_rotates_rounds_and_reports_failures(monkeypatch):
-    # Each round takes one repetition of every implementation still standing, the first one rotating; one that
-    # fails to build is reported and never sampled, one that fails in a round is reported and dropped from then on.
+    # Each round takes one repetition of every implementation still standing, each after an untimed one of the same
+    # implementation, the first one rotating; one that fails to build is reported and never sampled, one that fails
+    # in a round is reported and dropped from then on.
     sampled = []
 
     class Recorded:
@@ -82,16 +83,19 @@ def test_time_interleaved_ms_rotates_rounds_and_reports_failures(monkeypatch):
 
         def sample_ms(self):
             sampled.append(self.name)
-            if self.name == "late" and sampled.count("late") == 2:
-                raise RuntimeError("failed in its second repetition")
+            if self.name == "late" and sampled.count("late") == 4:
+                raise RuntimeError("failed in its second timed repetition")
             return {"a": 1.0, "b": 2.0 + len(sampled), "late": 3.0}[self.name]
 
     monkeypatch.setattr(timing, "_Repetitions", Recorded)
     names = ["a", "b", "broken", "late"]
     times, failures = timing.time_interleaved_ms({n: n for n in names}, None, None, None, reps=3)
-    assert sampled == ["a", "b", "late", "b", "late", "a", "a", "b"]
-    assert times == {"a": 1.0, "b": 2.0 + 4} and set(failures) == {"broken", "late"}  # b: median of 2+2, 2+4, 2+8
-    assert "no kernel" in str(failures["broken"]) and "second repetition" in str(failures["late"])
+    assert sampled == ["a", "a", "b", "b", "late", "late",  # round 0
+                       "b", "b", "late", "late", "a", "a",  # round 1: late fails in its timed repetition
+                       "a", "a", "b", "b"]  # round 2
+    # b: the median of its timed repetitions, 2+4, 2+8, 2+16 (the untimed ones, 2+3, 2+7, 2+15, are not counted)
+    assert times == {"a": 1.0, "b": 2.0 + 8} and set(failures) == {"broken", "late"}
+    assert "no kernel" in str(failures["broken"]) and "second timed repetition" in str(failures["late"])
     with pytest.raises(ValueError, match="loop='scan' is not allowed"):
         timing.time_interleaved_ms({"a": "a"}, None, None, None, loop="scan")
 
