@@ -3,7 +3,7 @@
     python -m jax_flash.benchmark                        # bf16+fp16, D 64/128, S 512..16384, non-causal
     python -m jax_flash.benchmark --configs progression  # replay the seed's optimisation steps (D=128)
     python -m jax_flash.benchmark --json out.json --plot out.png
-    python -m jax_flash.benchmark --order interleaved    # rounds of one (self-warmed) repetition per implementation
+    python -m jax_flash.benchmark --order sequential     # all repetitions of one implementation, then the next
 
 Sizes follow ../shared/docs/PERFORMANCE.md: batch * seq = --tokens (16384), heads * head_dim = --hidden (2048).
 FLOPs = 4 * B * H * S * S * D (halved for causal: --causal on|both). On CPU it compares the CPU handler with XLA on
@@ -196,10 +196,10 @@ def main(argv=None) -> int:
                         help="the timed calls inside XLA's while loop or unrolled back to back (jax_flash.timing)")
     parser.add_argument("--min-rep-ms", type=float, default=25.0 if on_gpu else 0.0,
                         help="each repetition repeats the timed loop until it lasts this long (jax_flash.timing)")
-    parser.add_argument("--order", choices=["sequential", "interleaved"], default="sequential",
-                        help="all repetitions of one implementation, then the next (the README tables' method), or "
-                             "rounds of one repetition of each, every one after an untimed one of its own "
-                             "(jax_flash.timing.time_interleaved_ms)")
+    parser.add_argument("--order", choices=["sequential", "interleaved"], default="interleaved",
+                        help="rounds of one repetition of each implementation, every one after an untimed one of "
+                             "its own (jax_flash.timing.time_interleaved_ms; the default and, since session 16, the "
+                             "README tables' method), or all repetitions of one implementation, then the next")
     parser.add_argument("--xla-max-seq", type=int, default=4096)
     parser.add_argument("--json", help="write the rows as JSON here")
     parser.add_argument("--plot", help="write a PNG of TFLOP/s against sequence length here")

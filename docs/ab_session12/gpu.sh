@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
-# Session 12 GPU calls (session 15 added BENCH_CAUSAL=on|off|both, default both; session 16 BENCH_ORDER=sequential|
-# interleaved, default sequential, and SMI=1: nvidia-smi samples the SM clock, power and throttle reasons every 250 ms
-# during the benchmark into smi.csv): package build + SASS report, then
+# Session 12 GPU calls (session 15 added BENCH_CAUSAL=on|off|both, default both; session 16 BENCH_ORDER=
+# sequential|interleaved, default the benchmark's, and SMI=1: nvidia-smi samples the SM clock, power and throttle
+# reasons every 250 ms during the benchmark into smi.csv): package build + SASS report, then
 # any of: the kernel harness under compute-sanitizer (HARNESS=1), GPU tests (TEST_EXPR), the benchmark
 # (BENCH_DTYPES, BENCH_HEAD_DIMS). Full logs go to /tmp/o; what
 # comes back ($OUT, at most 8 files): sass.txt, harness.log (the harness's and each tool's summary lines and any
@@ -34,7 +34,7 @@ if [ -n "${SMI:-}" ] && [ -n "${BENCH_DTYPES:-}" ]; then
 fi
 for dt in ${BENCH_DTYPES:-}; do
   timeout ${BENCH_TIMEOUT:-230} python3 -m jax_flash.benchmark --dtypes $dt --head-dims ${BENCH_HEAD_DIMS:-64,128} --causal ${BENCH_CAUSAL:-both} \
-    --order ${BENCH_ORDER:-sequential} --json "$OUT/bench_$dt.json" > /tmp/o/bench_$dt.log 2>&1
+    ${BENCH_ORDER:+--order $BENCH_ORDER} --json "$OUT/bench_$dt.json" > /tmp/o/bench_$dt.log 2>&1
   echo "benchmark $dt: exit $?" >> "$OUT/bench.log"
   sed -n '/^TFLOP/,$p' /tmp/o/bench_$dt.log >> "$OUT/bench.log"
 done
