@@ -202,13 +202,6 @@ __global__ void __launch_bounds__(T::kNumThreads, 1)
   // (the exponentials' ring counts one turn per computed key block: a consumer that skips blocks would leave the
   // other waiting; seen as a hang in an A/B build that trimmed at head dim 64, docs/NOTES.md session 10)
   static_assert(!(kTrimTail && kExpTurns), "a consumer's own last key block and the exponentials' ring exclude each other");
-  // A/B builds (docs/NOTES.md, session 16): L2 eviction priorities on the TMA copies, bit 0 Q loads evict-first, bit 1
-  // K / V loads evict-last, bit 2 O stores evict-first; shipped without (0).
-#ifdef JAX_FLASH_AB_L2_HINT
-  constexpr int kL2Hint = JAX_FLASH_AB_L2_HINT;
-#else
-  constexpr int kL2Hint = 0;
-#endif
   // P through shared memory (wgmma SS for P V) instead of registers (traits.cuh)
   constexpr bool kPSmem = T::kPInSmem || (kHasSoftcap && T::kPSmemIfSoftcap);
   auto stage_of = [](int it) {
@@ -257,12 +250,7 @@ __global__ void __launch_bounds__(T::kNumThreads, 1)
         mbarrier_arrive_expect_tx(&q_full[qb], T::kQBytes);
 #pragma unroll
         for (int panel = 0; panel < T::kPanels; ++panel) {
-          if constexpr ((kL2Hint & 1) != 0) {
-            tma_load_4d_hint(sQ(qb) + panel * T::kQPanelBytes, &tma_q, &q_full[qb], panel * 64, w.row0, w.head,
-                             w.batch, l2_policy_evict_first());
-          } else {
-            tma_load_4d(sQ(qb) + panel * T::kQPanelBytes, &tma_q, &q_full[qb], panel * 64, w.row0, w.head, w.batch);
-          }
+          tma_load_4d(sQ(qb) + panel * T::kQPanelBytes, &tma_q, &q_full[qb], panel * 64, w.row0, w.head, w.batch);
         }
         ++tiles_done;
         // (kReverse: last key block first, the consumers' order)
@@ -275,13 +263,8 @@ __global__ void __launch_bounds__(T::kNumThreads, 1)
           mbarrier_arrive_expect_tx(&k_full[stage], T::kKVBytes);
 #pragma unroll
           for (int panel = 0; panel < T::kPanels; ++panel) {
-            if constexpr ((kL2Hint & 2) != 0) {
-              tma_load_4d_hint(sK(stage) + panel * T::kKVPanelBytes, &tma_k, &k_full[stage], panel * 64,
-                               j * T::kBlockKV, w.kv_head, w.batch, l2_policy_evict_last());
-            } else {
-              tma_load_4d(sK(stage) + panel * T::kKVPanelBytes, &tma_k, &k_full[stage], panel * 64,
-                          j * T::kBlockKV, w.kv_head, w.batch);
-            }
+            tma_load_4d(sK(stage) + panel * T::kKVPanelBytes, &tma_k, &k_full[stage], panel * 64, j * T::kBlockKV,
+                        w.kv_head, w.batch);
           }
         };
         auto load_v = [&](int j, int step) {
@@ -290,13 +273,8 @@ __global__ void __launch_bounds__(T::kNumThreads, 1)
           mbarrier_arrive_expect_tx(&v_full[stage], T::kKVBytes);
 #pragma unroll
           for (int panel = 0; panel < T::kPanels; ++panel) {
-            if constexpr ((kL2Hint & 2) != 0) {
-              tma_load_4d_hint(sV(stage) + panel * T::kKVPanelBytes, &tma_v, &v_full[stage], panel * 64,
-                               j * T::kBlockKV, w.kv_head, w.batch, l2_policy_evict_last());
-            } else {
-              tma_load_4d(sV(stage) + panel * T::kKVPanelBytes, &tma_v, &v_full[stage], panel * 64,
-                          j * T::kBlockKV, w.kv_head, w.batch);
-            }
+            tma_load_4d(sV(stage) + panel * T::kKVPanelBytes, &tma_v, &v_full[stage], panel * 64, j * T::kBlockKV,
+                        w.kv_head, w.batch);
           }
         };
         if constexpr (kKAhead) {  // K_first, then per block j: K_{j+1} (if any), V_j
@@ -762,13 +740,8 @@ __global__ void __launch_bounds__(T::kNumThreads, 1)
       if (wg_tid == 0) {
 #pragma unroll
         for (int panel = 0; panel < T::kPanels; ++panel) {
-          if constexpr ((kL2Hint & 4) != 0) {
-            tma_store_4d_hint(&tma_o, sO + panel * T::kQPanelBytes + 64 * consumer * T::kRowBytes, panel * 64,
-                              row0 + 64 * consumer, head, batch, l2_policy_evict_first());
-          } else {
-            tma_store_4d(&tma_o, sO + panel * T::kQPanelBytes + 64 * consumer * T::kRowBytes, panel * 64,
-                         row0 + 64 * consumer, head, batch);
-          }
+          tma_store_4d(&tma_o, sO + panel * T::kQPanelBytes + 64 * consumer * T::kRowBytes, panel * 64,
+                       row0 + 64 * consumer, head, batch);
         }
         bulk_commit_group();
         if constexpr (T::kOInQ) {  // O was staged in this consumer's rows of Q: they may refill once read

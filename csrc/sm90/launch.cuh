@@ -56,11 +56,6 @@ std::string launch_sm90(AttentionParams p, const CUtensorMap& map_q, const CUten
   const int64_t section =
       std::min<int64_t>(std::min<int64_t>((l2_bytes / 2) / kv_bytes_per_head, kMaxSectionHeads), batch_heads);
   p.section_heads = static_cast<int>(std::max<int64_t>(section, 1));
-#ifdef JAX_FLASH_AB_D64_SECTION  // A/B builds (session 16): head dim 64 in sections of G pairs, no L2 bound
-  if constexpr (T::kHeadDim == 64) {
-    p.section_heads = static_cast<int>(std::min<int64_t>(JAX_FLASH_AB_D64_SECTION, batch_heads));
-  }
-#endif
   // Tiles of equal cost (every row of every tile sees every key) at head dim 128 / 256 walk a static stride of the
   // grid: 1.5-4.7% faster than drawing them at 512-4096 keys in three A/B runs on the H200 (docs/NOTES.md,
   // session 11), -1.4 to +1.2% at 16384; head dim 64 moved -1.5 to +1.7% and keeps the counter.
