@@ -80,7 +80,7 @@ def time_interleaved_ms(fns: dict, q, k, v, *, iters: int = 10, reps: int = 5, l
     own steady state, as in time_loop_ms, and never right after another one. Without it a rotation keeps each
     implementation's predecessor (the cyclic order does not change), and under a power cap the predecessor decides
     the clock: on the H200 (700 W cap reached at D = 128) cuDNN timed right after the slower sm80 kernel read 676
-    TFLOP/s at D = 128, 16384 keys, against 603 timed after itself (docs/NOTES.md, session 16)."""
+    TFLOP/s at D = 128, 16384 keys, against 603-611 timed after itself (docs/NOTES.md, session 16)."""
     _check_loop(loop)  # (raised, not recorded as every implementation's failure)
     ready, failures = {}, {}
     for name, fn in fns.items():
