@@ -10,6 +10,7 @@ import sys
 OUT = pathlib.Path(__file__).with_name("wgmma_ops.cuh")
 SS_N_VALUES = (64, 80, 128, 160, 192)  # S = Q K^T: N = block_kv
 RS_N_VALUES = (64, 128, 256)       # O += P V: N = head_dim
+RS_K_N_VALUES = SS_N_VALUES      # S = Q K^T with Q from registers (traits.cuh, kQInRegs): N = block_kv
 SS_TB_N_VALUES = (64, 128)         # O += P V with P from shared memory (three consumers): N = head_dim
 TYPES = {"__half": "f16", "__nv_bfloat16": "bf16"}
 
@@ -38,14 +39,16 @@ __device__ __forceinline__ void {name}<{ctype}, {n}>(float (&d)[{k}], uint64_t d
 '''
 
 
-def _rs(ctype: str, ptype: str, n: int) -> str:
+def _rs(ctype: str, ptype: str, n: int, name: str = "wgmma_rs", trans_b: int = 1) -> str:
+    """A from registers; trans_b = 1 reads B MN-major (wgmma_rs), 0 K-major (wgmma_rs_k)."""
     k = n // 2
+    pad = " " * (46 + len(name))
     return f'''template <>
-__device__ __forceinline__ void wgmma_rs<{ctype}, {n}>(float (&d)[{k}], const uint32_t (&a)[4], uint64_t desc_b,
-                                                      int accumulate) {{
+__device__ __forceinline__ void {name}<{ctype}, {n}>(float (&d)[{k}], const uint32_t (&a)[4], uint64_t desc_b,
+{pad}int accumulate) {{
   asm volatile(
       "{{\\n.reg .pred p;\\nsetp.ne.b32 p, %{k + 5}, 0;\\n"
-      "wgmma.mma_async.sync.aligned.m64n{n}k16.f32.{ptype}.{ptype} {{{_acc_list(n)}}}, {{%{k}, %{k + 1}, %{k + 2}, %{k + 3}}}, %{k + 4}, p, 1, 1, 1;\\n}}\\n"
+      "wgmma.mma_async.sync.aligned.m64n{n}k16.f32.{ptype}.{ptype} {{{_acc_list(n)}}}, {{%{k}, %{k + 1}, %{k + 2}, %{k + 3}}}, %{k + 4}, p, 1, 1, {trans_b};\\n}}\\n"
       : {_acc_operands(n)}
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(accumulate));
 }}
@@ -60,6 +63,7 @@ def render() -> str:
 //   wgmma_rs: A (64 x 16) from registers (the mma.sync m16n8k16 A layout per warp), B (16 x N) MN-major in shared
 //             memory (transposed: imm-trans-b = 1), D += A B.
 //   wgmma_ss_tb: A (64 x 16) K-major and B (16 x N) MN-major, both in shared memory, D += A B.
+//   wgmma_rs_k: A (64 x 16) from registers, B (N x 16) K-major in shared memory, D += A B^T.
 #pragma once
 
 #include <cuda_bf16.h>
@@ -75,6 +79,8 @@ template <class Element, int N>
 __device__ void wgmma_rs(float (&d)[N / 2], const uint32_t (&a)[4], uint64_t desc_b, int accumulate);
 template <class Element, int N>
 __device__ void wgmma_ss_tb(float (&d)[N / 2], uint64_t desc_a, uint64_t desc_b, int accumulate);
+template <class Element, int N>
+__device__ void wgmma_rs_k(float (&d)[N / 2], const uint32_t (&a)[4], uint64_t desc_b, int accumulate);
 ''']
     for ctype, ptype in TYPES.items():
         for n in SS_N_VALUES:
@@ -83,6 +89,8 @@ __device__ void wgmma_ss_tb(float (&d)[N / 2], uint64_t desc_a, uint64_t desc_b,
             parts.append(_rs(ctype, ptype, n))
         for n in SS_TB_N_VALUES:
             parts.append(_ss(ctype, ptype, n, name="wgmma_ss_tb", trans_b=1))
+        for n in RS_K_N_VALUES:
+            parts.append(_rs(ctype, ptype, n, name="wgmma_rs_k", trans_b=0))
     parts.append("}  // namespace jax_flash::sm90\n")
     return "\n".join(parts)
 

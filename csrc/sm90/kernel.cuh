@@ -6,8 +6,9 @@
 //     ring of shared-memory stages, each completing on its own mbarrier ("full"), and waits on the stage's "empty"
 //     barrier before refilling it. setmaxnreg hands most of its registers to the consumers.
 //   warpgroups 1..kConsumers, the consumers: each owns 64 query rows. Per key block: S = Q K^T by wgmma with both
-//     operands in shared memory, mask / softcap, the online softmax in registers (exp2 with the scale folded in),
-//     and O += P V by wgmma with P from registers and V (MN-major) from shared memory. The product of the previous
+//     operands in shared memory (or Q from registers, loaded once per tile: kQRegs), mask / softcap, the online
+//     softmax in registers (exp2 with the scale folded in), and O += P V by wgmma with P from registers and V
+//     (MN-major) from shared memory. The product of the previous
 //     block's P V is issued together with this block's Q K^T, so the softmax overlaps it (intra-warpgroup overlap),
 //     and with pingpong the two consumers take turns on the tensor cores. Without overlap (T::kOverlap false, a
 //     measured alternative) each product is waited for at once and the turns cover the exponentials instead.
@@ -202,6 +203,9 @@ __global__ void __launch_bounds__(T::kNumThreads, 1)
   // (the exponentials' ring counts one turn per computed key block: a consumer that skips blocks would leave the
   // other waiting; seen as a hang in an A/B build that trimmed at head dim 64, docs/NOTES.md session 10)
   static_assert(!(kTrimTail && kExpTurns), "a consumer's own last key block and the exponentials' ring exclude each other");
+  // Q from registers for S = Q K^T (traits.cuh, kQInRegs), except in the soft-capped kernels (they spilled with it)
+  constexpr bool kQRegs = T::kQInRegs && !kHasSoftcap;
+  static_assert(!(kQRegs && T::kOInQ), "O staged in Q: Q stays in shared memory until the epilogue");
   // P through shared memory (wgmma SS for P V) instead of registers (traits.cuh)
   constexpr bool kPSmem = T::kPInSmem || (kHasSoftcap && T::kPSmemIfSoftcap);
   auto stage_of = [](int it) {
@@ -310,6 +314,7 @@ __global__ void __launch_bounds__(T::kNumThreads, 1)
   float acc_s[1][T::kSTiles][4];  // S of the current key block
   auto& acc_s_flat = *reinterpret_cast<float(*)[T::kBlockKV / 2]>(&acc_s[0][0][0]);
   uint32_t rP[T::kKVSteps][4];    // P of the previous key block as wgmma A fragments
+  uint32_t rQ[kQRegs ? T::kDSteps : 1][4];  // kQRegs: this consumer's 64 rows of Q as wgmma A fragments
   auto& rP_flat = *reinterpret_cast<uint32_t(*)[T::kKVSteps * 4]>(&rP[0][0]);
   float alpha[2];
   const float max_growth = sm80::lazy_rescale_threshold(p.scale_log2);
@@ -476,8 +481,13 @@ __global__ void __launch_bounds__(T::kNumThreads, 1)
       wgmma_fence();
 #pragma unroll
       for (int kk = 0; kk < T::kDSteps; ++kk) {
-        wgmma_ss<Element, kKeys>(*reinterpret_cast<float(*)[kKeys / 2]>(&acc_s[0][0][0]), q_desc(kk),
-                                 k_desc(stage, kk), kk > 0);
+        if constexpr (kQRegs) {
+          wgmma_rs_k<Element, kKeys>(*reinterpret_cast<float(*)[kKeys / 2]>(&acc_s[0][0][0]), rQ[kk],
+                                     k_desc(stage, kk), kk > 0);
+        } else {
+          wgmma_ss<Element, kKeys>(*reinterpret_cast<float(*)[kKeys / 2]>(&acc_s[0][0][0]), q_desc(kk),
+                                   k_desc(stage, kk), kk > 0);
+        }
       }
       wgmma_commit();
     };
@@ -566,7 +576,7 @@ __global__ void __launch_bounds__(T::kNumThreads, 1)
     // After the tile's last Q K^T the producer may refill the Q buffer, unless O is staged there (T::kOInQ: the
     // epilogue releases it once the TMA store has read this consumer's rows).
     auto release_q = [&] {
-      if constexpr (!T::kOInQ) mbarrier_arrive(&q_empty[qb]);
+      if constexpr (!T::kOInQ && !kQRegs) mbarrier_arrive(&q_empty[qb]);
     };
     // kTrimTail: the key blocks past this consumer's rows (after its math, or before it in kReverse order): no math,
     // but the consumer waits for and releases their stages and takes their turns.
@@ -582,6 +592,15 @@ __global__ void __launch_bounds__(T::kNumThreads, 1)
     };
     mbarrier_wait(&q_full[qb], q_parity_of(tiles_done));
     ++tiles_done;
+    if constexpr (kQRegs) {
+      // this consumer's 64 rows of Q -> A fragments (k16 step kk: panel kk / 4, the stmatrix addresses of P above,
+      // which are ldmatrix's too), then the buffer is free: every read of it is in registers
+#pragma unroll
+      for (int kk = 0; kk < T::kDSteps; ++kk) {
+        sm80::ldmatrix_x4(rQ[kk], sQ_addr + (kk / 4) * T::kQPanelBytes + st_row * T::kRowBytes + st_chunk(kk) * 16);
+      }
+      mbarrier_arrive(&q_empty[qb]);
+    }
     if constexpr (!T::kOverlap) {
       // No intra-warpgroup overlap (cuDNN's schedule, read from its SASS: docs/NOTES.md, session 6). Per key block:
       // S_j = Q K_j^T waited for at once, its row max, then the turn: exponentials, O rescale and P packing, pass
