@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 import jax_flash
-from jax_flash.config import SM90_CONFIGS
+from jax_flash.config import SM90_CONFIGS, KernelConfig
 from conftest import GPU_DEVICES, assert_flash_close, random_qkv
 
 DTYPES = [jnp.float16, jnp.bfloat16]
@@ -90,6 +90,21 @@ def test_semantics_grid_sm90(dtype, head_dim, seq_q, seq_k, feature, heads, retu
     assert set(SM90_CONFIGS[head_dim]) <= set(compiled)
     cfg = compiled[GRID.index((dtype, head_dim, seq_q, seq_k, feature, heads, return_lse)) % len(compiled)]
     run_case(GPU_DEVICES[0], dtype, head_dim, seq_q, seq_k, feature, heads, return_lse, cfg=cfg)
+
+
+# Three consumer warpgroups (192-row tiles) with a right bound align their query blocks to the end of the rows from
+# 1024 query rows (csrc/sm90/launch.cuh, q_block_shift): block 0 holds 64 rows at 1023 and 1216, 128 at 1030, and no
+# shift at 1152 (a multiple of 192) or 1100 (52 short: less than a consumer's 64 rows).
+SHIFT_CASES = [(sq, sk, feature) for sq, sk in [(1023, 1023), (1030, 1030), (1216, 1216), (1152, 1152), (1100, 1100),
+                                                (1030, 1500), (1216, 1030)]
+               for feature in ("causal", "right_window", "causal_softcap_lengths")]
+
+
+@pytest.mark.skipif(not _hopper(), reason="the sm90 family needs an sm_90 GPU (H100/H200)")
+@pytest.mark.parametrize("seq_q,seq_k,feature", SHIFT_CASES, ids=[f"{a}x{b}-{f}" for a, b, f in SHIFT_CASES])
+def test_sm90_three_consumers_short_first_query_block(seq_q, seq_k, feature):
+    cfg = KernelConfig.sm90(block_kv=128, consumer_warpgroups=3)
+    run_case(GPU_DEVICES[0], jnp.bfloat16, 64, seq_q, seq_k, feature, (4, 2), True, cfg=cfg)
 
 
 @pytest.mark.skipif(not _hopper(), reason="the sm90 family needs an sm_90 GPU (H100/H200)")

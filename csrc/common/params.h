@@ -59,6 +59,11 @@ struct AttentionParams {
   // sm90, right-bounded masks: tiles are ordered heaviest first inside sections of this many (batch, head) pairs
   // whose K and V fit in half the L2 cache together, at most 16 from head dim 128 (set by sm90/launch.cuh).
   int section_heads;
+  // sm90, right-bounded masks with three consumer warpgroups: query block q > 0 starts at row q * block_q -
+  // q_block_shift and block 0 holds the first block_q - q_block_shift rows (a multiple of 64 set by sm90/launch.cuh),
+  // so the short query block of a length that is not a multiple of block_q is the first, whose rows see the fewest
+  // keys, instead of the last, whose rows see the most. 0: block q starts at q * block_q.
+  int q_block_shift;
 };
 
 inline constexpr int kUnbounded = 1 << 30;  // a window side with no bound (|offsets| stay far from int overflow)

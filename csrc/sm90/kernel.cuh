@@ -78,8 +78,11 @@ __device__ __forceinline__ TileWork tile_work(const AttentionParams& p, Index ti
   w.head = static_cast<int>(batch_head % p.heads_q);
   w.batch = static_cast<int>(batch_head / p.heads_q);
   w.kv_head = w.head / p.q_heads_per_kv_head;
-  w.row0 = q_block * T::kBlockQ;
-  w.q_rows = min(T::kBlockQ, p.seqlen_q - w.row0);
+  // (p.q_block_shift: block 0 is the short one; launch.cuh sets it with three consumers only, and only they read
+  // it: in the 40-register producers of head dim 256 the extra arithmetic spilled 4 bytes)
+  const int shift = T::kConsumers == 3 ? p.q_block_shift : 0;
+  w.row0 = q_block * T::kBlockQ - (q_block > 0 ? shift : 0);
+  w.q_rows = min(q_block > 0 ? T::kBlockQ : T::kBlockQ - shift, p.seqlen_q - w.row0);
   w.len = batch_lengths(p, w.batch);
   w.q_rows_valid = max(0, min(T::kBlockQ, w.len.q_len - w.row0));
   const KeySpan keys = visible_keys_of_rows(p, w.len, w.row0, w.row0 + w.q_rows_valid);

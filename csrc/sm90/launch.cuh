@@ -56,6 +56,21 @@ std::string launch_sm90(AttentionParams p, const CUtensorMap& map_q, const CUten
   const int64_t section =
       std::min<int64_t>(std::min<int64_t>((l2_bytes / 2) / kv_bytes_per_head, kMaxSectionHeads), batch_heads);
   p.section_heads = static_cast<int>(std::max<int64_t>(section, 1));
+  // Right-bounded masks with three consumers (192-row tiles), from 1024 query rows: the query blocks are aligned to
+  // the end of the rows, so the short block of a length that is not a multiple of 192 is the first (kernel.cuh,
+  // tile_work). Aligned to the start, the last block, whose rows see the most keys under a causal mask, held 64 rows
+  // at 1024 / 4096 keys and 128 at 2048: one or two consumers idle through the heaviest tile of every (batch, head)
+  // pair. Measured (A/B harness, causal D = 64, four rounds): +1.0 / +1.2 / 0% at 1024 / 2048 / 4096 keys, but -5.6%
+  // at 512 (three tiles per pair, whose costs it spreads from 3 / 7.5 / 7.5 to 1.5 / 6 / 10.5 key blocks of 64
+  // rows), hence the threshold (docs/NOTES.md, session 17). The shift is a multiple of 64, so every consumer's rows
+  // lie wholly inside or outside block 0 (an idle consumer writes nothing; a TMA store of a partly valid one would
+  // overwrite block 1's rows); two consumers have no idle path and keep 0.
+  p.q_block_shift = 0;
+#ifndef JAX_FLASH_AB_NO_Q_SHIFT  // A/B builds: the blocks aligned to the start of the rows, as before session 17
+  if (T::kConsumers == 3 && p.window_right < kUnbounded && p.seqlen_q >= 1024) {
+    p.q_block_shift = (p.num_q_blocks * T::kBlockQ - p.seqlen_q) / 64 * 64;
+  }
+#endif
   // Tiles of equal cost (every row of every tile sees every key) at head dim 128 / 256 walk a static stride of the
   // grid: 1.5-4.7% faster than drawing them at 512-4096 keys in three A/B runs on the H200 (docs/NOTES.md,
   // session 11), -1.4 to +1.2% at 16384; head dim 64 moved -1.5 to +1.7% and keeps the counter.
