@@ -73,6 +73,11 @@ DEFAULTS.update({(90, dtype, 256): SM90_CONFIGS[256][0] for dtype in ("float16",
 # Session 13: with three consumers a consumer's half-visible last key block runs at half width (csrc/sm90/traits.cuh,
 # kHalfLastBlock); A/B harness on the H200 (bf16, docs/ab_session13/run1), causal D=64 512 / 1024 / 2048 keys:
 #   three consumers 250 / 324 / 408 TFLOP/s vs the shipped 238 / 316 (two consumers) / 402  -> three consumers, causal too
+# Session 17: the D=128 pingpong config holds Q in registers (csrc/sm90/traits.cuh, kQInRegs), non-causal +1.1 / +1.3 /
+#   +2.7% at 1024 / 4096 / 16384 keys; the causal config, with or without pingpong, -1.0% at 512 keys and +0.2-0.6%
+#   from 1024 with it (docs/ab_session17/run1)                    -> unchanged: pingpong non-causal, not causal.
+#   Two consumers at D=64 causal, with Q in registers too: 235 / 310 / 362 / 400 TFLOP/s at 512 / 1024 / 2048 / 4096
+#   keys vs three consumers 246 / 322 / 398 / 442 (docs/ab_session17/run6)              -> three consumers stay
 SM90_BY_SHAPE: dict[tuple[int, bool], tuple[tuple[int, KernelConfig], ...]] = {
     (128, False): ((0, SM90_CONFIGS[128][0]),),
     (128, True): ((0, SM90_CONFIGS[128][1]),),
