@@ -8,9 +8,9 @@
 //   warpgroups 1..kConsumers, the consumers: each owns 64 query rows. Per key block: S = Q K^T by wgmma with both
 //     operands in shared memory (or Q from registers, loaded once per tile: kQRegs), mask / softcap, the online
 //     softmax in registers (exp2 with the scale folded in), and O += P V by wgmma with P from registers and V
-//     (MN-major) from shared memory. The product of the previous
-//     block's P V is issued together with this block's Q K^T, so the softmax overlaps it (intra-warpgroup overlap),
-//     and with pingpong the two consumers take turns on the tensor cores. Without overlap (T::kOverlap false, a
+//     (MN-major) from shared memory. The product of the previous block's P V is issued together with this block's
+//     Q K^T, so the softmax overlaps it (intra-warpgroup overlap), and with pingpong the two consumers take turns on
+//     the tensor cores. Without overlap (T::kOverlap false, a
 //     measured alternative) each product is waited for at once and the turns cover the exponentials instead.
 // Masked three-consumer kernels walk a tile's key blocks last first (kReverse), so a consumer whose rows see only
 // the first half of its last block computes that block, its first, at half width (kHalfLast).

@@ -98,8 +98,9 @@ struct Traits {
   // Costs kDSteps * 4 registers: 32 at head dim 128, where the pingpong config (non-causal) measured +1.1 / +1.3 /
   // +2.7% at 1024 / 4096 / 16384 keys and -0.1% at 512 (A/B harness, four rounds; Nsight Compute at its locked clock:
   // -1.7 / -2.1% time at 4096 / 16384), the causal config -1.0% at 512 keys and +0.2 to +0.6% from 1024, with or
-  // without pingpong: it stays off there (docs/NOTES.md, session 17). Not in the soft-capped kernels (24-68 bytes spilled), not
-  // with three consumers (160 registers: 96-144 bytes spilled at head dim 64), not at head dim 256 (64 registers).
+  // without pingpong: it stays off there (docs/NOTES.md, session 17). Not in the soft-capped kernels (24-68 bytes
+  // spilled), not with three consumers (160 registers: 96-144 bytes spilled at head dim 64), not at head dim 256 (64
+  // registers).
 #ifdef JAX_FLASH_AB_Q_REGS  // A/B builds: 0 off; 1 every head-dim-128 config; 2 and head dim 64 with two consumers
   static constexpr bool kQInRegs =
       JAX_FLASH_AB_Q_REGS != 0 && kConsumers == 2 && (kHeadDim == 128 || (JAX_FLASH_AB_Q_REGS == 2 && kHeadDim == 64));
