@@ -51,8 +51,9 @@ def render(config_module, kernel_set: str) -> dict[str, str]:
         files[name] = (HEADER + f'#include "{family}/launch.cuh"\n\nnamespace jax_flash::{family} {{\n'
                        f"template std::string run_attention_{family}<{key}>(const AttentionParams&, cudaStream_t);\n"
                        f"}}  // namespace jax_flash::{family}\n")
+        split_bytes = f"sm90::Traits<{key}>::kSplitBytesPerSm" if family == "sm90" else "0"
         entries.append(f"    {{{key},\n     &{family}::run_attention_{family}<{key}>,\n"
-                       f"     {family}::Traits<{key}>::kSmemBytes}},")
+                       f"     {family}::Traits<{key}>::kSmemBytes,\n     {split_bytes}}},")
     files["registry.cu"] = (HEADER + '#include "common/registry.h"\n#include "sm80/api.h"\n#include "sm80/traits.cuh"\n'
                             '#include "sm90/api.h"\n#include "sm90/traits.cuh"\n\n'
                             "namespace jax_flash {\n\nconst RegistryEntry kRegistry[] = {\n" + "\n".join(entries) +

@@ -23,16 +23,18 @@ ffi::Error cuda_error(const std::string& what, cudaError_t err) {
 struct DeviceLimits {
   int major = 0, minor = 0;
   int max_smem_optin = 0;
+  int num_sms = 0;
 };
 
-// Compute capability and shared-memory limit of the current device, read once per device.
+// Compute capability, shared-memory limit and SM count of the current device, read once per device.
 ffi::Error current_device_limits(DeviceLimits& out) {
   constexpr int kMaxDevices = 64;
-  static std::array<std::atomic<int>, kMaxDevices> cached_major{}, cached_minor{}, cached_smem{};
+  static std::array<std::atomic<int>, kMaxDevices> cached_major{}, cached_minor{}, cached_smem{}, cached_sms{};
   int device = 0;
   if (cudaError_t err = cudaGetDevice(&device); err != cudaSuccess) return cuda_error("cudaGetDevice", err);
   if (device < kMaxDevices && cached_major[device].load() != 0) {
-    out = {cached_major[device].load(), cached_minor[device].load(), cached_smem[device].load()};
+    out = {cached_major[device].load(), cached_minor[device].load(), cached_smem[device].load(),
+           cached_sms[device].load()};
     return ffi::Error::Success();
   }
   DeviceLimits limits;
@@ -41,10 +43,12 @@ ffi::Error current_device_limits(DeviceLimits& out) {
   if (err == cudaSuccess) {
     err = cudaDeviceGetAttribute(&limits.max_smem_optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device);
   }
+  if (err == cudaSuccess) err = cudaDeviceGetAttribute(&limits.num_sms, cudaDevAttrMultiProcessorCount, device);
   if (err != cudaSuccess) return cuda_error("cudaDeviceGetAttribute", err);
   if (device < kMaxDevices) {
     cached_minor[device] = limits.minor;
     cached_smem[device] = limits.max_smem_optin;
+    cached_sms[device] = limits.num_sms;
     cached_major[device] = limits.major;
   }
   out = limits;
@@ -126,6 +130,17 @@ ffi::Error attention_cuda_impl(cudaStream_t stream, ffi::ScratchAllocator scratc
                         "jax_flash: could not allocate the 8-byte tile counter from XLA's scratch memory");
     }
     params.tile_counter = static_cast<unsigned long long*>(*counter);
+  }
+  // The split tail's scratch (csrc/sm90/kernel.cuh; RegistryEntry::split_bytes_per_sm): only for calls whose tiles
+  // all cost the same (no window, no lengths), the ones the launcher may split. Without it the kernel runs unsplit.
+  const bool equal_cost_tiles = params.window_left >= kUnbounded && params.window_right >= kUnbounded &&
+                                params.q_lengths == nullptr && params.kv_lengths == nullptr;
+  if (entry->split_bytes_per_sm > 0 && equal_cost_tiles) {
+    const size_t bytes = static_cast<size_t>(limits.num_sms) * entry->split_bytes_per_sm;
+    if (std::optional<void*> workspace = scratch.Allocate(bytes, 256); workspace.has_value()) {
+      params.split_workspace = *workspace;
+      params.split_workspace_bytes = static_cast<int64_t>(bytes);
+    }
   }
   if (std::string failure = entry->run(params, stream); !failure.empty()) {
     return ffi::Error(ffi::ErrorCode::kInternal, "jax_flash: " + failure);

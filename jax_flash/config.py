@@ -165,9 +165,11 @@ class KernelConfig:
         # with three consumers or, at head dim 64, more than 128 keys per block (traits.cuh, kPSmemIfSoftcap)
         p_in_smem = self.consumer_warpgroups == 3 or (self.block_kv > 128 and head_dim == 64)
         p_bytes = self.block_q * -(-self.block_kv // 64) * 64 * elem_bytes if p_in_smem else 0
+        # the split tail's 32 bytes of state (head dim 128, two consumers, pingpong: traits.cuh, kSplitTail)
+        split_bytes = 32 if head_dim == 128 and self.consumer_warpgroups == 2 and self.pingpong else 0
         # barriers, two 48-byte tile slots (kernel.cuh, TileSlot) and the 1024-byte alignment slack
         return (((q_buffers + o_buffer) * self.block_q + 2 * self.stages * self.block_kv) * head_dim * elem_bytes + p_bytes +
-                8 * (2 * q_buffers + 4 * self.stages + 4) + 2 * 48 + 1024)  # csrc/sm90/traits.cuh derives the same
+                8 * (2 * q_buffers + 4 * self.stages + 4) + 2 * 48 + split_bytes + 1024)  # traits.cuh derives the same
 
     def sm90_q_buffers(self, head_dim: int, elem_bytes: int = 2) -> int:
         """Q buffers of an sm90 kernel: 2 (the next tile's Q loads during this one) where 227 KB allow, else 1."""

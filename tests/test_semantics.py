@@ -107,6 +107,22 @@ def test_sm90_three_consumers_short_first_query_block(seq_q, seq_k, feature):
     run_case(GPU_DEVICES[0], jnp.bfloat16, 64, seq_q, seq_k, feature, (4, 2), True, cfg=cfg)
 
 
+# The split tail (csrc/sm90/launch.cuh, kernel.cuh): equal-cost tiles (no mask beyond the key length) of the head-dim-
+# 128 non-causal config, more of them than SMs and not a multiple (2 x 17 x 9 = 306, 2 x 17 x 5 = 170 and 2 x 16 x 16
+# = 512 tiles over the 132 SMs of an H100 / H200), >= 16 key blocks: the last tiles are cut between thread blocks and
+# merged from partials. Unmasked, soft-capped, masked and soft-capped (2000 keys), MQA; lse too.
+SPLIT_CASES = [(jnp.bfloat16, 1152, 2048, "plain", (17, 17)), (jnp.float16, 1152, 2048, "plain", (17, 17)),
+               (jnp.bfloat16, 640, 2048, "softcap", (17, 1)), (jnp.bfloat16, 1100, 2000, "softcap", (17, 17)),
+               (jnp.float16, 1100, 2000, "plain", (17, 17)), (jnp.bfloat16, 2048, 4096, "plain", (16, 16))]
+
+
+@pytest.mark.skipif(not _hopper(), reason="the sm90 family needs an sm_90 GPU (H100/H200)")
+@pytest.mark.parametrize("dtype,seq_q,seq_k,feature,heads", SPLIT_CASES,
+                         ids=[f"{jnp.dtype(c[0]).name}-{c[1]}x{c[2]}-{c[3]}-h{c[4][0]}.{c[4][1]}" for c in SPLIT_CASES])
+def test_sm90_split_tail(dtype, seq_q, seq_k, feature, heads):
+    run_case(GPU_DEVICES[0], dtype, 128, seq_q, seq_k, feature, heads, True)
+
+
 @pytest.mark.skipif(not _hopper(), reason="the sm90 family needs an sm_90 GPU (H100/H200)")
 def test_sm90_back_to_back_launches_agree():
     """The sm90 kernels draw their tiles from a counter in XLA's scratch memory, zeroed on the stream before each

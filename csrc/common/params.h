@@ -64,6 +64,19 @@ struct AttentionParams {
   // so the short query block of a length that is not a multiple of block_q is the first, whose rows see the fewest
   // keys, instead of the last, whose rows see the most. 0: block q starts at q * block_q.
   int q_block_shift;
+  // sm90, the split tail (equal-cost tiles walked by a static stride, sm90/launch.cuh): scratch memory from the caller
+  // (nullptr / 0: none, the kernels do not split), and what the launcher carves from it. The last split_tiles tiles
+  // (0: none) are not handed out whole: their split_tiles x split_blocks key blocks are cut into gridDim.x equal
+  // shares, one per block, and a tile cut between two blocks is finished by the one holding its first key blocks,
+  // which merges the other's partial O, row maxima and row sums (split_partials) once its flag (split_flags, zeroed
+  // on the stream before the launch) is set.
+  void* split_workspace;
+  int64_t split_workspace_bytes;
+  float* split_partials;
+  unsigned* split_flags;
+  int split_tiles, split_blocks;
+  int64_t split_whole_tiles;     // num_tiles - split_tiles: the tiles handed out whole
+  int split_share, split_extra;  // block b's share: split_share key blocks, + 1 for b < split_extra
 };
 
 inline constexpr int kUnbounded = 1 << 30;  // a window side with no bound (|offsets| stay far from int overflow)

@@ -56,6 +56,13 @@ __device__ __forceinline__ float softcap_score(float s, float softcap, float exp
   return fmaf(-2.0f * softcap, r, softcap);
 }
 
+// Whether a kernel variant runs the split tail (traits.cuh, kSplitTail): not the masked one that takes Q from
+// registers (its epilogue spilled 4 bytes with the split's partial and merge).
+template <class T, bool kMaskBlocks, bool kHasSoftcap>
+__host__ __device__ constexpr bool splits_tail() {
+  return T::kSplitTail && !(kMaskBlocks && T::kQInRegs && !kHasSoftcap);
+}
+
 // Index: the tile numbers' type, int64_t, or int where the launcher has checked that they fit (T::kTileIndex32).
 template <class T, class Index>
 __device__ __forceinline__ TileWork tile_work(const AttentionParams& p, Index tile) {
@@ -130,6 +137,11 @@ __global__ void __launch_bounds__(T::kNumThreads, 1)
   uint64_t* sched_full = bars + 2 * kQB + 4 * T::kStages;       // [2] the slot holds the block's next tile
   uint64_t* sched_empty = bars + 2 * kQB + 4 * T::kStages + 2;  // [2] the consumers have read it
   TileSlot* sched = reinterpret_cast<TileSlot*>(smem + T::kSchedOffset);  // [2]
+  // The split tail (T::kSplitTail): what the block's tile n is, at n % 4 (written by the producer before it
+  // publishes tile n, read by the consumers in its epilogue; the producer reaches tile n + 4 only after the consumers
+  // have taken tile n + 2): 0, a whole tile; s < 0, the tile's last key blocks, whose partial goes to slot -s; s > 0,
+  // its first key blocks, which finish it with the partial of slot s.
+  int* const split_kind = reinterpret_cast<int*>(smem + T::kSplitStateOffset) + 4;
   auto sK = [&](int stage) { return smem + T::kKOffset + stage * T::kKVBytes; };
   auto sV = [&](int stage) { return smem + T::kVOffset + stage * T::kKVBytes; };
   constexpr int kRowChunks = T::kHeadDim / 8;  // 16-byte chunks per row
@@ -208,6 +220,9 @@ __global__ void __launch_bounds__(T::kNumThreads, 1)
   static_assert(!(kTrimTail && kExpTurns), "a consumer's own last key block and the exponentials' ring exclude each other");
   // Q from registers for S = Q K^T (traits.cuh, kQInRegs), except in the soft-capped kernels (they spilled with it)
   constexpr bool kQRegs = T::kQInRegs && !kHasSoftcap;
+  // The split tail (traits.cuh, kSplitTail; launch.cuh sets p.split_tiles only where it may)
+  constexpr bool kSplit = splits_tail<T, kMaskBlocks, kHasSoftcap>();
+
   static_assert(!(kQRegs && T::kOInQ), "O staged in Q: Q stays in shared memory until the epilogue");
   // P through shared memory (wgmma SS for P V) instead of registers (traits.cuh)
   constexpr bool kPSmem = T::kPInSmem || (kHasSoftcap && T::kPSmemIfSoftcap);
@@ -236,11 +251,45 @@ __global__ void __launch_bounds__(T::kNumThreads, 1)
       // (32-bit tile arithmetic where it suffices: the 64-bit divisions of tile_work spilled a 32-register producer)
       using TileIndex = std::conditional_t<T::kTileIndex32, int, int64_t>;
       TileIndex next = blockIdx.x;
+      // The split tail (p.split_tiles > 0, with the static stride): the tiles below p.split_whole_tiles go whole,
+      // then this block takes its share of the last tiles' key blocks, counted over those tiles (launch.cuh): a
+      // share that starts inside a tile gives that tile's last key blocks, whose partial goes to slot blockIdx.x; one
+      // that ends inside a tile, that tile's first, merged with slot blockIdx.x + 1. Every share holds at least a
+      // tile's key blocks, so no piece is both. The position lives in shared memory (split_at: the tile, inside
+      // the split ones, its first key block, the share's key blocks left): this thread has 40 registers.
+      int* const split_at = reinterpret_cast<int*>(smem + T::kSplitStateOffset);
+      if (kSplit && p.split_tiles > 0) {
+        const int b = static_cast<int>(blockIdx.x);
+        const int start = b * p.split_share + min(b, p.split_extra);
+        split_at[0] = start / p.split_blocks;
+        split_at[1] = start - split_at[0] * p.split_blocks;
+        split_at[2] = p.split_share + (b < p.split_extra ? 1 : 0);
+      } else if (kSplit) {
+        split_at[2] = 0;
+      }
       for (int n = 0;; ++n) {
         const int slot = n & 1;
-        const bool more = next < num_tiles;
+        const bool whole = next < (kSplit ? p.split_whole_tiles : num_tiles);
+        const bool more = whole || (kSplit && split_at[2] > 0);
         mbarrier_wait(&sched_empty[slot], ((n >> 1) & 1) ^ 1);  // the consumers have read this slot's last tile
-        if (more) sched[slot].work = tile_work<T, TileIndex>(p, next);
+        if (more) {
+          sched[slot].work = tile_work<T, TileIndex>(p, whole ? next : p.split_whole_tiles + split_at[0]);
+        }
+        if (kSplit && more) {
+          int kind = 0;
+          if (!whole) {
+            const int first = split_at[1];
+            const int last = min(p.split_blocks, first + split_at[2]);
+            sched[slot].work.block_begin = first;  // (equal-cost tiles see key blocks 0 .. split_blocks - 1)
+            sched[slot].work.block_end = last;
+            const int block = static_cast<int>(blockIdx.x);
+            kind = first > 0 ? -block : last < p.split_blocks ? block + 1 : 0;
+            split_at[0] += 1;
+            split_at[1] = 0;
+            split_at[2] -= last - first;
+          }
+          split_kind[n & 3] = kind;
+        }
         sched[slot].more = more;
         mbarrier_arrive(&sched_full[slot]);
         if (!more) break;
@@ -436,9 +485,9 @@ __global__ void __launch_bounds__(T::kNumThreads, 1)
     }
 
 #pragma unroll
-    for (int n = 0; n < T::kOTiles; ++n)
+    for (int t = 0; t < T::kOTiles; ++t)
 #pragma unroll
-      for (int e = 0; e < 4; ++e) acc_o[0][n][e] = 0.0f;
+      for (int e = 0; e < 4; ++e) acc_o[0][t][e] = 0.0f;
     SplitSoftmax<T::kSTiles, T::kOTiles> softmax;
 
     const int diag_offset = len.kv_len - len.q_len;
@@ -726,6 +775,58 @@ __global__ void __launch_bounds__(T::kNumThreads, 1)
       if constexpr (kTrimTail && !kReverse) skip_blocks();
     }  // kOverlap
     if constexpr (kTrimTail && !T::kOverlap) skip_blocks();
+
+    // ---- the split tail: a tile's last key blocks leave their partial, its first ones merge it -----------------
+    if constexpr (kSplit) {
+      const int split = split_kind[n & 3];  // (written before the tile was published; see split_kind)
+      // slot s, this consumer, chunk c at float4 (s * kConsumers + consumer) * kSplitChunks * 128 + c * 128 + wg_tid:
+      // O's n-tile c for c < kOTiles (this thread's 4 accumulators of it), then (row maxima, row sums)
+      const int split_slot = split < 0 ? -split : split;
+      float4* const partial = reinterpret_cast<float4*>(p.split_partials) +
+                              (int64_t{split_slot} * T::kConsumers + consumer) * T::kSplitChunks * 128 + wg_tid;
+      unsigned* const flag = p.split_flags + split_slot * T::kConsumers + consumer;
+      if (split < 0) {  // (the scores' row maxima and this thread's partial row sums, as the softmax holds them)
+#pragma unroll
+        for (int n = 0; n < T::kOTiles; ++n) {
+          __stcg(partial + n * 128, make_float4(acc_o[0][n][0], acc_o[0][n][1], acc_o[0][n][2], acc_o[0][n][3]));
+        }
+        __stcg(partial + T::kOTiles * 128, make_float4(softmax.row_max[0], softmax.row_max[1], softmax.row_sum[0],
+                                                       softmax.row_sum[1]));
+        __threadfence();
+        named_barrier_sync(1 + consumer, 128);  // every thread's partial is written ...
+        if (wg_tid == 0) flag_store_release(flag, 1u);  // ... before the flag
+        end_tile();
+        continue;
+      }
+      if (split > 0) {
+        // The other block wrote this partial at the start of its share, which holds more key blocks than this
+        // piece: the flag is set by now unless that block started late (it never waits on this one).
+        if (wg_tid == 0) {
+          while (flag_load_acquire(flag) == 0) __nanosleep(256);
+        }
+        named_barrier_sync(1 + consumer, 128);
+        const float4 stats = __ldcg(partial + T::kOTiles * 128);
+        const float other_max[2] = {stats.x, stats.y}, other_sum[2] = {stats.z, stats.w};
+        float mine_scale[2], other_scale[2];
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {  // m = max(m_a, m_b); O = O_a 2^((m_a - m) s) + O_b 2^((m_b - m) s), l likewise
+          const float m = fmaxf(softmax.row_max[h], other_max[h]);
+          const float m_scaled = (m == -INFINITY ? 0.0f : m) * p.scale_log2;  // (a row that saw no key: zeros)
+          mine_scale[h] = sm80::exp2_approx(softmax.row_max[h] * p.scale_log2 - m_scaled);
+          other_scale[h] = sm80::exp2_approx(other_max[h] * p.scale_log2 - m_scaled);
+          softmax.row_max[h] = m;
+          softmax.row_sum[h] = softmax.row_sum[h] * mine_scale[h] + other_sum[h] * other_scale[h];
+        }
+#pragma unroll
+        for (int n = 0; n < T::kOTiles; ++n) {
+          const float4 o = __ldcg(partial + n * 128);
+          acc_o[0][n][0] = fmaf(acc_o[0][n][0], mine_scale[0], o.x * other_scale[0]);
+          acc_o[0][n][1] = fmaf(acc_o[0][n][1], mine_scale[0], o.y * other_scale[0]);
+          acc_o[0][n][2] = fmaf(acc_o[0][n][2], mine_scale[1], o.z * other_scale[1]);
+          acc_o[0][n][3] = fmaf(acc_o[0][n][3], mine_scale[1], o.w * other_scale[1]);
+        }
+      }
+    }
 
     // ---- epilogue: O / l (zeros for rows past q_rows_valid) and lse -------------------------------------------
     reload_tile();

@@ -95,6 +95,37 @@ std::string launch_sm90(AttentionParams p, const CUtensorMap& map_q, const CUten
     }
   }
   const unsigned grid = static_cast<unsigned>(num_tiles < max_grid ? num_tiles : max_grid);
+  // The split tail (traits.cuh, kSplitTail; kernel.cuh): with the static stride and a partial last wave, the last
+  // grid + num_tiles % grid tiles are cut into grid equal shares of key blocks, each at least a tile's (so a tile is
+  // cut at most once), where the caller gave the scratch memory, from kMinSplitBlocks key blocks per tile: each
+  // block then runs one more (shorter) tile, and the flags cost a memset. Measured (A/B harness, H200, bf16, four
+  // rounds; 2048 tiles over 132 SMs): 512 / 1024 / 2048 / 4096 / 16384 keys -2.7 / 0 / +0.5 / +1.9 / +0.8%
+  // (docs/NOTES.md, session 18).
+#ifdef JAX_FLASH_AB_SPLIT_MIN_BLOCKS
+  constexpr int kMinSplitBlocks = JAX_FLASH_AB_SPLIT_MIN_BLOCKS;
+#else
+  constexpr int kMinSplitBlocks = 16;
+#endif
+  p.split_tiles = p.split_blocks = p.split_share = p.split_extra = 0;
+  p.split_whole_tiles = num_tiles;
+  const int64_t key_blocks = (int64_t{p.seqlen_k} + T::kBlockKV - 1) / T::kBlockKV;
+  if (splits_tail<T, kMaskBlocks, kHasSoftcap>() && static_stride && schedule == 0 && num_tiles > grid &&
+      num_tiles % grid != 0 && key_blocks >= kMinSplitBlocks &&
+      p.split_workspace_bytes >= int64_t{grid} * T::kSplitBytesPerSm &&
+      (grid + num_tiles % grid) * key_blocks <= INT_MAX) {
+    p.split_tiles = static_cast<int>(grid + num_tiles % grid);
+    p.split_blocks = static_cast<int>(key_blocks);
+    p.split_whole_tiles = num_tiles - p.split_tiles;
+    p.split_share = static_cast<int>(p.split_tiles * key_blocks / grid);
+    p.split_extra = static_cast<int>(p.split_tiles * key_blocks % grid);
+    p.split_partials = static_cast<float*>(p.split_workspace);
+    p.split_flags = reinterpret_cast<unsigned*>(static_cast<char*>(p.split_workspace) +
+                                                int64_t{grid} * T::kSplitSlotBytes);
+    if (cudaError_t err = cudaMemsetAsync(p.split_flags, 0, sizeof(unsigned) * grid * T::kConsumers, stream);
+        err != cudaSuccess) {
+      return cuda_failure("cudaMemsetAsync(split-tail flags)", err);
+    }
+  }
   static std::atomic<uint64_t> opted_in_devices{0};  // above 48 KB of shared memory a kernel opts in per device
   if (std::string failure = opt_in_shared_memory(kernel, T::kSmemBytes, opted_in_devices); !failure.empty()) {
     return failure;

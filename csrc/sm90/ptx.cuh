@@ -179,4 +179,17 @@ __device__ __forceinline__ void fence_proxy_async_smem() {
   asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
 }
 
+// ---- flags between thread blocks (the split tail, kernel.cuh) -------------------------------------------------------
+// Release: this thread's earlier global writes (and, after a CTA barrier, its block's: the barrier orders them before
+// it) are visible at GPU scope to whoever acquires the flag's new value.
+__device__ __forceinline__ void flag_store_release(unsigned* flag, unsigned value) {
+  asm volatile("st.release.gpu.global.u32 [%0], %1;\n" ::"l"(flag), "r"(value) : "memory");
+}
+
+__device__ __forceinline__ unsigned flag_load_acquire(const unsigned* flag) {
+  unsigned value;
+  asm volatile("ld.acquire.gpu.global.u32 %0, [%1];\n" : "=r"(value) : "l"(flag) : "memory");
+  return value;
+}
+
 }  // namespace jax_flash::sm90

@@ -87,11 +87,7 @@ struct Traits {
 #endif
   // ... and the producer (32 registers beside three 160-register consumers) numbers tiles in 32 bits: tile_work's
   // 64-bit divisions spilled it. The launcher refuses more than INT_MAX tiles (no tensor that fits on a GPU has them).
-#ifdef JAX_FLASH_AB_TILE32_ALL  // A/B builds: every config
-  static constexpr bool kTileIndex32 = true;
-#else
-  static constexpr bool kTileIndex32 = kConsumers == 3;
-#endif
+  // (kTileIndex32: below, after kSplitTail)
   // Session 17: each consumer loads its 64 rows of Q into registers once per tile (ldmatrix, in the wgmma A fragment
   // layout) and S = Q K^T reads only K from shared memory (wgmma RS; kernel.cuh, kQRegs): a third less shared-memory
   // traffic per S product (A 2 KB + B 4 KB per m64n128k16 -> B only), and the Q buffer frees at the tile's start.
@@ -106,6 +102,29 @@ struct Traits {
       JAX_FLASH_AB_Q_REGS != 0 && kConsumers == 2 && (kHeadDim == 128 || (JAX_FLASH_AB_Q_REGS == 2 && kHeadDim == 64));
 #else
   static constexpr bool kQInRegs = kHeadDim == 128 && kPingpong && kConsumers == 2;
+#endif
+  // Session 18: the split tail (kernel.cuh, launch.cuh). Tiles of equal cost walked by a static stride end in a
+  // partial wave: 2048 tiles (every head-dim-128 shape of the benchmark) over 132 SMs leave 64 blocks idle through
+  // the 16th tile (a 3% loss; 33 heads instead of 16, exactly 32 waves, read 1-4% more TFLOP/s on the H200). The
+  // last tiles are cut into equal shares of key blocks instead, and a tile cut between two blocks is merged from a
+  // partial in scratch memory. The non-causal head-dim-128 config only (launch.cuh decides per call).
+#ifdef JAX_FLASH_AB_SPLIT_TAIL  // A/B builds: 0 off, else on
+  static constexpr bool kSplitTail = JAX_FLASH_AB_SPLIT_TAIL != 0 && kHeadDim == 128 && kConsumers == 2 && kPingpong;
+#else
+  static constexpr bool kSplitTail = kHeadDim == 128 && kConsumers == 2 && kPingpong;
+#endif
+  // A consumer thread's partial: its O fragment (kHeadDim / 2 floats) and its two rows' maxima and sums, as float4
+  // chunks stored chunk-major (128 threads write 2 KB contiguous per chunk); a slot holds every consumer's.
+  static constexpr int kSplitChunks = kHeadDim / 8 + 1;
+  static constexpr int kSplitSlotBytes = kConsumers * kSplitChunks * 128 * 16;
+  // Scratch per block of the grid (at most one per SM): one slot, and one flag per consumer.
+  static constexpr int kSplitBytesPerSm = kSplitTail ? kSplitSlotBytes + kConsumers * 4 : 0;
+  // (kTileIndex32, above: with the split tail's bookkeeping the 40-register producer of two consumers spilled 4-8
+  // bytes unless it too numbers tiles in 32 bits)
+#ifdef JAX_FLASH_AB_TILE32_ALL  // A/B builds: every config
+  static constexpr bool kTileIndex32 = true;
+#else
+  static constexpr bool kTileIndex32 = kConsumers == 3 || kSplitTail;
 #endif
   static_assert(kKey.block_q == kBlockQ, "block_q must be 64 * consumer_warpgroups");
   static_assert(kConsumers == 2 || kConsumers == 3, "sm90 family: 2 or 3 consumer warpgroups");
@@ -144,8 +163,11 @@ struct Traits {
   // 1024-byte swizzle atom.
   static constexpr int kMaxSmemBytes = 227 * 1024;  // opt-in dynamic shared memory per block on sm_90
   static constexpr int kSchedSlotBytes = 48;        // one published tile (kernel.cuh, TileSlot)
+  // The split tail's shared state (kernel.cuh): the producer's position in its share (3 ints) and the pieces' kinds
+  // for the consumers (4 ints, a ring by tile number)
+  static constexpr int kSplitStateBytes = kSplitTail ? 32 : 0;
   static constexpr int kRingBytes = 2 * kStages * kKVBytes + kConsumers * kPBytes + 8 * (4 + 4 * kStages + 4) +
-                                    2 * kSchedSlotBytes + 1024;
+                                    2 * kSchedSlotBytes + kSplitStateBytes + 1024;
   // Q is double-buffered where it fits (227 KB) beside O's staging buffer: the producer then loads the next tile's
   // Q while the consumers still read this tile's, instead of after their last Q K^T (at 4-8 key blocks per tile
   // that wait was a visible part of each tile). D = 128 with 128-key blocks fits with 1.9 KB to spare; 160-key
@@ -166,7 +188,8 @@ struct Traits {
   // Q full and Q empty per Q buffer; K full, V full, K empty, V empty per stage; tile-slot full and empty, 2 each
   static constexpr int kNumBarriers = 2 * kQBuffers + 4 * kStages + 4;
   static constexpr int kSchedOffset = kBarrierOffset + 8 * kNumBarriers;  // two tile slots (kernel.cuh, TileSlot)
-  static constexpr int kSmemBytes = kSchedOffset + 2 * kSchedSlotBytes + 1024;
+  static constexpr int kSplitStateOffset = kSchedOffset + 2 * kSchedSlotBytes;
+  static constexpr int kSmemBytes = kSplitStateOffset + kSplitStateBytes + 1024;
 
   // The online softmax of the sm80 family, on one warp's 16 rows of the wgmma accumulator: the m64nN fp32
   // fragment is, per warp, the mma.sync m16n8 layout repeated N/8 times, so S is [1][kBlockKV/8][4] and O

@@ -86,6 +86,15 @@ RunResult run_gpu(const RegistryEntry& e, const Case& c, const std::vector<uint1
   unsigned long long* dcounter = nullptr;  // the sm90 dynamic tile scheduler's counter (the launcher zeroes it)
   CHECK_CUDA(cudaMalloc(&dcounter, sizeof(unsigned long long)));
   p.tile_counter = dcounter;
+  void* dworkspace = nullptr;  // the split tail's scratch (RegistryEntry::split_bytes_per_sm), as the FFI handler
+  if (e.split_bytes_per_sm > 0) {
+    int device = 0, sms = 0;
+    CHECK_CUDA(cudaGetDevice(&device));
+    CHECK_CUDA(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
+    p.split_workspace_bytes = int64_t{sms} * e.split_bytes_per_sm;
+    CHECK_CUDA(cudaMalloc(&dworkspace, p.split_workspace_bytes));
+    p.split_workspace = dworkspace;
+  }
   cudaStream_t stream;
   CHECK_CUDA(cudaStreamCreate(&stream));
   failure = e.run(p, stream);
@@ -96,6 +105,7 @@ RunResult run_gpu(const RegistryEntry& e, const Case& c, const std::vector<uint1
   CHECK_CUDA(cudaMemcpy(r.lse.data(), dlse, r.lse.size() * 4, cudaMemcpyDeviceToHost));
   cudaFree(dlse);
   cudaFree(dcounter);
+  cudaFree(dworkspace);
   cudaFree(dql);
   cudaFree(dkl);
   return r;
@@ -178,11 +188,21 @@ int main(int argc, char** argv) {
     cases.push_back({2, 1, 1025, 4, 4, false, -1, -1, true, 30.0f});
     cases.push_back({1, 1023, 1025, 2, 2, false, 100, -1, false, 0.0f});
   }
+  // Kernels with a split tail (csrc/sm90/launch.cuh: more tiles than SMs, not a multiple of them, >= 16 key blocks)
+  // also run shapes that split on a 132-SM H200 / H100: 153 / 170 tiles of 16 key blocks, unmasked (one with
+  // softcap) and masked ones (2000 keys: the soft-capped kernel splits, the other does not); Sq != Sk, GQA.
+  const std::vector<Case> split_cases = {
+      {1, 1152, 2048, 17, 17, false, -1, -1, false, 0.0f},
+      {2, 640, 2048, 17, 1, false, -1, -1, false, 20.0f},
+      {1, 1100, 2000, 17, 17, false, -1, -1, false, 0.0f},  {1, 1100, 2000, 17, 17, false, -1, -1, false, 10.0f},
+  };
   int passed = 0, failed = 0;
   for (int i = 0; i < kRegistrySize; ++i) {
     const RegistryEntry& e = kRegistry[i];
-    for (size_t j = 0; j < cases.size(); ++j) {
-      const Case& c = cases[j];
+    std::vector<Case> entry_cases = cases;
+    if (e.split_bytes_per_sm > 0) entry_cases.insert(entry_cases.end(), split_cases.begin(), split_cases.end());
+    for (size_t j = 0; j < entry_cases.size(); ++j) {
+      const Case& c = entry_cases[j];
       const std::string failure = check_case(e, c, static_cast<uint32_t>(i * 131 + j));
       if (failure.empty()) {
         ++passed;
