@@ -14,8 +14,14 @@ NAMES=${1:?names of the binaries}
 NCU=${NCU:-$(command -v ncu || echo /usr/local/cuda/bin/ncu)}
 nvidia-smi --query-gpu=name,driver_version,clocks.max.sm --format=csv,noheader
 for v in $NAMES; do timeout 120 build/ab/sm90_ab_v$v --check 64 512 | sed "s/^variant -\?[0-9]*/$v/" | grep check; done | tee "$OUT/ab_check.txt"
+# (session 18: the first binary of a round rotates, round r starting at name r mod n: in run 7 of session 18 the last
+# binary of each round read up to 1.5% high on shapes where it ran the same code as the one before it)
+read -ra NAME_LIST <<< "$NAMES"
 for round in $(seq ${ROUNDS:-2}); do
-  for v in $NAMES; do timeout 120 build/ab/sm90_ab_v$v ${TIME_D:-} | sed "s/^variant -\?[0-9]*/$v/"; done
+  for i in "${!NAME_LIST[@]}"; do
+    v=${NAME_LIST[$(( (i + round - 1) % ${#NAME_LIST[@]} ))]}
+    timeout 120 build/ab/sm90_ab_v$v ${TIME_D:-} | sed "s/^variant -\?[0-9]*/$v/"
+  done
 done > "$OUT/ab_time.txt" 2>&1
 IFS=';' read -ra SHAPES <<< "${NCU_SHAPES-128 512;128 1024;64 4096}"  # "D S [causal]" entries
 for shape in "${SHAPES[@]}"; do
