@@ -794,7 +794,12 @@ __global__ void __launch_bounds__(T::kNumThreads, 1)
                                                        softmax.row_sum[1]));
         __threadfence();
         named_barrier_sync(1 + consumer, 128);  // every thread's partial is written ...
-        if (wg_tid == 0) flag_store_release(flag, 1u);  // ... before the flag
+        if (wg_tid == 0) {
+          flag_store_release(flag, 1u);  // ... before the flag
+          // (O staged in Q: the epilogue would release Q after its store; this consumer's products, the last
+          // readers of its rows, are complete)
+          if constexpr (T::kOInQ) mbarrier_arrive(&q_empty[qb]);
+        }
         end_tile();
         continue;
       }
