@@ -133,9 +133,7 @@ ffi::Error attention_cuda_impl(cudaStream_t stream, ffi::ScratchAllocator scratc
   }
   // The split tail's scratch (csrc/sm90/kernel.cuh; RegistryEntry::split_bytes_per_sm): only for calls whose tiles
   // all cost the same (no window, no lengths), the ones the launcher may split. Without it the kernel runs unsplit.
-  const bool equal_cost_tiles = params.window_left >= kUnbounded && params.window_right >= kUnbounded &&
-                                params.q_lengths == nullptr && params.kv_lengths == nullptr;
-  if (entry->split_bytes_per_sm > 0 && equal_cost_tiles) {
+  if (entry->split_bytes_per_sm > 0 && has_equal_cost_tiles(params)) {
     const size_t bytes = static_cast<size_t>(limits.num_sms) * entry->split_bytes_per_sm;
     if (std::optional<void*> workspace = scratch.Allocate(bytes, 256); workspace.has_value()) {
       params.split_workspace = *workspace;

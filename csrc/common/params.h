@@ -81,6 +81,13 @@ struct AttentionParams {
 
 inline constexpr int kUnbounded = 1 << 30;  // a window side with no bound (|offsets| stay far from int overflow)
 
+// Every row of every tile sees every key (no window, no lengths): the tiles of one kernel all cost the same (the
+// sm90 launcher's static stride and split tail, and the FFI handler's scratch for the latter).
+inline bool has_equal_cost_tiles(const AttentionParams& p) {
+  return p.window_left >= kUnbounded && p.window_right >= kUnbounded && p.q_lengths == nullptr &&
+         p.kv_lengths == nullptr;
+}
+
 // Fills strides for contiguous [B, S, H, D] tensors and the derived scale; no masking, no softcap, no LSE.
 inline AttentionParams make_contiguous_params(const void* q, const void* k, const void* v, void* o, int batch,
                                               int seqlen_q, int seqlen_k, int heads_q, int heads_k, int head_dim,

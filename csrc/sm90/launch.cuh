@@ -74,8 +74,7 @@ std::string launch_sm90(AttentionParams p, const CUtensorMap& map_q, const CUten
   // Tiles of equal cost (every row of every tile sees every key) at head dim 128 / 256 walk a static stride of the
   // grid: 1.5-4.7% faster than drawing them at 512-4096 keys in three A/B runs on the H200 (docs/NOTES.md,
   // session 11), -1.4 to +1.2% at 16384; head dim 64 moved -1.5 to +1.7% and keeps the counter.
-  const bool equal_cost_tiles = p.window_left >= kUnbounded && p.window_right >= kUnbounded &&
-                                p.q_lengths == nullptr && p.kv_lengths == nullptr;
+  const bool equal_cost_tiles = has_equal_cost_tiles(p);
   // Measurement switch (docs/NOTES.md, sm90 v4, session 11): JAX_FLASH_SM90_SCHEDULE=static walks tiles with a
   // fixed stride of the grid, =dynamic draws them from the counter, =per_tile launches one block per tile (the v2
   // launch); unset or anything else, the rule above.

@@ -108,7 +108,7 @@ struct Traits {
   // the 16th tile (a 3% loss; 33 heads instead of 16, exactly 32 waves, read 1-4% more TFLOP/s on the H200). The
   // last tiles are cut into equal shares of key blocks instead, and a tile cut between two blocks is merged from a
   // partial in scratch memory. The non-causal head-dim-128 config only (launch.cuh decides per call).
-#ifdef JAX_FLASH_AB_SPLIT_TAIL  // A/B builds: 0 off, 1 on, 2 and at head dim 256 (-0.6% at 4096 / 16384 keys, run 8)
+#ifdef JAX_FLASH_AB_SPLIT_TAIL  // A/B builds: 0 off, 1 on, 2 and at head dim 256 (unmeasured: run 8 did not split)
   static constexpr bool kSplitTail = JAX_FLASH_AB_SPLIT_TAIL != 0 && kConsumers == 2 && kPingpong &&
                                      (kHeadDim == 128 || (JAX_FLASH_AB_SPLIT_TAIL == 2 && kHeadDim == 256));
 #else
