@@ -13,15 +13,36 @@ namespace jax_flash {
 // its last key within the first row's upper bound (both bounds grow with the row) and below kv_len.
 //   acc_s: [kMTiles][kSTiles][4] scores of this warp's rows; row0: the tile's first row; q_rows_valid: rows of the
 //   tile below q_lengths[b]; warp_row0: this warp's first row within the tile.
-template <int kBlockKV, int kMTiles, int kSTiles>
+// kOwnRows (sm90): that test takes this warp's own 16 * kMTiles rows instead of the tile's (a warp-uniform branch),
+// so a block the warp sees whole is not tested score by score because the tile's first rows do not: with 192-row
+// tiles over 128-key blocks (head dim 64, three consumers) or 80-key blocks (head dim 256) the tile's diagonal band
+// covers two or three key blocks where each warp's covers one or two. kRightOnly: a block cut only by the right
+// bound (the causal diagonal, below kv_len, no left bound in reach) takes one compare per score, against a limit
+// formed once, instead of three.
+template <int kBlockKV, bool kOwnRows = false, bool kRightOnly = false, int kMTiles, int kSTiles>
 __device__ __forceinline__ void mask_key_block(float (&acc_s)[kMTiles][kSTiles][4], int kv0, int row0,
                                                int q_rows_valid, int warp_row0, int lane, int lo_off, int hi_off,
                                                int kv_len) {
-  const int last_row = row0 + q_rows_valid - 1;
-  if (kv0 >= last_row + lo_off && kv0 + kBlockKV - 1 <= row0 + hi_off && kv0 + kBlockKV <= kv_len) return;
+  const int first_row = kOwnRows ? row0 + warp_row0 : row0;
+  const int last_row = kOwnRows ? row0 + min(warp_row0 + 16 * kMTiles, q_rows_valid) - 1 : row0 + q_rows_valid - 1;
+  if (kv0 >= last_row + lo_off && kv0 + kBlockKV - 1 <= first_row + hi_off && kv0 + kBlockKV <= kv_len) return;
   // col - row for element (m, n, e) = diag0 + 8n + e%2 - 16m - 8*(e/2)
   const int diag0 = kv0 + 2 * (lane % 4) - (row0 + warp_row0 + lane / 4);
   const int col0 = kv0 + 2 * (lane % 4);
+  if constexpr (kRightOnly) {
+    if (kv0 >= last_row + lo_off && kv0 + kBlockKV <= kv_len) {  // only the right bound cuts this block
+      const int limit = hi_off - diag0;  // element (m, n, e) is visible iff 8n + e%2 - 16m - 8*(e/2) <= limit
+#pragma unroll
+      for (int m = 0; m < kMTiles; ++m)
+#pragma unroll
+        for (int n = 0; n < kSTiles; ++n)
+#pragma unroll
+          for (int e = 0; e < 4; ++e) {
+            if (n * 8 + (e % 2) - m * 16 - 8 * (e / 2) > limit) acc_s[m][n][e] = -INFINITY;
+          }
+      return;
+    }
+  }
 #pragma unroll
   for (int m = 0; m < kMTiles; ++m)
 #pragma unroll

@@ -220,6 +220,19 @@ __global__ void __launch_bounds__(T::kNumThreads, 1)
   static_assert(!(kTrimTail && kExpTurns), "a consumer's own last key block and the exponentials' ring exclude each other");
   // Q from registers for S = Q K^T (traits.cuh, kQInRegs), except in the soft-capped kernels (they spilled with it)
   constexpr bool kQRegs = T::kQInRegs && !kHasSoftcap;
+  // Masking (common/mask_fragment.cuh, session 19): whether a key block is tested score by score is decided on each
+  // warp's own rows, and blocks cut only by the right bound (the causal diagonal) take one compare per score. The
+  // per-score test had cost about as much as the block's softmax: causal head dim 64 512 / 1024 / 2048 keys +5.0 /
+  // +3.0 / +1.6% (Nsight Compute -6.7 / -4.3% time at 512 / 1024), head dims 128 / 256 +0.6 to +1.5% (A/B harness,
+  // H200, three rounds; docs/NOTES.md). JAX_FLASH_AB_MASK overrides them in A/B builds: 0 neither (the tile's rows,
+  // three compares per score, as before), 1 own rows only, 2 both.
+#ifdef JAX_FLASH_AB_MASK
+  constexpr bool kMaskOwnRows = JAX_FLASH_AB_MASK >= 1;
+  constexpr bool kMaskRightOnly = JAX_FLASH_AB_MASK >= 2;
+#else
+  constexpr bool kMaskOwnRows = true;
+  constexpr bool kMaskRightOnly = true;
+#endif
   // The split tail (traits.cuh, kSplitTail; launch.cuh sets p.split_tiles only where it may)
   constexpr bool kSplit = splits_tail<T, kMaskBlocks, kHasSoftcap>();
 
@@ -569,8 +582,9 @@ __global__ void __launch_bounds__(T::kNumThreads, 1)
           for (int e = 0; e < 4; ++e) acc_s[0][n][e] = softcap_score(acc_s[0][n][e], p.softcap, softcap_exp2_scale);
       }
       if constexpr (kMaskBlocks) {
-        mask_key_block<kKeys>(*reinterpret_cast<float(*)[1][kKeys / 8][4]>(&acc_s[0][0][0]), j * T::kBlockKV, row0,
-                              q_rows_valid, warp_row0, lane, lo_off, hi_off, len.kv_len);
+        mask_key_block<kKeys, kMaskOwnRows, kMaskRightOnly>(*reinterpret_cast<float(*)[1][kKeys / 8][4]>(&acc_s[0][0][0]),
+                                                            j * T::kBlockKV, row0, q_rows_valid, warp_row0, lane,
+                                                            lo_off, hi_off, len.kv_len);
       }
       return softmax.template update_max<kKeys / 8>(acc_s, p.scale_log2, max_growth, alpha);
     };
