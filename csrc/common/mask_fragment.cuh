@@ -7,6 +7,21 @@
 
 namespace jax_flash {
 
+// Sets to -inf each score of this warp's fragment for which hide(d, c) holds, with d = col - row and c = col of the
+// element relative to the fragment's first (lane's) element: d = 8n + e%2 - 16m - 8*(e/2), c = 8n + e%2, both
+// compile-time constants after unrolling.
+template <int kMTiles, int kSTiles, class Hide>
+__device__ __forceinline__ void hide_scores(float (&acc_s)[kMTiles][kSTiles][4], Hide hide) {
+#pragma unroll
+  for (int m = 0; m < kMTiles; ++m)
+#pragma unroll
+    for (int n = 0; n < kSTiles; ++n)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        if (hide(n * 8 + (e % 2) - m * 16 - 8 * (e / 2), n * 8 + (e % 2))) acc_s[m][n][e] = -INFINITY;
+      }
+}
+
 // Sets to -inf every score of key block [kv0, kv0 + kBlockKV) that its row may not see (common/visibility.h:
 // lo_off <= col - row <= hi_off and col < kv_len). Blocks that every valid row sees whole are left untouched without
 // a per-element test: the block is fully visible when its first key is within the last valid row's lower bound and
@@ -31,28 +46,16 @@ __device__ __forceinline__ void mask_key_block(float (&acc_s)[kMTiles][kSTiles][
   const int col0 = kv0 + 2 * (lane % 4);
   if constexpr (kRightOnly) {
     if (kv0 >= last_row + lo_off && kv0 + kBlockKV <= kv_len) {  // only the right bound cuts this block
-      const int limit = hi_off - diag0;  // element (m, n, e) is visible iff 8n + e%2 - 16m - 8*(e/2) <= limit
-#pragma unroll
-      for (int m = 0; m < kMTiles; ++m)
-#pragma unroll
-        for (int n = 0; n < kSTiles; ++n)
-#pragma unroll
-          for (int e = 0; e < 4; ++e) {
-            if (n * 8 + (e % 2) - m * 16 - 8 * (e / 2) > limit) acc_s[m][n][e] = -INFINITY;
-          }
+      const int limit = hi_off - diag0;  // element (m, n, e) is visible iff its d <= limit
+      hide_scores(acc_s, [limit](int d, int) { return d > limit; });
       return;
     }
   }
-#pragma unroll
-  for (int m = 0; m < kMTiles; ++m)
-#pragma unroll
-    for (int n = 0; n < kSTiles; ++n)
-#pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        const int diag = diag0 + n * 8 + (e % 2) - m * 16 - 8 * (e / 2);
-        const int col = col0 + n * 8 + (e % 2);
-        if (diag < lo_off || diag > hi_off || col >= kv_len) acc_s[m][n][e] = -INFINITY;
-      }
+  hide_scores(acc_s, [=](int d, int c) {
+    const int diag = diag0 + d;
+    const int col = col0 + c;
+    return diag < lo_off || diag > hi_off || col >= kv_len;
+  });
 }
 
 }  // namespace jax_flash
