@@ -27,6 +27,7 @@
 #include "sm80/ptx.cuh"      // pack2, exp2_approx
 #include "sm90/ptx.cuh"
 #include "sm90/softmax.cuh"
+#include "sm90/trace.cuh"
 #include "sm90/traits.cuh"
 #include "sm90/wgmma_ops.cuh"
 
@@ -239,6 +240,27 @@ __global__ void __launch_bounds__(T::kNumThreads, 1)
   static_assert(!(kQRegs && T::kOInQ), "O staged in Q: Q stays in shared memory until the epilogue");
   // P through shared memory (wgmma SS for P V) instead of registers (traits.cuh)
   constexpr bool kPSmem = T::kPInSmem || (kHasSoftcap && T::kPSmemIfSoftcap);
+  // P packed among the exponentials (session 20): the overlapped key loop waits for the previous P V before its
+  // exponentials rather than after them, so each k16 step of P goes into the A fragments as soon as it is made and
+  // the conversions run beside the MUFU instead of on the consumer's path to its next turn (P from registers, no
+  // exponentials' ring). JAX_FLASH_AB_PACK_IN_EXP overrides it in A/B builds.
+#ifdef JAX_FLASH_AB_PACK_IN_EXP
+  constexpr bool kPackInExp = JAX_FLASH_AB_PACK_IN_EXP != 0 && !kPSmem && !kExpTurns && T::kOverlap;
+#else
+  constexpr bool kPackInExp = false;
+#endif
+  // The epilogue's normalisation with less work (softmax.cuh, finalize_fast; session 20); JAX_FLASH_AB_FAST_EPILOGUE.
+#ifdef JAX_FLASH_AB_FAST_EPILOGUE
+  constexpr bool kFastEpilogue = JAX_FLASH_AB_FAST_EPILOGUE != 0;
+#else
+  constexpr bool kFastEpilogue = false;
+#endif
+  // The early K / V tests (kEarlyTest) issued before the row maxima (session 20); JAX_FLASH_AB_TESTS_EARLY.
+#ifdef JAX_FLASH_AB_TESTS_EARLY
+  constexpr bool kTestsEarly = JAX_FLASH_AB_TESTS_EARLY != 0;
+#else
+  constexpr bool kTestsEarly = false;
+#endif
   auto stage_of = [](int it) {
     if constexpr (kEarlyTest) return static_cast<int>(static_cast<uint32_t>(it) % T::kStages);
     return it % T::kStages;
@@ -257,6 +279,7 @@ __global__ void __launch_bounds__(T::kNumThreads, 1)
     // ---------------------------------------- producer ----------------------------------------------------------
     setmaxnreg_dec<T::kProducerRegs>();
     if (tid == 0) {
+      JAX_FLASH_TRACE_START(0, true);  // (A/B builds with -DJAX_FLASH_TRACE only: trace.cuh)
       prefetch_tensor_map(&tma_q);
       prefetch_tensor_map(&tma_k);
       prefetch_tensor_map(&tma_v);
@@ -305,6 +328,7 @@ __global__ void __launch_bounds__(T::kNumThreads, 1)
         }
         sched[slot].more = more;
         mbarrier_arrive(&sched_full[slot]);
+        JAX_FLASH_TRACE_EVENT(kTraceProducerTile, n);
         if (!more) break;
         // (read back from the slot, which only this thread writes until it arrives on sched_full again: holding the
         // whole TileWork in registers spilled the producer's 40)
@@ -321,6 +345,7 @@ __global__ void __launch_bounds__(T::kNumThreads, 1)
         for (int panel = 0; panel < T::kPanels; ++panel) {
           tma_load_4d(sQ(qb) + panel * T::kQPanelBytes, &tma_q, &q_full[qb], panel * 64, w.row0, w.head, w.batch);
         }
+        JAX_FLASH_TRACE_EVENT(kTraceProducerQ, n);
         ++tiles_done;
         // (kReverse: last key block first, the consumers' order)
         const int j_first = kReverse ? w.block_end - 1 : w.block_begin;
@@ -329,6 +354,7 @@ __global__ void __launch_bounds__(T::kNumThreads, 1)
         auto load_k = [&](int j, int step) {  // key block j into the stage of pipeline step `step`
           const int stage = stage_of(step);
           mbarrier_wait(&k_empty[stage], parity_of(step) ^ 1);  // the consumers are done with this stage's last K
+          JAX_FLASH_TRACE_EVENT(kTraceProducerK, j);
           mbarrier_arrive_expect_tx(&k_full[stage], T::kKVBytes);
 #pragma unroll
           for (int panel = 0; panel < T::kPanels; ++panel) {
@@ -339,6 +365,7 @@ __global__ void __launch_bounds__(T::kNumThreads, 1)
         auto load_v = [&](int j, int step) {
           const int stage = stage_of(step);
           mbarrier_wait(&v_empty[stage], parity_of(step) ^ 1);  // ... and with its last V
+          JAX_FLASH_TRACE_EVENT(kTraceProducerV, j);
           mbarrier_arrive_expect_tx(&v_full[stage], T::kKVBytes);
 #pragma unroll
           for (int panel = 0; panel < T::kPanels; ++panel) {
@@ -373,6 +400,7 @@ __global__ void __launch_bounds__(T::kNumThreads, 1)
   const int warp_in_wg = wg_tid / 32;
   const int lane = tid % 32;
   const int warp_row0 = 64 * consumer + 16 * warp_in_wg;  // this warp's 16 rows within the tile
+  JAX_FLASH_TRACE_START(consumer + 1, wg_tid == 0);  // (A/B builds with -DJAX_FLASH_TRACE only: trace.cuh)
 
   float acc_o[1][T::kOTiles][4];  // O (16 rows of this warp, D): the wgmma m64nD fragment
   auto& acc_o_flat = *reinterpret_cast<float(*)[T::kHeadDim / 2]>(&acc_o[0][0][0]);
@@ -419,6 +447,7 @@ __global__ void __launch_bounds__(T::kNumThreads, 1)
   for (int n = 0;; ++n) {
     const int slot = n & 1;
     mbarrier_wait(&sched_full[slot], (n >> 1) & 1);
+    JAX_FLASH_TRACE_EVENT(kTraceTileStart, n);
     // (the flag through a lane-0 shuffle: warp-uniform for ptxas, which serialises wgmma issued under a branch it
     // cannot prove uniform)
     const bool more = __shfl_sync(0xffffffffu, sched[slot].more, 0) != 0;
@@ -639,6 +668,15 @@ __global__ void __launch_bounds__(T::kNumThreads, 1)
     auto fence_p = [&] {  // P V has completed: the compiler may now reuse P's registers
       if constexpr (!kPSmem) fence_registers(rP_flat);
     };
+    // kPackInExp: P = exp2(...) with each k16 step packed into the A fragments as it is made
+    auto exponentiate_packed = [&]<int kKeys = T::kBlockKV>() {
+      softmax.template exponentiate_packed<kKeys / 8>(acc_s, p.scale_log2, [&](int t) {
+        uint32_t a[4];
+        pack_k16(acc_s, t, a);
+#pragma unroll
+        for (int e = 0; e < 4; ++e) rP[t][e] = a[e];
+      });
+    };
     // After the tile's last Q K^T the producer may refill the Q buffer, unless O is staged there (T::kOInQ: the
     // epilogue releases it once the TMA store has read this consumer's rows).
     auto release_q = [&] {
@@ -667,6 +705,7 @@ __global__ void __launch_bounds__(T::kNumThreads, 1)
       }
       mbarrier_arrive(&q_empty[qb]);
     }
+    JAX_FLASH_TRACE_EVENT(kTraceQReady, n);
     if constexpr (!T::kOverlap) {
       // No intra-warpgroup overlap (cuDNN's schedule, read from its SASS: docs/NOTES.md, session 6). Per key block:
       // S_j = Q K_j^T waited for at once, its row max, then the turn: exponentials, O rescale and P packing, pass
@@ -706,15 +745,24 @@ __global__ void __launch_bounds__(T::kNumThreads, 1)
       // computed (kBlockKV, or its first half).
       auto prologue = [&]<int kKeys>() {
         mbarrier_wait(&k_full[stage_of(it)], parity_of(it));
+        JAX_FLASH_TRACE_EVENT(kTraceKReady, first_j);
         wait_turn();
+        JAX_FLASH_TRACE_EVENT(kTraceTurn, first_j);
         issue_s.template operator()<kKeys>(stage_of(it));
         pass_turn();
         wgmma_wait<0>();
         fence_registers(*reinterpret_cast<float(*)[kKeys / 2]>(&acc_s[0][0][0]));
+        JAX_FLASH_TRACE_EVENT(kTraceSDone, first_j);
         mbarrier_arrive(&k_empty[stage_of(it)]);
         if (first_j == last_j) release_q();  // the tile's last read of Q
-        scores_to_probabilities.template operator()<kKeys>(first_j);
-        pack_probabilities.template operator()<kKeys>();
+        if constexpr (kPackInExp) {
+          scores_to_max.template operator()<kKeys>(first_j);
+          exponentiate_packed.template operator()<kKeys>();
+        } else {
+          scores_to_probabilities.template operator()<kKeys>(first_j);
+          pack_probabilities.template operator()<kKeys>();
+        }
+        JAX_FLASH_TRACE_EVENT(kTraceSoftmaxDone, first_j);
         ++it;
       };
       // Steady state (intra-warpgroup overlap): issue S_j = Q K_j^T and O += P_prev V_prev back to back; the
@@ -726,37 +774,64 @@ __global__ void __launch_bounds__(T::kNumThreads, 1)
           mbarrier_wait(&k_full[stage_of(it)], parity_of(it));
           mbarrier_wait(&v_full[stage_of(it - 1)], parity_of(it - 1));
         }
+        JAX_FLASH_TRACE_EVENT(kTraceKReady, j);
         wait_turn();
+        JAX_FLASH_TRACE_EVENT(kTraceTurn, j);
         issue_s(stage_of(it));
         issue_pv.template operator()<kPrevKeys>(stage_of(it - 1));
         pass_turn();
         wgmma_wait<1>();  // the older group, S_j, is done
         fence_registers(acc_s_flat);
+        JAX_FLASH_TRACE_EVENT(kTraceSDone, j);
         mbarrier_arrive(&k_empty[stage_of(it)]);
         if (j == last_j) release_q();  // the tile's last read of Q: its buffer may refill
+        // kEarlyTest: whether the next K and this V have landed, tested during the softmax (kTestsEarly: both
+        // tests before the row maxima, so their latency hides under them, and no branch between them)
+        [[maybe_unused]] bool k_next_landed = false, v_landed = false;
+        if constexpr (kEarlyTest && kTestsEarly) {
+          k_next_landed = mbarrier_test(&k_full[stage_of(it + 1)], parity_of(it + 1));
+          v_landed = mbarrier_test(&v_full[stage_of(it)], parity_of(it));
+        }
         const bool rescale_o = scores_to_max(j);
-        if constexpr (kEarlyTest) {
+        if constexpr (kEarlyTest && kTestsEarly) {
+          kv_ready = k_next_landed & v_landed;
+        } else if constexpr (kEarlyTest) {
           kv_ready = mbarrier_test(&k_full[stage_of(it + 1)], parity_of(it + 1)) &&
                      mbarrier_test(&v_full[stage_of(it)], parity_of(it));
         }
-        exponentiate_in_turn();
-        wgmma_wait<0>();  // P_prev V_prev is done: O and the P fragments may change
-        fence_registers(acc_o_flat);
-        fence_p();
-        mbarrier_arrive(&v_empty[stage_of(it - 1)]);
-        if (rescale_o) decltype(softmax)::rescale(acc_o, alpha);
-        pack_probabilities();
+        if constexpr (kPackInExp) {
+          wgmma_wait<0>();  // P_prev V_prev is done: its P fragments may be rewritten as the exponentials go
+          fence_registers(acc_o_flat);
+          fence_p();
+          JAX_FLASH_TRACE_EVENT(kTracePVDone, j);
+          mbarrier_arrive(&v_empty[stage_of(it - 1)]);
+          exponentiate_packed();
+          JAX_FLASH_TRACE_EVENT(kTraceSoftmaxDone, j);
+          if (rescale_o) decltype(softmax)::rescale(acc_o, alpha);
+        } else {
+          exponentiate_in_turn();
+          JAX_FLASH_TRACE_EVENT(kTraceSoftmaxDone, j);
+          wgmma_wait<0>();  // P_prev V_prev is done: O and the P fragments may change
+          fence_registers(acc_o_flat);
+          fence_p();
+          JAX_FLASH_TRACE_EVENT(kTracePVDone, j);
+          mbarrier_arrive(&v_empty[stage_of(it - 1)]);
+          if (rescale_o) decltype(softmax)::rescale(acc_o, alpha);
+          pack_probabilities();
+        }
         ++it;
       };
       // Drain: O += P_last V_last (kKeys: the keys of the last block computed).
       auto drain = [&]<int kKeys>() {
         mbarrier_wait(&v_full[stage_of(it - 1)], parity_of(it - 1));
         wait_turn();
+        JAX_FLASH_TRACE_EVENT(kTraceDrainTurn, n);
         issue_pv.template operator()<kKeys>(stage_of(it - 1));
         pass_turn();
         wgmma_wait<0>();
         fence_registers(acc_o_flat);
         fence_p();
+        JAX_FLASH_TRACE_EVENT(kTracePVDone, -1);
         mbarrier_arrive(&v_empty[stage_of(it - 1)]);
       };
       // The key loop whose first block computes kFirstKeys keys. (Each path issues and waits for all of its
@@ -850,16 +925,29 @@ __global__ void __launch_bounds__(T::kNumThreads, 1)
     // ---- epilogue: O / l (zeros for rows past q_rows_valid) and lse -------------------------------------------
     reload_tile();
     bool row_valid[2];
-    float row_lse[2];
 #pragma unroll
     for (int h = 0; h < 2; ++h) row_valid[h] = warp_row0 + lane / 4 + 8 * h < q_rows_valid;
-    softmax.finalize(acc_o, row_valid, p.scale, row_lse);
-    if (p.lse != nullptr && lane % 4 == 0) {  // one lane of each quad owns the row
-      float* gLse = tile_lse();
+    if constexpr (kFastEpilogue) {
+      float row_l[2];
+      softmax.finalize_fast(acc_o, row_valid, warp_row0 + 16 <= q_rows_valid, row_l);
+      if (p.lse != nullptr && lane % 4 == 0) {  // one lane of each quad owns the row
+        float* gLse = tile_lse();
 #pragma unroll
-      for (int h = 0; h < 2; ++h) {
-        const int row = warp_row0 + lane / 4 + 8 * h;
-        if (row < q_rows) gLse[row] = row_valid[h] ? row_lse[h] : -INFINITY;
+        for (int h = 0; h < 2; ++h) {
+          const int row = warp_row0 + lane / 4 + 8 * h;
+          if (row < q_rows) gLse[row] = row_valid[h] ? softmax.row_lse(h, row_l[h], p.scale) : -INFINITY;
+        }
+      }
+    } else {
+      float row_lse[2];
+      softmax.finalize(acc_o, row_valid, p.scale, row_lse);
+      if (p.lse != nullptr && lane % 4 == 0) {  // one lane of each quad owns the row
+        float* gLse = tile_lse();
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+          const int row = warp_row0 + lane / 4 + 8 * h;
+          if (row < q_rows) gLse[row] = row_valid[h] ? row_lse[h] : -INFINITY;
+        }
       }
     }
     // O -> this consumer's 64 rows of sO (swizzled like Q) -> global
@@ -891,6 +979,7 @@ __global__ void __launch_bounds__(T::kNumThreads, 1)
           mbarrier_arrive(&q_empty[qb]);
         }
       }
+      JAX_FLASH_TRACE_EVENT(kTraceEpilogueDone, n);
     } else {  // 16-byte coalesced stores from every thread
       named_barrier_sync(1 + consumer, 128);  // every thread of this consumer is done reading the last tile's sO rows
 #pragma unroll

@@ -100,6 +100,28 @@ struct SplitSoftmax {
     }
   }
 
+  // exponentiate(), with P handed on as it is made: after the exponentials of n-tiles 2t and 2t + 1 (both row
+  // halves), pack_step(t) packs k16 step t (the caller's wgmma A fragments), so the conversions run among the
+  // exponentials instead of after them (the kernel's kPackInExp). The same values and row sums as exponentiate().
+  template <int kTiles = kSTiles, class PackStep>
+  __device__ __forceinline__ void exponentiate_packed(float (&acc_s)[1][kSTiles][4], float scale_log2,
+                                                      PackStep&& pack_step) {
+    static_assert(kTiles <= kSTiles && kTiles % 2 == 0);
+    float m_scaled[2];
+#pragma unroll
+    for (int h = 0; h < 2; ++h) m_scaled[h] = (row_max[h] == -INFINITY ? 0.0f : row_max[h]) * scale_log2;
+#pragma unroll
+    for (int t = 0; t < kTiles / 2; ++t) {
+#pragma unroll
+      for (int n = 2 * t; n < 2 * t + 2; ++n)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) acc_s[0][n][e] = sm80::exp2_approx(fmaf(acc_s[0][n][e], scale_log2, -m_scaled[e / 2]));
+      pack_step(t);
+    }
+#pragma unroll
+    for (int h = 0; h < 2; ++h) row_sum[h] += sm80::row_half_sum<kTiles, kChains>(first_tiles<kTiles>(acc_s), h);
+  }
+
   __device__ __forceinline__ static void rescale(float (&acc_o)[1][kOTiles][4], const float (&alpha)[2]) {
 #pragma unroll
     for (int n = 0; n < kOTiles; ++n) {
@@ -108,6 +130,38 @@ struct SplitSoftmax {
       acc_o[0][n][2] *= alpha[1];
       acc_o[0][n][3] *= alpha[1];
     }
+  }
+
+  // finalize() with less work per tile (the kernel's kFastEpilogue, session 20): 1 / l by one MUFU.RCP (l >= 1
+  // for a row that saw a key: the entry that set its maximum counts 2^0, and l is rescaled with the maximum), the
+  // row selects only when some row of the warp is past the valid rows (`warp_all_valid`, the same on every lane),
+  // and no lse here: row_lse() gives it from the returned row sums l, for the calls that ask for it.
+  __device__ __forceinline__ void finalize_fast(float (&acc_o)[1][kOTiles][4], const bool (&row_valid)[2],
+                                                bool warp_all_valid, float (&l)[2]) {
+    float inv[2];
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      l[h] = sm80::quad_sum(row_sum[h]);
+      float r;
+      asm("rcp.approx.ftz.f32 %0, %1;" : "=f"(r) : "f"(l[h]));
+      inv[h] = l[h] > 0.0f ? r : 0.0f;
+    }
+    if (warp_all_valid) {
+#pragma unroll
+      for (int n = 0; n < kOTiles; ++n)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) acc_o[0][n][e] *= inv[e / 2];
+    } else {
+#pragma unroll
+      for (int n = 0; n < kOTiles; ++n)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) acc_o[0][n][e] = row_valid[e / 2] ? acc_o[0][n][e] * inv[e / 2] : 0.0f;
+    }
+  }
+  // Row half h's natural-log log-sum-exp of the scaled scores from its row sum l (finalize_fast); -inf for a row
+  // that saw no key.
+  __device__ __forceinline__ float row_lse(int h, float l, float scale) const {
+    return l > 0.0f ? row_max[h] * scale + logf(l) : -INFINITY;
   }
 
   // The epilogue's O = O / l, with zeros for a row that saw no key (l = 0) and for row half h when !row_valid[h]

@@ -299,6 +299,32 @@ int main(int argc, char** argv) {
       std::printf("variant %d D=%d S=%d%s kv%d wg%d: %.1f us %.1f TFLOP/s (min %.1f us)\n", kVariant, d, s,
                   sh.causal ? "c" : "", block_kv_of(sh), consumers_of(sh), ms * 1e3, flops / ms / 1e9,
                   per_call.front() * 1e3);
+#ifdef JAX_FLASH_TRACE
+      // One more launch with the timeline on (csrc/sm90/trace.cuh), written raw to $TRACE_FILE_D<d>_S<s>[c].bin
+      if (const char* trace_file = std::getenv("TRACE_FILE")) {
+        int device = 0, sms = 0;
+        CHECK_CUDA(cudaGetDevice(&device));
+        CHECK_CUDA(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
+        const size_t words = size_t(sms) * sm90::kTraceRoles * sm90::kTraceRecords * 2;
+        uint64_t* dtrace = nullptr;
+        CHECK_CUDA(cudaMalloc(&dtrace, words * 8));
+        CHECK_CUDA(cudaMemset(dtrace, 0, words * 8));
+        CHECK_CUDA(cudaMemcpyToSymbol(sm90::g_trace_buffer, &dtrace, sizeof(dtrace)));
+        run_any(pr, stream);
+        CHECK_CUDA(cudaStreamSynchronize(stream));
+        uint64_t* none = nullptr;
+        CHECK_CUDA(cudaMemcpyToSymbol(sm90::g_trace_buffer, &none, sizeof(none)));
+        std::vector<uint64_t> host(words);
+        CHECK_CUDA(cudaMemcpy(host.data(), dtrace, words * 8, cudaMemcpyDeviceToHost));
+        CHECK_CUDA(cudaFree(dtrace));
+        const std::string name = std::string(trace_file) + "_D" + std::to_string(d) + "_S" + std::to_string(s) +
+                                 (sh.causal ? "c" : "") + ".bin";
+        if (FILE* f = std::fopen(name.c_str(), "wb")) {
+          std::fwrite(host.data(), 8, words, f);
+          std::fclose(f);
+        }
+      }
+#endif
     }
   }
   return 0;
