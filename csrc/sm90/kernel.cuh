@@ -247,19 +247,19 @@ __global__ void __launch_bounds__(T::kNumThreads, 1)
 #ifdef JAX_FLASH_AB_PACK_IN_EXP
   constexpr bool kPackInExp = JAX_FLASH_AB_PACK_IN_EXP != 0 && !kPSmem && !kExpTurns && T::kOverlap;
 #else
-  constexpr bool kPackInExp = false;
+  constexpr bool kPackInExp = !kPSmem && !kExpTurns && T::kOverlap;
 #endif
   // The epilogue's normalisation with less work (softmax.cuh, finalize_fast; session 20); JAX_FLASH_AB_FAST_EPILOGUE.
 #ifdef JAX_FLASH_AB_FAST_EPILOGUE
   constexpr bool kFastEpilogue = JAX_FLASH_AB_FAST_EPILOGUE != 0;
 #else
-  constexpr bool kFastEpilogue = false;
+  constexpr bool kFastEpilogue = true;
 #endif
   // The early K / V tests (kEarlyTest) issued before the row maxima (session 20); JAX_FLASH_AB_TESTS_EARLY.
 #ifdef JAX_FLASH_AB_TESTS_EARLY
   constexpr bool kTestsEarly = JAX_FLASH_AB_TESTS_EARLY != 0;
 #else
-  constexpr bool kTestsEarly = false;
+  constexpr bool kTestsEarly = true;
 #endif
   auto stage_of = [](int it) {
     if constexpr (kEarlyTest) return static_cast<int>(static_cast<uint32_t>(it) % T::kStages);
