@@ -240,14 +240,14 @@ __global__ void __launch_bounds__(T::kNumThreads, 1)
   static_assert(!(kQRegs && T::kOInQ), "O staged in Q: Q stays in shared memory until the epilogue");
   // P through shared memory (wgmma SS for P V) instead of registers (traits.cuh)
   constexpr bool kPSmem = T::kPInSmem || (kHasSoftcap && T::kPSmemIfSoftcap);
-  // P packed among the exponentials (session 20): the overlapped key loop waits for the previous P V before its
-  // exponentials rather than after them, so each k16 step of P goes into the A fragments as soon as it is made and
-  // the conversions run beside the MUFU instead of on the consumer's path to its next turn (P from registers, no
-  // exponentials' ring). JAX_FLASH_AB_PACK_IN_EXP overrides it in A/B builds.
-  // (All three session-20 changes stay off in the causal head-dim-256 config, 80-key blocks without pingpong:
-  // Nsight Compute +2.7 / +8.2% time at causal 1024 / 4096 keys with them, run 6; non-causal -0.7%.)
-  // kLeanStep: the three changes below (session 20).
+  // kLeanStep: the three session-20 changes below (docs/NOTES.md, session 20: Nsight Compute -4.9 / -3.2 / -3.2% time
+  // at head dim 128 non-causal 1024 / 2048 / 4096 keys, -2.2% at head dim 64 causal 1024). Not in the causal head-dim-
+  // 256 config (80-key blocks without pingpong), where they cost +2.7 / +8.2% time at causal 1024 / 4096 keys.
   constexpr bool kLeanStep = !(T::kHeadDim == 256 && !T::kPingpong);
+  // P packed among the exponentials: the overlapped key loop waits for the previous P V before its exponentials
+  // rather than after them, so each k16 step of P goes into the A fragments as soon as it is made and the
+  // conversions run beside the MUFU instead of on the consumer's path to its next turn (P from registers, no
+  // exponentials' ring). JAX_FLASH_AB_PACK_IN_EXP overrides it in A/B builds.
 #ifdef JAX_FLASH_AB_PACK_IN_EXP
   constexpr bool kPackInExp = JAX_FLASH_AB_PACK_IN_EXP != 0 && !kPSmem && !kExpTurns && T::kOverlap;
 #else
