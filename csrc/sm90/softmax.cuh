@@ -174,7 +174,7 @@ struct SplitSoftmax {
     for (int h = 0; h < 2; ++h) {
       const float l = sm80::quad_sum(row_sum[h]);
       inv[h] = l > 0.0f ? 1.0f / l : 0.0f;
-      lse[h] = l > 0.0f ? row_max[h] * scale + logf(l) : -INFINITY;
+      lse[h] = row_lse(h, l, scale);
     }
 #pragma unroll
     for (int n = 0; n < kOTiles; ++n)
