@@ -128,15 +128,10 @@ __global__ void __launch_bounds__(T::kNumThreads) attention_kernel(const __grid_
   // Key j is visible to row i when  i + lo_off <= j <= i + hi_off  and  j < kv_len  (common/visibility.h, with the
   // unbounded sides mapped to +-kUnbounded). Two offsets per block keep the mask cheap in registers.
   const int diag_offset = len.kv_len - len.q_len;
-  // Masking (common/mask_fragment.cuh): the tile's rows and three compares per score. The sm90 family's per-warp test
-  // and one-compare diagonal (session 19) were measured here too (`JAX_FLASH_AB_MASK_SM80=1`, the package benchmark's
-  // sm80 column, causal, H200): -4.8 to +2.8% against the same build's rows two runs earlier (median -1.2%), no gain
-  // (mma.sync and ldmatrix bound this family, not the mask): off (docs/NOTES.md, session 19).
-#if defined(JAX_FLASH_AB_MASK_SM80) && JAX_FLASH_AB_MASK_SM80 == 1
-  constexpr bool kMaskOwnRows = true, kMaskRightOnly = true;
-#else
+  // Masking (common/mask_fragment.cuh) tests the tile's rows with three compares per score: the sm90 family's
+  // per-warp test and one-compare diagonal measured no gain here (median -1.2% causal, H200), since mma.sync and
+  // ldmatrix bound this family, not the mask.
   constexpr bool kMaskOwnRows = false, kMaskRightOnly = false;
-#endif
   const int lo_off = p.window_left >= kUnbounded ? -kUnbounded : diag_offset - p.window_left;
   const int hi_off = p.window_right >= kUnbounded ? kUnbounded : diag_offset + p.window_right;
 

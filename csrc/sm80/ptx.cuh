@@ -1,4 +1,4 @@
-// Thin wrappers over the Ampere instructions the sm80 family uses: cp.async, ldmatrix, mma.sync m16n8k16, ex2.
+// Thin wrappers over the Ampere instructions only the sm80 family uses: cp.async, ldmatrix.trans, mma.sync m16n8k16.
 // Loads from shared memory are `volatile` so the issue order chosen by the fragment-load knobs survives compilation.
 #pragma once
 
@@ -7,11 +7,9 @@
 
 #include <cstdint>
 
-namespace jax_flash::sm80 {
+#include "common/fragment_ops.cuh"  // smem_address, ldmatrix_x4, pack2, exp2_approx
 
-__device__ __forceinline__ uint32_t smem_address(const void* ptr) {
-  return static_cast<uint32_t>(__cvta_generic_to_shared(ptr));
-}
+namespace jax_flash::sm80 {
 
 // 16-byte global->shared copy; src_bytes = 0 writes zeros (used for rows past the sequence end).
 __device__ __forceinline__ void cp_async_16(void* smem_dst, const void* gmem_src, bool valid) {
@@ -26,14 +24,6 @@ __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commi
 template <int kPending>
 __device__ __forceinline__ void cp_async_wait() {
   asm volatile("cp.async.wait_group %0;\n" ::"n"(kPending) : "memory");
-}
-
-// Four 8x8 b16 matrices; lane l supplies the shared-memory address of matrix l/8, row l%8.
-__device__ __forceinline__ void ldmatrix_x4(uint32_t (&r)[4], uint32_t smem_row_address) {
-  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
-               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-               : "r"(smem_row_address)
-               : "memory");
 }
 
 __device__ __forceinline__ void ldmatrix_x4_trans(uint32_t (&r)[4], uint32_t smem_row_address) {
@@ -63,29 +53,6 @@ __device__ __forceinline__ void mma_16816<__nv_bfloat16>(float (&d)[4], const ui
       "{%0, %1, %2, %3};\n"
       : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-}
-
-// Two fp32 values -> one register of two 16-bit elements (low half = first).
-template <typename Element>
-__device__ __forceinline__ uint32_t pack2(float lo, float hi);
-
-template <>
-__device__ __forceinline__ uint32_t pack2<__half>(float lo, float hi) {
-  __half2 h = __floats2half2_rn(lo, hi);
-  return *reinterpret_cast<uint32_t*>(&h);
-}
-
-template <>
-__device__ __forceinline__ uint32_t pack2<__nv_bfloat16>(float lo, float hi) {
-  __nv_bfloat162 h = __floats2bfloat162_rn(lo, hi);
-  return *reinterpret_cast<uint32_t*>(&h);
-}
-
-// 2^x in one MUFU.EX2 (flushes subnormal results to zero, which a softmax weight can afford).
-__device__ __forceinline__ float exp2_approx(float x) {
-  float y;
-  asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
-  return y;
 }
 
 }  // namespace jax_flash::sm80

@@ -6,6 +6,8 @@
 
 #include <cstdint>
 
+#include "common/fragment_ops.cuh"  // smem_address
+
 namespace jax_flash::sm90 {
 
 // The lane index read by a volatile asm, which ptxas neither hoists out of loops nor keeps live across them: for
@@ -16,13 +18,9 @@ __device__ __forceinline__ int lane_id_fresh() {
   return lane;
 }
 
-__device__ __forceinline__ uint32_t smem_u32(const void* ptr) {
-  return static_cast<uint32_t>(__cvta_generic_to_shared(ptr));
-}
-
 // ---- mbarrier (64-bit shared-memory barrier with an arrival count and a transaction-byte count) ----------------
 __device__ __forceinline__ void mbarrier_init(uint64_t* bar, uint32_t arrivals) {
-  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(smem_u32(bar)), "r"(arrivals) : "memory");
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(smem_address(bar)), "r"(arrivals) : "memory");
 }
 
 // Makes the initialised barriers visible to the async proxy (the TMA unit) before first use.
@@ -32,12 +30,12 @@ __device__ __forceinline__ void fence_barrier_init() {
 
 // One arrival that also announces `bytes` of transactions (the TMA copies that will complete on this barrier).
 __device__ __forceinline__ void mbarrier_arrive_expect_tx(uint64_t* bar, uint32_t bytes) {
-  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(smem_u32(bar)), "r"(bytes)
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(smem_address(bar)), "r"(bytes)
                : "memory");
 }
 
 __device__ __forceinline__ void mbarrier_arrive(uint64_t* bar) {
-  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(smem_u32(bar)) : "memory");
+  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(smem_address(bar)) : "memory");
 }
 
 // Blocks until the phase with parity `parity` has completed (a fresh barrier is in phase 0, so waiting for
@@ -49,7 +47,7 @@ __device__ __forceinline__ void mbarrier_wait(uint64_t* bar, uint32_t parity) {
       "wait_loop:\n"
       "mbarrier.try_wait.parity.shared::cta.b64 done, [%0], %1;\n"
       "@!done bra wait_loop;\n"
-      "}\n" ::"r"(smem_u32(bar)),
+      "}\n" ::"r"(smem_address(bar)),
       "r"(parity)
       : "memory");
 }
@@ -65,7 +63,7 @@ __device__ __forceinline__ bool mbarrier_test(uint64_t* bar, uint32_t parity) {
       "selp.u32 %0, 1, 0, p;\n"
       "}\n"
       : "=r"(done)
-      : "r"(smem_u32(bar)), "r"(parity)
+      : "r"(smem_address(bar)), "r"(parity)
       : "memory");
   return done != 0;
 }
@@ -76,8 +74,8 @@ __device__ __forceinline__ void tma_load_4d(void* smem_dst, const CUtensorMap* m
                                             int c2, int c3) {
   asm volatile(
       "cp.async.bulk.tensor.4d.shared::cluster.global.tile.mbarrier::complete_tx::bytes [%0], [%1, {%3, %4, %5, %6}], "
-      "[%2];\n" ::"r"(smem_u32(smem_dst)),
-      "l"(reinterpret_cast<uint64_t>(map)), "r"(smem_u32(bar)), "r"(c0), "r"(c1), "r"(c2), "r"(c3)
+      "[%2];\n" ::"r"(smem_address(smem_dst)),
+      "l"(reinterpret_cast<uint64_t>(map)), "r"(smem_address(bar)), "r"(c0), "r"(c1), "r"(c2), "r"(c3)
       : "memory");
 }
 
@@ -88,7 +86,7 @@ __device__ __forceinline__ void tma_store_4d(const CUtensorMap* map, const void*
                                              int c3) {
   asm volatile("cp.async.bulk.tensor.4d.global.shared::cta.tile.bulk_group [%0, {%2, %3, %4, %5}], [%1];\n" ::"l"(
                    reinterpret_cast<uint64_t>(map)),
-               "r"(smem_u32(smem_src)), "r"(c0), "r"(c1), "r"(c2), "r"(c3)
+               "r"(smem_address(smem_src)), "r"(c0), "r"(c1), "r"(c2), "r"(c3)
                : "memory");
 }
 __device__ __forceinline__ void bulk_commit_group() { asm volatile("cp.async.bulk.commit_group;\n" ::: "memory"); }
@@ -179,7 +177,7 @@ __device__ __forceinline__ void fence_proxy_async_smem() {
   asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
 }
 
-// ---- flags between thread blocks (the split tail, kernel.cuh) -------------------------------------------------------
+// ---- flags between thread blocks (the split tail, split_tail.cuh) -------------------------------------------------------
 // Release: this thread's earlier global writes (and, after a CTA barrier, its block's: the barrier orders them before
 // it) are visible at GPU scope to whoever acquires the flag's new value.
 __device__ __forceinline__ void flag_store_release(unsigned* flag, unsigned value) {

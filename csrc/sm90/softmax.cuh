@@ -8,31 +8,16 @@
 
 #include <cmath>
 
-#include "sm80/ptx.cuh"      // exp2_approx
-#include "sm80/softmax.cuh"  // quad_max, quad_sum, row_half_max, row_half_sum
+#include "common/fragment_ops.cuh"  // exp2_approx
+#include "common/row_reduce.cuh"    // quad_max, quad_sum, row_half_max, row_half_sum
 
 namespace jax_flash::sm90 {
-
-// 2^x on the FMA pipe (FlashAttention-4's partial exponential emulation; A/B builds only, JAX_FLASH_AB_EXP_EMU):
-// x = j + f with j = rint(x) (by the 1.5 * 2^23 magic add) and f in [-0.5, 0.5], 2^f by a cubic (relative error
-// 7.5e-5, under bf16's and fp16's rounding of P), and j added to the exponent field. x is clamped at -126 so the
-// exponent stays >= 0 (2^-126 and below read as 0 after the P conversion), which also maps -inf (masked) to ~0.
-__device__ __forceinline__ float exp2_fma(float x) {
-  x = fmaxf(x, -126.0f);
-  const float t = x + 12582912.0f;           // 1.5 * 2^23: t's low mantissa bits hold rint(x)
-  const float j = t - 12582912.0f;
-  const float f = x - j;
-  float p = fmaf(0.05517132f, f, 0.24261054f);  // 2^f on [-0.5, 0.5], relative-error minimax cubic (7.5e-5)
-  p = fmaf(p, f, 0.69326099f);
-  p = fmaf(p, f, 0.99992811f);
-  return __int_as_float(__float_as_int(p) + (__float_as_int(t) << 23));
-}
 
 template <int kSTiles, int kOTiles>
 struct SplitSoftmax {
   float row_max[2] = {-INFINITY, -INFINITY};  // raw score units (the scale is applied inside exp2)
   float row_sum[2] = {0.0f, 0.0f};            // this thread's partial sums until finalize()
-  // Independent partial max / sum chains per row half (sm80/softmax.cuh): 4, but 2 for 192-key blocks, where the
+  // Independent partial max / sum chains per row half (common/row_reduce.cuh): 4, but 2 for 192-key blocks, where the
   // extra partials made the soft-capped variant spill.
   static constexpr int kChains = kSTiles > 16 ? 2 : 4;
 
@@ -41,7 +26,7 @@ struct SplitSoftmax {
   // per row half, the row sums already rescaled), the same answer on every lane of the warp; exponentiate() then
   // turns S into P = exp2(S * scale_log2 - m * scale_log2) in place and adds P's rows to the row sums.
   // Lazy rescale (FlashAttention-4): the running maximum m moves only when some row of the warp has grown by more
-  // than max_growth (raw units, sm80::lazy_rescale_threshold: a factor 2^8 after exp2). Otherwise P is taken against the old
+  // than max_growth (raw units, lazy_rescale_threshold: a factor 2^8 after exp2). Otherwise P is taken against the old
   // m, so its entries are <= 2^8 (exact enough in bf16 / fp16: the relative rounding is the same), the row sums and
   // O stay in fp32, and the O rescale (D / 2 FMUL per thread) and the alpha exponentials are skipped: after the
   // first key blocks the maximum of a row rarely grows that much. Needs scale_log2 > 0 (csrc/common/params.h).
@@ -60,7 +45,7 @@ struct SplitSoftmax {
     bool grows = false;
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
-      m_new[h] = fmaxf(row_max[h], sm80::quad_max(sm80::row_half_max<kTiles, kChains>(tiles, h)));
+      m_new[h] = fmaxf(row_max[h], quad_max(row_half_max<kTiles, kChains>(tiles, h)));
       // true for a row's first finite maximum (-inf + max_growth is -inf); false while every score is masked
       grows |= !(m_new[h] <= row_max[h] + max_growth);
     }
@@ -69,7 +54,7 @@ struct SplitSoftmax {
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
         // A row that has seen only masked (-inf) scores keeps m = -inf: exponentiate against 0 so nothing is NaN.
-        alpha[h] = sm80::exp2_approx(row_max[h] * scale_log2 - (m_new[h] == -INFINITY ? 0.0f : m_new[h]) * scale_log2);
+        alpha[h] = exp2_approx(row_max[h] * scale_log2 - (m_new[h] == -INFINITY ? 0.0f : m_new[h]) * scale_log2);
         row_max[h] = m_new[h];
         row_sum[h] *= alpha[h];
       }
@@ -87,22 +72,16 @@ struct SplitSoftmax {
       for (int n = 0; n < kTiles; ++n) {
 #pragma unroll
         for (int e = 2 * h; e < 2 * h + 2; ++e) {
-#ifdef JAX_FLASH_AB_EXP_EMU  // every JAX_FLASH_AB_EXP_EMU-th n-tile's exponentials on the FMA pipe
-          if (n % JAX_FLASH_AB_EXP_EMU == JAX_FLASH_AB_EXP_EMU - 1) {
-            acc_s[0][n][e] = exp2_fma(fmaf(acc_s[0][n][e], scale_log2, -m_scaled));
-            continue;
-          }
-#endif
-          acc_s[0][n][e] = sm80::exp2_approx(fmaf(acc_s[0][n][e], scale_log2, -m_scaled));
+          acc_s[0][n][e] = exp2_approx(fmaf(acc_s[0][n][e], scale_log2, -m_scaled));
         }
       }
-      row_sum[h] += sm80::row_half_sum<kTiles, kChains>(first_tiles<kTiles>(acc_s), h);
+      row_sum[h] += row_half_sum<kTiles, kChains>(first_tiles<kTiles>(acc_s), h);
     }
   }
 
   // exponentiate(), with P handed on as it is made: after the exponentials of n-tiles 2t and 2t + 1 (both row
   // halves), pack_step(t) packs k16 step t (the caller's wgmma A fragments), so the conversions run among the
-  // exponentials instead of after them (the kernel's kPackInExp). The same values and row sums as exponentiate().
+  // exponentials instead of after them (Variant::kPackInExp). The same values and row sums as exponentiate().
   template <int kTiles = kSTiles, class PackStep>
   __device__ __forceinline__ void exponentiate_packed(float (&acc_s)[1][kSTiles][4], float scale_log2,
                                                       PackStep&& pack_step) {
@@ -115,11 +94,11 @@ struct SplitSoftmax {
 #pragma unroll
       for (int n = 2 * t; n < 2 * t + 2; ++n)
 #pragma unroll
-        for (int e = 0; e < 4; ++e) acc_s[0][n][e] = sm80::exp2_approx(fmaf(acc_s[0][n][e], scale_log2, -m_scaled[e / 2]));
+        for (int e = 0; e < 4; ++e) acc_s[0][n][e] = exp2_approx(fmaf(acc_s[0][n][e], scale_log2, -m_scaled[e / 2]));
       pack_step(t);
     }
 #pragma unroll
-    for (int h = 0; h < 2; ++h) row_sum[h] += sm80::row_half_sum<kTiles, kChains>(first_tiles<kTiles>(acc_s), h);
+    for (int h = 0; h < 2; ++h) row_sum[h] += row_half_sum<kTiles, kChains>(first_tiles<kTiles>(acc_s), h);
   }
 
   __device__ __forceinline__ static void rescale(float (&acc_o)[1][kOTiles][4], const float (&alpha)[2]) {
@@ -132,7 +111,7 @@ struct SplitSoftmax {
     }
   }
 
-  // finalize() with less work per tile (the kernel's kFastEpilogue, session 20): 1 / l by one MUFU.RCP (l >= 1
+  // finalize() with less work per tile (Variant::kFastEpilogue): 1 / l by one MUFU.RCP (l >= 1
   // for a row that saw a key: the entry that set its maximum counts 2^0, and l is rescaled with the maximum), the
   // row selects only when some row of the warp is past the valid rows (`warp_all_valid`, the same on every lane),
   // and no lse here: row_lse() gives it from the returned row sums l, for the calls that ask for it.
@@ -141,7 +120,7 @@ struct SplitSoftmax {
     float inv[2];
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
-      l[h] = sm80::quad_sum(row_sum[h]);
+      l[h] = quad_sum(row_sum[h]);
       float r;
       asm("rcp.approx.ftz.f32 %0, %1;" : "=f"(r) : "f"(l[h]));
       inv[h] = l[h] > 0.0f ? r : 0.0f;
@@ -172,7 +151,7 @@ struct SplitSoftmax {
     float inv[2];
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
-      const float l = sm80::quad_sum(row_sum[h]);
+      const float l = quad_sum(row_sum[h]);
       inv[h] = l > 0.0f ? 1.0f / l : 0.0f;
       lse[h] = row_lse(h, l, scale);
     }

@@ -1,6 +1,5 @@
-// A timeline of one launch of the sm90 kernel, for diagnosis in A/B builds only (tests/harness/sm90_ab.cu with
-// -DJAX_FLASH_TRACE; docs/NOTES.md, session 20). Without the macro every call here is empty and the kernel's PTX
-// is unchanged.
+// A timeline of one launch of the sm90 kernel, for diagnosis only: a build with -DJAX_FLASH_TRACE (the A/B harness,
+// tools/ab/) records it; without the flag every call here is empty and the kernel's code is unchanged.
 //
 // Each role of each block (the producer's thread 0, lane 0 of each consumer's first warp) appends 16-byte records
 // {event, tile or key block, SM clock} to its own row of a global buffer: row (blockIdx.x * kTraceRoles + role),
@@ -55,18 +54,12 @@ struct Tracer {
     ++count;
   }
 };
+#else
+// Without the flag every call is empty: the shipped kernels' code is unchanged.
+struct Tracer {
+  __device__ __forceinline__ void start(int, bool) {}
+  __device__ __forceinline__ void operator()(uint32_t, int) {}
+};
 #endif
 
 }  // namespace jax_flash::sm90
-
-// In the kernel: JAX_FLASH_TRACE_START(role, recording_thread) once per role, JAX_FLASH_TRACE_EVENT(event, aux) at
-// each event; nothing at all without -DJAX_FLASH_TRACE (macros, so the shipped kernels' code is untouched).
-#ifdef JAX_FLASH_TRACE
-#define JAX_FLASH_TRACE_START(role, recording_thread) \
-  ::jax_flash::sm90::Tracer trace_;                  \
-  trace_.start(role, recording_thread)
-#define JAX_FLASH_TRACE_EVENT(event, aux) trace_(event, aux)
-#else
-#define JAX_FLASH_TRACE_START(role, recording_thread) static_cast<void>(0)
-#define JAX_FLASH_TRACE_EVENT(event, aux) static_cast<void>(0)
-#endif

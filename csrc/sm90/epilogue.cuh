@@ -1,0 +1,112 @@
+// The epilogue of the sm90 kernel, per consumer and tile: O / l (zeros for rows past the valid ones), the lse, and
+// O through this consumer's 64 rows of the staging buffer (stmatrix) to global memory by one TMA store per 64-column
+// panel; and the zeros and lse = -inf of rows that see no key.
+#pragma once
+
+#include <cstdint>
+
+#include "common/params.h"
+#include "sm90/fragments.cuh"
+#include "sm90/mainloop.cuh"  // ConsumerTile
+#include "sm90/pingpong.cuh"  // sync_consumer
+#include "sm90/ptx.cuh"
+#include "sm90/shared_storage.cuh"
+
+namespace jax_flash::sm90 {
+
+template <class T, class V>
+struct Epilogue {
+  using Element = typename T::Element;
+
+  // The tile's O rows and lse entries, formed where they are written (held across the key loop, the 64-bit pointers
+  // cost registers the soft-capped variants do not have).
+  __device__ __forceinline__ static Element* tile_o(const AttentionParams& p, const ConsumerTile& t) {
+    return static_cast<Element*>(p.o) + t.batch * p.o_batch_stride + int64_t{t.row0} * p.o_seq_stride +
+           t.head * p.o_head_stride;
+  }
+  __device__ __forceinline__ static float* tile_lse(const AttentionParams& p, const ConsumerTile& t) {
+    return p.lse + t.batch * p.lse_batch_stride + t.head * p.lse_head_stride + t.row0;
+  }
+
+  // This consumer's rows inside the tensor: zeros and lse = -inf.
+  __device__ __forceinline__ static void write_zero_rows(const AttentionParams& p, const ConsumerTile& t, int consumer,
+                                                         int wg_tid) {
+    constexpr int kRowChunks = T::kHeadDim / 8;  // 16-byte chunks per row
+    Element* gO = tile_o(p, t);
+    for (int i = wg_tid; i < 64 * kRowChunks; i += 128) {
+      const int row = 64 * consumer + i / kRowChunks;
+      if (row < t.q_rows) {
+        *reinterpret_cast<uint4*>(gO + row * p.o_seq_stride + (i % kRowChunks) * 8) = make_uint4(0, 0, 0, 0);
+      }
+    }
+    if (p.lse != nullptr) {
+      float* gLse = tile_lse(p, t);
+      for (int r = 64 * consumer + wg_tid; r < min(t.q_rows, 64 * consumer + 64); r += 128) gLse[r] = -INFINITY;
+    }
+  }
+
+  // O / l and lse of the mainloop's rows, then O stored. `m`: the consumer's Mainloop after the tile's key blocks.
+  template <class Mainloop>
+  __device__ __forceinline__ static void store(Mainloop& m, const ConsumerTile& t, SmemView<T> s,
+                                               const CUtensorMap& tma_o, int wg_tid) {
+    const AttentionParams& p = m.p;
+    const int consumer = m.consumer, lane = m.lane, warp_row0 = m.warp_row0;
+    bool row_valid[2];
+#pragma unroll
+    for (int h = 0; h < 2; ++h) row_valid[h] = warp_row0 + lane / 4 + 8 * h < t.q_rows_valid;
+    if constexpr (V::kFastEpilogue) {
+      float row_l[2];
+      m.softmax.finalize_fast(m.acc_o, row_valid, warp_row0 + 16 <= t.q_rows_valid, row_l);
+      if (p.lse != nullptr && lane % 4 == 0) {  // one lane of each quad owns the row
+        float* gLse = tile_lse(p, t);
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+          const int row = warp_row0 + lane / 4 + 8 * h;
+          if (row < t.q_rows) gLse[row] = row_valid[h] ? m.softmax.row_lse(h, row_l[h], p.scale) : -INFINITY;
+        }
+      }
+    } else {
+      float row_lse[2];
+      m.softmax.finalize(m.acc_o, row_valid, p.scale, row_lse);
+      if (p.lse != nullptr && lane % 4 == 0) {  // one lane of each quad owns the row
+        float* gLse = tile_lse(p, t);
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+          const int row = warp_row0 + lane / 4 + 8 * h;
+          if (row < t.q_rows) gLse[row] = row_valid[h] ? row_lse[h] : -INFINITY;
+        }
+      }
+    }
+    // O -> this consumer's 64 rows of the staging buffer (swizzled like Q) by stmatrix, then one TMA store per
+    // 64-column panel by thread 0 of the consumer; the TMA unit clips rows past the tensor. That thread first waits
+    // until its previous store has read the buffer.
+    char* sO = s.o();
+    if (wg_tid == 0) bulk_wait_group_read0();
+    sync_consumer(consumer);  // ... and every thread of the consumer knows it
+    // (T::kHoldTileSlot: the lane read afresh, so these addresses are formed here, not held through the key loop)
+    const int e_lane = T::kHoldTileSlot ? lane_id_fresh() : lane;
+    const uint32_t so_base = smem_address(sO) + (64 * consumer + fragment_row_of(m.warp_in_wg, e_lane)) * T::kRowBytes;
+#pragma unroll
+    for (int k = 0; k < T::kHeadDim / 16; ++k) {  // O tiles 2k, 2k + 1: columns 16k .. 16k + 15
+      uint32_t a[4];
+      pack_k16<Element>(m.acc_o, k, a);
+      stmatrix_x4(so_base + (k / 4) * T::kQPanelBytes + fragment_chunk_of(k, e_lane) * 16, a);
+    }
+    fence_proxy_async_smem();  // the generic-proxy writes, visible to the TMA unit ...
+    sync_consumer(consumer);   // ... from every thread of the consumer
+    if (wg_tid == 0) {
+#pragma unroll
+      for (int panel = 0; panel < T::kPanels; ++panel) {
+        tma_store_4d(&tma_o, sO + panel * T::kQPanelBytes + 64 * consumer * T::kRowBytes, panel * 64,
+                     t.row0 + 64 * consumer, t.head, t.batch);
+      }
+      bulk_commit_group();
+      if constexpr (T::kOInQ) {  // O was staged in this consumer's rows of Q: they may refill once read
+        bulk_wait_group_read0();
+        mbarrier_arrive(s.q_empty(m.qb));
+      }
+    }
+  }
+};
+
+}  // namespace jax_flash::sm90

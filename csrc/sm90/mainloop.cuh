@@ -1,0 +1,493 @@
+// The consumers' main loop of the sm90 kernel: per key block of a tile, S = Q K^T by wgmma (Q from shared memory, or
+// from registers loaded once per tile: V::kQRegs), softcap and mask, the online softmax in registers (exp2 with the
+// scale folded in), and O += P V by wgmma with P from registers (or shared memory: V::kPSmem) and V (MN-major) from
+// shared memory. With intra-warpgroup overlap (T::kOverlap) the previous block's P V is issued together with this
+// block's Q K^T and the softmax runs under it; with pingpong the consumers take turns issuing (pingpong.cuh).
+// Masked three-consumer kernels walk a tile's key blocks last first (V::kReverse), so a consumer whose rows see only
+// the first half of its last block computes that block, its first, at half width (V::kHalfLast).
+#pragma once
+
+#include <cstdint>
+
+#include "common/mask_fragment.cuh"
+#include "common/params.h"
+#include "common/row_reduce.cuh"  // lazy_rescale_threshold
+#include "common/visibility.h"
+#include "sm90/fragments.cuh"
+#include "sm90/pingpong.cuh"
+#include "sm90/pipeline.cuh"
+#include "sm90/ptx.cuh"
+#include "sm90/shared_storage.cuh"
+#include "sm90/softmax.cuh"
+#include "sm90/trace.cuh"
+#include "sm90/wgmma_ops.cuh"
+
+namespace jax_flash::sm90 {
+
+// A tile's facts as one consumer holds them (copied from its slot, tile_scheduler.cuh).
+struct ConsumerTile {
+  int batch, head, row0, q_rows, q_rows_valid;
+  int block_begin, block_end;
+  BatchLengths len;
+};
+
+// softcap * tanh(s * scale / softcap) as softcap - 2 softcap / (1 + 2^(s * exp2_scale)), exp2_scale = 2 log2(e) *
+// scale / softcap: two MUFU operations (ex2, rcp) and three FMA-pipe ones instead of tanhf's branchy polynomial, whose
+// temporaries made the wide-block variants spill. Absolute error ~1e-7 * softcap (the form loses relative accuracy
+// only where tanh is near 0, i.e. where the score is near 0 anyway); +-inf exponentials give +-softcap exactly.
+__device__ __forceinline__ float softcap_score(float s, float softcap, float exp2_scale) {
+  float r;
+  asm("rcp.approx.ftz.f32 %0, %1;" : "=f"(r) : "f"(1.0f + exp2_approx(s * exp2_scale)));
+  return fmaf(-2.0f * softcap, r, softcap);
+}
+
+// One consumer's registers that live across tiles (a local of the consumer role, which the epilogue and the split
+// tail read too).
+template <class T, class V>
+struct ConsumerRegisters {
+  float acc_o[1][T::kOTiles][4];               // O (16 rows of this warp, D): the wgmma m64nD fragment
+  float acc_s[1][T::kSTiles][4];               // S of the current key block
+  uint32_t rP[T::kKVSteps][4];                 // P of the previous key block as wgmma A fragments
+  uint32_t rQ[V::kQRegs ? T::kDSteps : 1][4];  // V::kQRegs: this consumer's 64 rows of Q as wgmma A fragments
+  float alpha[2];                              // the O rescale of the current key block
+  SplitSoftmax<T::kSTiles, T::kOTiles> softmax;  // the current tile's row maxima and sums
+};
+
+// One consumer's main loop, one object for the whole block: begin_tile() sets up a tile, run() computes O and the
+// softmax statistics of its 64 rows over the tile's key blocks, into the caller's registers.
+template <class T, class V>
+struct Mainloop {
+  using Element = typename T::Element;
+  using P = Pipeline<T, V>;
+  using Softmax = SplitSoftmax<T::kSTiles, T::kOTiles>;
+
+  // ---- the consumer, for the whole block
+  const AttentionParams& p;
+  const SmemView<T> s;
+  const Turns<T, V> turns;
+  Tracer& trace;
+  const int consumer;    // rows [64 * consumer, 64 * consumer + 64) of each tile
+  const int warp_in_wg;  // this warp's 16 of them
+  const int lane;
+  const int warp_row0;     // 64 * consumer + 16 * warp_in_wg
+  const float max_growth;  // the lazy rescale's threshold (common/row_reduce.cuh)
+  int it = 0;              // the pipeline step of the next key block (pipeline.cuh)
+  int tiles_done = 0;      // tiles whose Q this consumer has taken
+  float (&acc_o)[1][T::kOTiles][4];
+  float (&acc_s)[1][T::kSTiles][4];
+  uint32_t (&rP)[T::kKVSteps][4];
+  uint32_t (&rQ)[V::kQRegs ? T::kDSteps : 1][4];
+  float (&alpha)[2];
+  Softmax& softmax;
+
+  // ---- the current tile
+  ConsumerTile tile;        // (a copy: the consumer's own may be reloaded for the epilogue)
+  int tile_number;          // (the trace's)
+  int qb;                   // its Q buffer
+  uint32_t sQ_addr;         // this consumer's 64 rows of it
+  uint64_t q_desc0, k_desc0, v_desc0, p_desc0;
+  int st_row;               // this lane's fragment row (fragments.cuh)
+  uint32_t st_base;         // ... in this consumer's P (V::kPSmem)
+  int lo_off, hi_off;       // key j is visible to row i when i + lo_off <= j <= i + hi_off, j < kv_len
+  int my_end;               // this consumer's key blocks end here (V::kTrimTail), else the tile's
+  bool half_last;           // V::kHalfLast: its last key block is computed at half width
+  float softcap_exp2_scale;
+
+  __device__ __forceinline__ Mainloop(const AttentionParams& p_, SmemView<T> s_, int consumer_, int warp_in_wg_,
+                                      int lane_, Tracer& trace_, ConsumerRegisters<T, V>& r)
+      : p(p_), s(s_), turns{consumer_}, trace(trace_), consumer(consumer_), warp_in_wg(warp_in_wg_), lane(lane_),
+        warp_row0(64 * consumer_ + 16 * warp_in_wg_), max_growth(lazy_rescale_threshold(p_.scale_log2)),
+        acc_o(r.acc_o), acc_s(r.acc_s), rP(r.rP), rQ(r.rQ), alpha(r.alpha), softmax(r.softmax) {}
+
+  __device__ __forceinline__ auto& acc_o_flat() { return *reinterpret_cast<float(*)[T::kHeadDim / 2]>(&acc_o[0][0][0]); }
+  __device__ __forceinline__ auto& acc_s_flat() { return *reinterpret_cast<float(*)[T::kBlockKV / 2]>(&acc_s[0][0][0]); }
+  __device__ __forceinline__ auto& rP_flat() { return *reinterpret_cast<uint32_t(*)[T::kKVSteps * 4]>(&rP[0][0]); }
+
+  // ---- descriptors: a base descriptor (stage 0, step 0) plus a byte offset added to its start-address field (the
+  // per-step masks and shifts of a full descriptor were a fifth of the key loop's instructions). Q (A, K-major): this
+  // consumer's 64 rows of each panel; k16 step kk is panel kk/4, byte 32*(kk%4) of the swizzled row. K (B, K-major):
+  // the same stepping over kBlockKV rows. V (B, MN-major): k16 step t is rows 16t..16t+15 (2048 bytes in), the N = D
+  // columns span the panels kKVPanelBytes apart (LBO). P (A, V::kPSmem): this consumer's (64, kBlockKV), like Q.
+  __device__ __forceinline__ uint64_t q_desc(int kk) const {
+    return smem_offset(q_desc0, (kk / 4) * T::kQPanelBytes + (kk % 4) * 32);
+  }
+  __device__ __forceinline__ uint64_t k_desc(int stage, int kk) const {
+    return smem_offset(k_desc0, stage * T::kKVBytes + (kk / 4) * T::kKVPanelBytes + (kk % 4) * 32);
+  }
+  __device__ __forceinline__ uint64_t v_desc(int stage, int t) const {
+    return smem_offset(v_desc0, stage * T::kKVBytes + t * 16 * T::kRowBytes);
+  }
+  __device__ __forceinline__ uint64_t p_desc(int t) const {
+    return smem_offset(p_desc0, (t / 4) * T::kPPanelBytes + (t % 4) * 32);
+  }
+
+  // ---- the products (kKeys: the keys of the block that are computed, kBlockKV or its first half; S's first
+  // kKeys / 8 n-tiles are the m64n(kKeys) accumulator), one commit group each
+  template <int kKeys = T::kBlockKV>
+  __device__ __forceinline__ void issue_s(int stage) {  // S = Q K^T
+    wgmma_fence();
+#pragma unroll
+    for (int kk = 0; kk < T::kDSteps; ++kk) {
+      if constexpr (V::kQRegs) {
+        wgmma_rs_k<Element, kKeys>(*reinterpret_cast<float(*)[kKeys / 2]>(&acc_s[0][0][0]), rQ[kk], k_desc(stage, kk),
+                                   kk > 0);
+      } else {
+        wgmma_ss<Element, kKeys>(*reinterpret_cast<float(*)[kKeys / 2]>(&acc_s[0][0][0]), q_desc(kk),
+                                 k_desc(stage, kk), kk > 0);
+      }
+    }
+    wgmma_commit();
+  }
+  template <int kKeys = T::kBlockKV>
+  __device__ __forceinline__ void issue_pv(int stage) {  // O += P V
+    wgmma_fence();
+#pragma unroll
+    for (int t = 0; t < kKeys / 16; ++t) {
+      if constexpr (V::kPSmem) {
+        wgmma_ss_tb<Element, T::kHeadDim>(acc_o_flat(), p_desc(t), v_desc(stage, t), 1);
+      } else {
+        wgmma_rs<Element, T::kHeadDim>(acc_o_flat(), rP[t], v_desc(stage, t), 1);
+      }
+    }
+    wgmma_commit();
+  }
+
+  // ---- the softmax steps
+  // softcap, mask and the running max of S_j; sets alpha for the O rescale and returns whether it is needed
+  template <int kKeys = T::kBlockKV>
+  __device__ __forceinline__ bool scores_to_max(int j) {
+    if constexpr (V::kHasSoftcap) {  // S = softcap * tanh(S * scale / softcap); the softmax then runs with scale 1
+#pragma unroll
+      for (int n = 0; n < kKeys / 8; ++n)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) acc_s[0][n][e] = softcap_score(acc_s[0][n][e], p.softcap, softcap_exp2_scale);
+    }
+    if constexpr (V::kMaskBlocks) {
+      mask_key_block<kKeys, V::kMaskOwnRows, V::kMaskRightOnly>(
+          *reinterpret_cast<float(*)[1][kKeys / 8][4]>(&acc_s[0][0][0]), j * T::kBlockKV, tile.row0,
+          tile.q_rows_valid, warp_row0, lane, lo_off, hi_off, tile.len.kv_len);
+    }
+    return softmax.template update_max<kKeys / 8>(acc_s, p.scale_log2, max_growth, alpha);
+  }
+  // P = exp2(...) in place, inside the exponentials' turn (V::kExpTurns)
+  template <int kKeys = T::kBlockKV>
+  __device__ __forceinline__ void exponentiate_in_turn() {
+    [[maybe_unused]] auto& s_flat = *reinterpret_cast<float(*)[kKeys / 2]>(&acc_s[0][0][0]);
+    turns.wait_exp();
+    if constexpr (V::kExpTurns) fence_registers(s_flat);
+    softmax.template exponentiate<kKeys / 8>(acc_s, p.scale_log2);
+    if constexpr (V::kExpTurns) fence_registers(s_flat);
+    turns.pass_exp();
+  }
+  template <int kKeys = T::kBlockKV>
+  __device__ __forceinline__ bool scores_to_probabilities(int j) {  // scores_to_max, then P
+    const bool rescale = scores_to_max<kKeys>(j);
+    exponentiate_in_turn<kKeys>();
+    return rescale;
+  }
+  // P (fp32) -> A fragments: k16 step t covers S tiles 2t and 2t+1 (in registers, or stmatrix into shared memory)
+  template <int kKeys = T::kBlockKV>
+  __device__ __forceinline__ void pack_probabilities() {
+#pragma unroll
+    for (int t = 0; t < kKeys / 16; ++t) {
+      uint32_t a[4];
+      pack_k16<Element>(acc_s, t, a);
+      if constexpr (V::kPSmem) {
+        stmatrix_x4(st_base + (t / 4) * T::kPPanelBytes + fragment_chunk_of(t, lane) * 16, a);
+      } else {
+#pragma unroll
+        for (int e = 0; e < 4; ++e) rP[t][e] = a[e];
+      }
+    }
+    if constexpr (V::kPSmem) {  // the whole warpgroup's P is written and visible to wgmma (the async proxy)
+      fence_proxy_async_smem();
+      sync_consumer(consumer);
+    }
+  }
+  // V::kPackInExp: P = exp2(...) with each k16 step packed into the A fragments as it is made
+  template <int kKeys = T::kBlockKV>
+  __device__ __forceinline__ void exponentiate_packed() {
+    softmax.template exponentiate_packed<kKeys / 8>(acc_s, p.scale_log2, [&](int t) {
+      uint32_t a[4];
+      pack_k16<Element>(acc_s, t, a);
+#pragma unroll
+      for (int e = 0; e < 4; ++e) rP[t][e] = a[e];
+    });
+  }
+  __device__ __forceinline__ void fence_p() {  // P V has completed: the compiler may now reuse P's registers
+    if constexpr (!V::kPSmem) fence_registers(rP_flat());
+  }
+  // After the tile's last Q K^T the producer may refill the Q buffer, unless O is staged there (T::kOInQ: the
+  // epilogue releases it once the TMA store has read this consumer's rows) or Q was read into registers.
+  __device__ __forceinline__ void release_q() {
+    if constexpr (!T::kOInQ && !V::kQRegs) mbarrier_arrive(s.q_empty(qb));
+  }
+  // V::kTrimTail: the key blocks past this consumer's rows: no math, but the consumer waits for and releases their
+  // stages and takes their turns (an arrival before a stage's fill would count toward its previous phase).
+  __device__ __forceinline__ void skip_blocks() {
+    for (int j = my_end; j < tile.block_end; ++j, ++it) {
+      turns.wait();  // (one turn per key block, with or without overlap)
+      turns.pass();
+      mbarrier_wait(s.k_full(P::stage_of(it)), P::parity_of(it));
+      mbarrier_arrive(s.k_empty(P::stage_of(it)));
+      mbarrier_wait(s.v_full(P::stage_of(it)), P::parity_of(it));
+      mbarrier_arrive(s.v_empty(P::stage_of(it)));
+    }
+  }
+
+  // ---- a tile of an idle consumer: every row of this consumer is past the tile's valid rows (the last query block
+  // of a length that is not a multiple of kBlockQ, or a padded batch entry). No math, but the consumer still takes
+  // part in the pipeline: it releases each K/V stage and Q once the producer's fill of them has landed and takes its
+  // pingpong turns. (Three consumers only: with two, the extra path made ptxas spill in the D = 128 kernels, and
+  // 192-row tiles are the ones that waste a third.)
+  __device__ __forceinline__ void run_idle(const ConsumerTile& t) {
+    const int q_buffer = P::q_buffer_of(tiles_done);
+    mbarrier_wait(s.q_full(q_buffer), P::q_parity_of(tiles_done));
+    ++tiles_done;
+    for (int j = t.block_begin; j <= t.block_end; ++j, ++it) {  // turn j: S_j (j < block_end) and P_{j-1} V_{j-1}
+      if (T::kOverlap || j < t.block_end) {  // without overlap one turn per key block (its exponentials)
+        turns.wait();
+        turns.pass();
+      }
+      if (j < t.block_end) {
+        mbarrier_wait(s.k_full(P::stage_of(it)), P::parity_of(it));
+        mbarrier_arrive(s.k_empty(P::stage_of(it)));
+        if (j == t.block_end - 1) mbarrier_arrive(s.q_empty(q_buffer));
+      }
+      if (j > t.block_begin) {
+        mbarrier_wait(s.v_full(P::stage_of(it - 1)), P::parity_of(it - 1));
+        mbarrier_arrive(s.v_empty(P::stage_of(it - 1)));
+      }
+    }
+    --it;  // the loop ran block_end - block_begin + 1 times; the math path advances it once per key block
+  }
+
+  // ---- a tile: O and the softmax state of this consumer's 64 rows over the tile's key blocks
+  __device__ __forceinline__ void run(const ConsumerTile& t, int n) {
+    begin_tile(t, n);
+    mbarrier_wait(s.q_full(qb), P::q_parity_of(tiles_done));
+    ++tiles_done;
+    if constexpr (V::kQRegs) {
+      // this consumer's 64 rows of Q -> A fragments (k16 step kk: panel kk / 4, the fragment addresses, which are
+      // ldmatrix's too), then the buffer is free: every read of it is in registers
+#pragma unroll
+      for (int kk = 0; kk < T::kDSteps; ++kk) {
+        ldmatrix_x4(rQ[kk], sQ_addr + (kk / 4) * T::kQPanelBytes + st_row * T::kRowBytes + fragment_chunk_of(kk, lane) * 16);
+      }
+      mbarrier_arrive(s.q_empty(qb));
+    }
+    trace(kTraceQReady, tile_number);
+    if constexpr (!T::kOverlap) {
+      run_without_overlap();
+      if constexpr (V::kTrimTail) skip_blocks();
+    } else {
+      if constexpr (V::kTrimTail && V::kReverse) skip_blocks();
+      // the key blocks in this consumer's order: first_j first, then each block toward last_j
+      const int first_j = V::kReverse ? my_end - 1 : t.block_begin;
+      const int last_j = V::kReverse ? t.block_begin : my_end - 1;
+      if constexpr (V::kHalfLast) {
+        if (half_last) {
+          key_loop<T::kBlockKV / 2>(first_j, last_j);
+        } else {
+          key_loop<T::kBlockKV>(first_j, last_j);
+        }
+      } else {
+        key_loop<T::kBlockKV>(first_j, last_j);
+      }
+      if constexpr (V::kTrimTail && !V::kReverse) skip_blocks();
+    }
+  }
+
+  __device__ __forceinline__ void begin_tile(const ConsumerTile& t, int n) {
+    tile = t;
+    tile_number = n;
+#pragma unroll
+    for (int n = 0; n < T::kOTiles; ++n)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) acc_o[0][n][e] = 0.0f;
+    softmax = Softmax{};
+    const int diag_offset = t.len.kv_len - t.len.q_len;
+    lo_off = p.window_left >= kUnbounded ? -kUnbounded : diag_offset - p.window_left;
+    hi_off = p.window_right >= kUnbounded ? kUnbounded : diag_offset + p.window_right;
+    // V::kTrimTail: this consumer's own last key block. Its 64 rows can see fewer keys than the tile's last row
+    // (causal: consumer 0's rows end 64 rows above consumer 1's); at least one block is computed, so rows that see
+    // no key come out as zeros and lse = -inf.
+    my_end = t.block_end;
+    // V::kHalfLast: this consumer's rows see none of the second half of its last key block (the causal diagonal; a
+    // key length that ends in a block's first half), so that block's two products run at half width and its softmax
+    // over half the scores. (Warp-uniform for ptxas through a lane-0 shuffle: wgmma under a branch it cannot prove
+    // uniform is serialised.)
+    half_last = false;
+    if constexpr (V::kTrimTail || V::kHalfLast) {
+      const KeySpan mine = visible_keys_of_rows(p, t.len, t.row0 + 64 * consumer,
+                                                t.row0 + min(64 * consumer + 64, t.q_rows_valid));
+      if constexpr (V::kTrimTail) {
+        my_end = max(t.block_begin + 1, min(t.block_end, (mine.end + T::kBlockKV - 1) / T::kBlockKV));
+      }
+      if constexpr (V::kHalfLast) {
+        half_last = __shfl_sync(0xffffffffu, mine.end <= (my_end - 1) * T::kBlockKV + T::kBlockKV / 2 ? 1 : 0, 0) != 0;
+      }
+    }
+    qb = P::q_buffer_of(tiles_done);
+    sQ_addr = smem_address(s.q(qb)) + consumer * 64 * T::kRowBytes;
+    q_desc0 = smem_descriptor(sQ_addr, 16, 1024);
+    k_desc0 = smem_descriptor(smem_address(s.k(0)), 16, 1024);
+    v_desc0 = smem_descriptor(smem_address(s.v(0)), T::kKVPanelBytes, 1024);
+    st_row = fragment_row_of(warp_in_wg, lane);
+    if constexpr (V::kPSmem) {
+      const uint32_t sP_addr = smem_address(s.p(consumer));
+      p_desc0 = smem_descriptor(sP_addr, 16, 1024);
+      st_base = sP_addr + st_row * T::kRowBytes;
+    }
+    softcap_exp2_scale = p.softcap_scale * 2.0f * 1.4426950408889634f;  // 2 log2(e) * scale / softcap
+  }
+
+  // No intra-warpgroup overlap (cuDNN's schedule). Per key block: S_j = Q K_j^T waited for at once, its row max,
+  // then the turn: exponentials, O rescale and P packing, pass the turn, O += P_j V_j waited for at once. With
+  // pingpong the consumers' exponentials (MUFU) never run at the same time, and each one's products run under the
+  // other's exponentials.
+  __device__ __forceinline__ void run_without_overlap() {
+    for (int j = tile.block_begin; j < my_end; ++j, ++it) {
+      mbarrier_wait(s.k_full(P::stage_of(it)), P::parity_of(it));
+      issue_s(P::stage_of(it));
+      wgmma_wait<0>();
+      fence_registers(acc_s_flat());
+      mbarrier_arrive(s.k_empty(P::stage_of(it)));
+      if (j == my_end - 1) release_q();  // the tile's last read of Q
+      const bool rescale_o = scores_to_max(j);
+      turns.wait();
+      softmax.exponentiate(acc_s, p.scale_log2);
+      if (rescale_o) Softmax::rescale(acc_o, alpha);
+      pack_probabilities();
+      turns.pass();
+      mbarrier_wait(s.v_full(P::stage_of(it)), P::parity_of(it));
+      issue_pv(P::stage_of(it));
+      wgmma_wait<0>();
+      fence_registers(acc_o_flat());
+      fence_p();
+      mbarrier_arrive(s.v_empty(P::stage_of(it)));
+    }
+  }
+
+  // ---- the overlapped key loop, whose first block computes kFirstKeys keys. (Each path issues and waits for all of
+  // its products itself: wgmma issued in one branch and waited for after the paths join is serialised by ptxas. A
+  // half-width S = Q K^T in the steady loop, issued beside a full P V, made ptxas serialise every wgmma of the
+  // kernel, C7511; in the prologue it does not.)
+  template <int kFirstKeys>
+  __device__ __forceinline__ void key_loop(int first_j, int last_j) {
+    constexpr bool kHalfFirst = kFirstKeys < T::kBlockKV;
+    constexpr int kDir = V::kReverse ? -1 : 1;
+    bool kv_ready = false;  // V::kEarlyTest: K_j and V_prev were seen complete during the last block's softmax
+    prologue<kFirstKeys>(first_j, last_j);
+    if constexpr (kHalfFirst) {  // the next step's P V is the half-width one (or the drain's, if none)
+      if (first_j == last_j) {
+        drain<kFirstKeys>();
+        return;
+      }
+      step<kFirstKeys>(first_j + kDir, last_j, kv_ready);
+    }
+    for (int j = first_j + (kHalfFirst ? 2 : 1) * kDir; V::kReverse ? j >= last_j : j <= last_j; j += kDir) {
+      step<T::kBlockKV>(j, last_j, kv_ready);
+    }
+    drain<T::kBlockKV>();
+  }
+
+  // Prologue: S of the first block and its softmax (O is still zero: no rescale).
+  template <int kKeys>
+  __device__ __forceinline__ void prologue(int first_j, int last_j) {
+    mbarrier_wait(s.k_full(P::stage_of(it)), P::parity_of(it));
+    trace(kTraceKReady, first_j);
+    turns.wait();
+    trace(kTraceTurn, first_j);
+    issue_s<kKeys>(P::stage_of(it));
+    turns.pass();
+    wgmma_wait<0>();
+    fence_registers(*reinterpret_cast<float(*)[kKeys / 2]>(&acc_s[0][0][0]));
+    trace(kTraceSDone, first_j);
+    mbarrier_arrive(s.k_empty(P::stage_of(it)));
+    if (first_j == last_j) release_q();  // the tile's last read of Q
+    if constexpr (V::kPackInExp) {
+      scores_to_max<kKeys>(first_j);
+      exponentiate_packed<kKeys>();
+    } else {
+      scores_to_probabilities<kKeys>(first_j);
+      pack_probabilities<kKeys>();
+    }
+    trace(kTraceSoftmaxDone, first_j);
+    ++it;
+  }
+
+  // Steady state: issue S_j = Q K_j^T and O += P_prev V_prev back to back; the softmax of S_j runs while
+  // P_prev V_prev is still on the tensor cores; O is rescaled once it is done. kPrevKeys: the keys of the previous
+  // block computed.
+  template <int kPrevKeys>
+  __device__ __forceinline__ void step(int j, int last_j, bool& kv_ready) {
+    if (!kv_ready) {
+      mbarrier_wait(s.k_full(P::stage_of(it)), P::parity_of(it));
+      mbarrier_wait(s.v_full(P::stage_of(it - 1)), P::parity_of(it - 1));
+    }
+    trace(kTraceKReady, j);
+    turns.wait();
+    trace(kTraceTurn, j);
+    issue_s(P::stage_of(it));
+    issue_pv<kPrevKeys>(P::stage_of(it - 1));
+    turns.pass();
+    wgmma_wait<1>();  // the older group, S_j, is done
+    fence_registers(acc_s_flat());
+    trace(kTraceSDone, j);
+    mbarrier_arrive(s.k_empty(P::stage_of(it)));
+    if (j == last_j) release_q();  // the tile's last read of Q: its buffer may refill
+    // V::kEarlyTest: whether the next K and this V have landed, tested during the softmax (V::kTestsEarly: both
+    // tests before the row maxima, so their latency hides under them, and no branch between them)
+    [[maybe_unused]] bool k_next_landed = false, v_landed = false;
+    if constexpr (V::kEarlyTest && V::kTestsEarly) {
+      k_next_landed = mbarrier_test(s.k_full(P::stage_of(it + 1)), P::parity_of(it + 1));
+      v_landed = mbarrier_test(s.v_full(P::stage_of(it)), P::parity_of(it));
+    }
+    const bool rescale_o = scores_to_max(j);
+    if constexpr (V::kEarlyTest && V::kTestsEarly) {
+      kv_ready = k_next_landed & v_landed;
+    } else if constexpr (V::kEarlyTest) {
+      kv_ready = mbarrier_test(s.k_full(P::stage_of(it + 1)), P::parity_of(it + 1)) &&
+                 mbarrier_test(s.v_full(P::stage_of(it)), P::parity_of(it));
+    }
+    if constexpr (V::kPackInExp) {
+      wgmma_wait<0>();  // P_prev V_prev is done: its P fragments may be rewritten as the exponentials go
+      fence_registers(acc_o_flat());
+      fence_p();
+      trace(kTracePVDone, j);
+      mbarrier_arrive(s.v_empty(P::stage_of(it - 1)));
+      exponentiate_packed();
+      trace(kTraceSoftmaxDone, j);
+      if (rescale_o) Softmax::rescale(acc_o, alpha);
+    } else {
+      exponentiate_in_turn();
+      trace(kTraceSoftmaxDone, j);
+      wgmma_wait<0>();  // P_prev V_prev is done: O and the P fragments may change
+      fence_registers(acc_o_flat());
+      fence_p();
+      trace(kTracePVDone, j);
+      mbarrier_arrive(s.v_empty(P::stage_of(it - 1)));
+      if (rescale_o) Softmax::rescale(acc_o, alpha);
+      pack_probabilities();
+    }
+    ++it;
+  }
+
+  // Drain: O += P_last V_last (kKeys: the keys of the last block computed).
+  template <int kKeys>
+  __device__ __forceinline__ void drain() {
+    mbarrier_wait(s.v_full(P::stage_of(it - 1)), P::parity_of(it - 1));
+    turns.wait();
+    trace(kTraceDrainTurn, tile_number);
+    issue_pv<kKeys>(P::stage_of(it - 1));
+    turns.pass();
+    wgmma_wait<0>();
+    fence_registers(acc_o_flat());
+    fence_p();
+    trace(kTracePVDone, -1);
+    mbarrier_arrive(s.v_empty(P::stage_of(it - 1)));
+  }
+};
+
+}  // namespace jax_flash::sm90

@@ -1,0 +1,121 @@
+// The producer role of the sm90 kernel: one thread of warpgroup 0 draws the block's tiles, publishes each with its
+// facts in a tile slot, and issues the TMA copies of its Q (once per tile, into one of kQBuffers buffers) and of its
+// K and V blocks into the kStages-deep ring, each completing on its stage's "full" barrier after the consumers have
+// released the stage on its "empty" one. It runs ahead across tile boundaries: the next tile's Q and first K/V land
+// while the consumers finish the current tile.
+#pragma once
+
+#include <cstdint>
+#include <type_traits>
+
+#include "common/params.h"
+#include "sm90/pipeline.cuh"
+#include "sm90/ptx.cuh"
+#include "sm90/shared_storage.cuh"
+#include "sm90/split_tail.cuh"
+#include "sm90/tile_scheduler.cuh"
+#include "sm90/trace.cuh"
+
+namespace jax_flash::sm90 {
+
+template <class T, class V>
+struct Producer {
+  using P = Pipeline<T, V>;
+  const AttentionParams& p;
+  SmemView<T> s;
+  const CUtensorMap& tma_q;
+  const CUtensorMap& tma_k;
+  const CUtensorMap& tma_v;
+  Tracer trace;
+
+  // Key block j of the tile into the stage of pipeline step `step`.
+  __device__ __forceinline__ void load_k(const TileWork& w, int j, int step) {
+    const int stage = P::stage_of(step);
+    mbarrier_wait(s.k_empty(stage), P::parity_of(step) ^ 1);  // the consumers are done with this stage's last K
+    trace(kTraceProducerK, j);
+    mbarrier_arrive_expect_tx(s.k_full(stage), T::kKVBytes);
+#pragma unroll
+    for (int panel = 0; panel < T::kPanels; ++panel) {
+      tma_load_4d(s.k(stage) + panel * T::kKVPanelBytes, &tma_k, s.k_full(stage), panel * 64, j * T::kBlockKV,
+                  w.kv_head, w.batch);
+    }
+  }
+  __device__ __forceinline__ void load_v(const TileWork& w, int j, int step) {
+    const int stage = P::stage_of(step);
+    mbarrier_wait(s.v_empty(stage), P::parity_of(step) ^ 1);  // ... and with its last V
+    trace(kTraceProducerV, j);
+    mbarrier_arrive_expect_tx(s.v_full(stage), T::kKVBytes);
+#pragma unroll
+    for (int panel = 0; panel < T::kPanels; ++panel) {
+      tma_load_4d(s.v(stage) + panel * T::kKVPanelBytes, &tma_v, s.v_full(stage), panel * 64, j * T::kBlockKV,
+                  w.kv_head, w.batch);
+    }
+  }
+
+  // The tile's key blocks in the consumers' order (V::kReverse: last first), from pipeline step `it` on.
+  __device__ __forceinline__ void load_key_blocks(const TileWork& w, int& it) {
+    const int j_first = V::kReverse ? w.block_end - 1 : w.block_begin;
+    const int j_step = V::kReverse ? -1 : 1;
+    auto in_tile = [&](int j) { return V::kReverse ? j >= w.block_begin : j < w.block_end; };
+    if constexpr (V::kKAhead) {  // K_first, then per block j: K_{j+1} (if any), V_j
+      load_k(w, j_first, it);
+      for (int j = j_first; in_tile(j); j += j_step, ++it) {
+        if (in_tile(j + j_step)) load_k(w, j + j_step, it + 1);
+        load_v(w, j, it);
+      }
+    } else {  // per block j: K_j, V_j
+      for (int j = j_first; V::kReverse ? j >= w.block_begin : j < w.block_end; j += j_step, ++it) {
+        load_k(w, j, it);
+        load_v(w, j, it);
+      }
+    }
+  }
+
+  // Walks the block's tiles: each start at tile blockIdx.x, then the counter or the static stride
+  // (tile_scheduler.cuh); with the split tail, the whole tiles, then this block's share of the split ones.
+  __device__ __forceinline__ void run(int64_t num_tiles) {
+    trace.start(0, true);
+    prefetch_tensor_map(&tma_q);
+    prefetch_tensor_map(&tma_k);
+    prefetch_tensor_map(&tma_v);
+    int it = 0, tiles_done = 0;
+    // (32-bit tile arithmetic where it suffices: the 64-bit divisions of tile_work spilled a 32-register producer)
+    using TileIndex = std::conditional_t<T::kTileIndex32, int, int64_t>;
+    TileIndex next = blockIdx.x;
+    TileSlot* const sched = s.sched();
+    SplitState* const split = s.split();
+    if constexpr (V::kSplit) begin_split_share(p, *split);
+    for (int n = 0;; ++n) {
+      const int slot = n & 1;
+      const bool whole = next < (V::kSplit ? p.split_whole_tiles : num_tiles);
+      const bool more = whole || (V::kSplit && split->blocks_left > 0);
+      mbarrier_wait(s.sched_empty(slot), ((n >> 1) & 1) ^ 1);  // the consumers have read this slot's last tile
+      if (more) sched[slot].work = tile_work<T, TileIndex>(p, whole ? next : p.split_whole_tiles + split->tile);
+      if (V::kSplit && more) take_split_piece(p, *split, sched[slot].work, whole, n);
+      sched[slot].more = more;
+      mbarrier_arrive(s.sched_full(slot));
+      trace(kTraceProducerTile, n);
+      if (!more) break;
+      // (read back from the slot, which only this thread writes until it arrives on sched_full again: holding the
+      // whole TileWork in registers spilled the producer's 40)
+      const TileWork& w = sched[slot].work;
+      // Drawn now, used at the next iteration: the atomic's latency hides under this tile's loads.
+      next = p.tile_counter != nullptr
+                 ? static_cast<TileIndex>(gridDim.x) + static_cast<TileIndex>(atomicAdd(p.tile_counter, 1ull))
+                 : next + static_cast<TileIndex>(gridDim.x);
+      if (w.block_begin >= w.block_end) continue;  // the consumers write zeros; nothing to load
+      const int qb = P::q_buffer_of(tiles_done);
+      mbarrier_wait(s.q_empty(qb), P::q_parity_of(tiles_done) ^ 1);  // the buffer's last tile's last Q K^T is done
+      mbarrier_arrive_expect_tx(s.q_full(qb), T::kQBytes);
+#pragma unroll
+      for (int panel = 0; panel < T::kPanels; ++panel) {
+        tma_load_4d(s.q(qb) + panel * T::kQPanelBytes, &tma_q, s.q_full(qb), panel * 64, w.row0, w.head, w.batch);
+      }
+      trace(kTraceProducerQ, n);
+      ++tiles_done;
+      load_key_blocks(w, it);
+    }
+  }
+};
+
+}  // namespace jax_flash::sm90

@@ -1,0 +1,99 @@
+// The sm90 family's tile scheduler: which (batch, head, query block) tile the persistent blocks take in which order,
+// what a tile's facts are (TileWork), the slot the producer publishes them in, and the launcher's ordering plan.
+//
+// One tile = one (batch, query head, block of kBlockQ query rows). Tile t -> (batch, head, query block):
+//  - no right bound (every tile costs the same): query blocks innermost, so the tiles in flight share K/V in L2;
+//  - a right bound (causal; a tile costs up to its last row's keys): the (batch, head) pairs are cut into sections of
+//    p.section_heads whose K and V fit in L2 together, and inside a section the tiles go query block by query block,
+//    the last (heaviest) first, over all its heads: heavy tiles are handed out first and light ones fill the tail
+//    (longest-processing-time first), while K/V stay in L2.
+// Blocks start at tile blockIdx.x and then either draw their next tile from p.tile_counter (gridDim.x + atomicAdd:
+// a block that finishes early takes more, which balances causal tiles) or walk blockIdx.x + k * gridDim.x.
+#pragma once
+
+#include <algorithm>
+#include <cstdint>
+
+#include "common/params.h"
+#include "common/visibility.h"
+
+namespace jax_flash::sm90 {
+
+struct TileWork {
+  int batch, head, kv_head, row0;
+  int q_rows;        // rows of this tile inside the tensor (the rest of the block is past seqlen_q)
+  int q_rows_valid;  // rows that compute (below q_lengths[b]); the others write zeros
+  BatchLengths len;
+  int block_begin, block_end;  // key blocks some valid row can see; empty: the tile writes zeros and lse = -inf
+};
+
+// A tile as the producer publishes it to the consumers (two slots in shared memory): its facts are worked out once,
+// by the producer, off the consumers' path between one tile's last product and the next tile's first.
+struct TileSlot {
+  TileWork work;
+  int more;  // 0: no tile is left, the block ends
+};
+
+// Index: the tile numbers' type, int64_t, or int where the launcher has checked that they fit (T::kTileIndex32).
+template <class T, class Index>
+__device__ __forceinline__ TileWork tile_work(const AttentionParams& p, Index tile) {
+  TileWork w;
+  int q_block;
+  Index batch_head;
+  if (p.window_right < kUnbounded) {
+    const Index batch_heads = static_cast<Index>(p.batch) * p.heads_q;
+    const Index section_tiles = static_cast<Index>(p.section_heads) * p.num_q_blocks;
+    const Index section = tile / section_tiles;
+    const Index first = section * p.section_heads;
+    const Index heads_here = min(static_cast<Index>(p.section_heads), batch_heads - first);
+    const Index r = tile - section * section_tiles;
+    q_block = p.num_q_blocks - 1 - static_cast<int>(r / heads_here);
+    batch_head = first + r % heads_here;
+  } else {
+    q_block = static_cast<int>(tile % p.num_q_blocks);
+    batch_head = tile / p.num_q_blocks;
+  }
+  w.head = static_cast<int>(batch_head % p.heads_q);
+  w.batch = static_cast<int>(batch_head / p.heads_q);
+  w.kv_head = w.head / p.q_heads_per_kv_head;
+  // (p.q_block_shift: block 0 is the short one; read only where the launcher may set it: in the 40-register
+  // producers of head dim 256 the extra arithmetic spilled 4 bytes)
+  const int shift = T::kEndAlignedQueryBlocks ? p.q_block_shift : 0;
+  w.row0 = q_block * T::kBlockQ - (q_block > 0 ? shift : 0);
+  w.q_rows = min(q_block > 0 ? T::kBlockQ : T::kBlockQ - shift, p.seqlen_q - w.row0);
+  w.len = batch_lengths(p, w.batch);
+  w.q_rows_valid = max(0, min(T::kBlockQ, w.len.q_len - w.row0));
+  const KeySpan keys = visible_keys_of_rows(p, w.len, w.row0, w.row0 + w.q_rows_valid);
+  w.block_begin = keys.begin / T::kBlockKV;
+  w.block_end = (keys.end + T::kBlockKV - 1) / T::kBlockKV;
+  return w;
+}
+
+// ---- host: the order the launcher sets up ------------------------------------------------------------------------
+
+// Whether the tiles walk a static stride of the grid (p.tile_counter unused) rather than draw from the counter.
+template <class T>
+bool walks_static_stride(const AttentionParams& p) {
+  return T::kStaticStrideIfEqualCost && has_equal_cost_tiles(p);
+}
+
+// Sets p.section_heads and p.q_block_shift for a device with `l2_bytes` of L2 cache.
+template <class T>
+void plan_tile_order(AttentionParams& p, int64_t l2_bytes) {
+  // (batch, head) pairs per heaviest-first section: their K and V together fill at most half the L2 (+ 1 byte keeps
+  // seqlen_k = 0 from dividing by zero), and at most T::kMaxSectionHeads; at least 1, at most all pairs.
+  const int64_t kv_bytes_per_head = 2 * int64_t{p.seqlen_k} * p.head_dim * 2 + 1;
+  const int64_t batch_heads = int64_t{p.batch} * p.heads_q;
+  const int64_t section = std::min<int64_t>(std::min<int64_t>((l2_bytes / 2) / kv_bytes_per_head,
+                                                              T::kMaxSectionHeads), batch_heads);
+  p.section_heads = static_cast<int>(std::max<int64_t>(section, 1));
+  // Query blocks aligned to the end of the rows (T::kEndAlignedQueryBlocks). The shift is a multiple of 64, so every
+  // consumer's rows lie wholly inside or outside block 0 (an idle consumer writes nothing; a TMA store of a partly
+  // valid one would overwrite block 1's rows).
+  p.q_block_shift = 0;
+  if (T::kEndAlignedQueryBlocks && p.window_right < kUnbounded && p.seqlen_q >= T::kEndAlignedMinRows) {
+    p.q_block_shift = (p.num_q_blocks * T::kBlockQ - p.seqlen_q) / 64 * 64;
+  }
+}
+
+}  // namespace jax_flash::sm90
