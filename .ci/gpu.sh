@@ -4,6 +4,7 @@
 #   BUILD_ARGS="-Ccmake.define.JAX_FLASH_CONFIG_SET=sweep" bash .ci/gpu.sh ...   (extra pip build arguments)
 #   HARNESS=1 bash .ci/gpu.sh ...   (also the standalone kernel harness under compute-sanitizer: .ci/harness.sh;
 #                                    HARNESS_OUT=dir keeps its logs out of $OUT, SANITIZER_TOOLS picks the tools)
+#   AB_NAMES="base new" bash .ci/gpu.sh ...   (also tools/ab/run.sh on carried build/ab binaries, before the benchmark)
 # Writes build.log, pytest.log, bench.log, bench.json, bench.png under $OUT.
 set -uo pipefail
 OUT=${OUT:-/tmp/jax_flash_out}
@@ -20,7 +21,7 @@ start=$(date +%s)
   > "$OUT/build.log" 2>&1 || { tail -60 "$OUT/build.log"; exit 1; }
 echo "build: $(( $(date +%s) - start )) s"
 (cd /tmp && so=$(python3 -c "import jax_flash._jax_flash as m; print(m.__file__)"); \
-  cuobjdump -sass "$so" | python3 "$REPO/.ci/sass_report.py" > "$OUT/sass.txt" 2>&1)
+  cuobjdump -sass "$so" | python3 "$REPO/tools/sass_report.py" > "$OUT/sass.txt" 2>&1)
 echo "SASS: $(grep -c . "$OUT/sass.txt") kernels listed; with LDL/STL in the KV loop:"
 awk 'NR > 1 && $NF > 0' "$OUT/sass.txt" | head -5
 
@@ -35,6 +36,13 @@ if [ -n "${HARNESS:-}" ]; then
   start=$(date +%s)
   OUT="${HARNESS_OUT:-$OUT}" bash "$REPO/.ci/harness.sh"
   echo "harness: exit $? in $(( $(date +%s) - start )) s"
+fi
+
+if [ -n "${AB_NAMES:-}" ]; then
+  start=$(date +%s)
+  NAMES="$AB_NAMES" OUT="$OUT" bash "$REPO/tools/ab/run.sh" > "$OUT/ab.log" 2>&1
+  echo "A/B ($AB_NAMES): exit $? in $(( $(date +%s) - start )) s"
+  grep -E "check:" "$OUT/ab.log"; sed -n "/TFLOP\/s, median/,\$p" "$OUT/ab.log"
 fi
 
 timeout ${BENCH_TIMEOUT:-400} python3 -m jax_flash.benchmark --json "$OUT/bench.json" --plot "$OUT/bench.png" "$@" > "$OUT/bench.log" 2>&1

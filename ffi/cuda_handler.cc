@@ -76,24 +76,12 @@ ffi::Error attention_cuda_impl(cudaStream_t stream, ffi::ScratchAllocator scratc
     default: return invalid("the GPU kernels support float16 and bfloat16 inputs (float32 runs on CPU only)");
   }
   const int head_dim = static_cast<int>(q.dimensions()[3]);
-  const KernelKey key{.dtype = dtype,
-                      .head_dim = head_dim,
-                      .block_q = static_cast<int>(attrs.block_q),
-                      .block_kv = static_cast<int>(attrs.block_kv),
-                      .num_warps = static_cast<int>(attrs.num_warps),
-                      .async_copy = attrs.async_copy != 0,
-                      .eager_load_blocks = attrs.eager_load_blocks != 0,
-                      .swizzled = attrs.swizzled != 0,
-                      .q_mma_load_k_fragments = static_cast<int>(attrs.q_mma_load_k_fragments),
-                      .k_mma_load_k_fragments = static_cast<int>(attrs.k_mma_load_k_fragments),
-                      .v_mma_load_k_fragments = static_cast<int>(attrs.v_mma_load_k_fragments),
-                      .mma_double_buffer_loads = attrs.mma_double_buffer_loads != 0,
-                      .optimized_softmax = attrs.optimized_softmax != 0,
-                      .family = static_cast<int>(attrs.family),
-                      .stages = static_cast<int>(attrs.stages),
-                      .consumer_warpgroups = static_cast<int>(attrs.consumer_warpgroups),
-                      .pingpong = attrs.pingpong != 0,
-                      .overlap = attrs.overlap != 0};
+  KernelKey key{};
+  key.dtype = dtype;
+  key.head_dim = head_dim;
+#define JAX_FLASH_COPY_FIELD(type, name) key.name = static_cast<type>(attrs.name);
+  JAX_FLASH_CONFIG_FIELDS(JAX_FLASH_COPY_FIELD)
+#undef JAX_FLASH_COPY_FIELD
   const RegistryEntry* entry = find_kernel(key);
   if (entry == nullptr) {
     return ffi::Error(ffi::ErrorCode::kNotFound, "jax_flash: no compiled GPU kernel for " + describe(key) +
@@ -131,7 +119,7 @@ ffi::Error attention_cuda_impl(cudaStream_t stream, ffi::ScratchAllocator scratc
     }
     params.tile_counter = static_cast<unsigned long long*>(*counter);
   }
-  // The split tail's scratch (csrc/sm90/kernel.cuh; RegistryEntry::split_bytes_per_sm): only for calls whose tiles
+  // The split tail's scratch (csrc/sm90/split_tail.cuh; RegistryEntry::split_bytes_per_sm): only for calls whose tiles
   // all cost the same (no window, no lengths), the ones the launcher may split. Without it the kernel runs unsplit.
   if (entry->split_bytes_per_sm > 0 && has_equal_cost_tiles(params)) {
     const size_t bytes = static_cast<size_t>(limits.num_sms) * entry->split_bytes_per_sm;

@@ -30,7 +30,8 @@ NB_MODULE(_jax_flash, m) {
   m.attr("kernel_set") = "none";
 #endif
 
-  // One dict per compiled GPU kernel: the KernelKey fields plus the dynamic shared memory it needs.
+  // One dict per compiled GPU kernel: the KernelKey fields (family as its number), the dynamic shared memory it
+  // needs and, for sm90, the registers per consumer thread (Python checks its own mirror of both against these).
   m.def("gpu_kernels", []() {
     nb::list kernels;
 #ifdef JAX_FLASH_WITH_CUDA
@@ -38,25 +39,13 @@ NB_MODULE(_jax_flash, m) {
       const auto& e = jax_flash::kRegistry[i];
       const auto& k = e.key;
       nb::dict d;
-      d["family"] = k.family == 90 ? "sm90" : "sm80";
       d["dtype"] = jax_flash::dtype_name(k.dtype);
       d["head_dim"] = k.head_dim;
-      d["block_q"] = k.block_q;
-      d["block_kv"] = k.block_kv;
-      d["num_warps"] = k.num_warps;
-      d["async_copy"] = k.async_copy;
-      d["eager_load_blocks"] = k.eager_load_blocks;
-      d["swizzled"] = k.swizzled;
-      d["q_mma_load_k_fragments"] = k.q_mma_load_k_fragments;
-      d["k_mma_load_k_fragments"] = k.k_mma_load_k_fragments;
-      d["v_mma_load_k_fragments"] = k.v_mma_load_k_fragments;
-      d["mma_double_buffer_loads"] = k.mma_double_buffer_loads;
-      d["optimized_softmax"] = k.optimized_softmax;
-      d["stages"] = k.stages;
-      d["consumer_warpgroups"] = k.consumer_warpgroups;
-      d["pingpong"] = k.pingpong;
-      d["overlap"] = k.overlap;
+#define JAX_FLASH_REPORT_FIELD(type, name) d[#name] = k.name;
+      JAX_FLASH_CONFIG_FIELDS(JAX_FLASH_REPORT_FIELD)
+#undef JAX_FLASH_REPORT_FIELD
       d["smem_bytes"] = e.smem_bytes;
+      d["consumer_registers"] = e.consumer_registers;
       kernels.append(d);
     }
 #endif

@@ -14,7 +14,7 @@ except ImportError as error:  # the source tree shadows the installed package, o
         f"jax_flash's native module _jax_flash could not be imported from {__file__.rsplit('/', 1)[0]}: {error}. "
         "Install the package with `pip install .` and run from outside the source tree (plain `pytest` works; "
         "`python -m pytest` in the repository root puts the unbuilt source first on sys.path).") from error
-from jax_flash.config import KernelConfig, config_fields
+from jax_flash.config import KernelConfig
 
 TARGET_NAME = "jax_flash_attention"
 
@@ -27,13 +27,15 @@ KERNEL_SET: str = str(_jax_flash.kernel_set)  # "shipped", "sweep", "all" ("none
 
 @dataclasses.dataclass(frozen=True)
 class CompiledKernel:
-    """One GPU kernel the compiled module contains."""
+    """One GPU kernel the compiled module contains, with the shared memory per block it needs and, for the sm90
+    family, the registers per consumer thread after setmaxnreg (0 for sm80), as the C++ traits derive them."""
 
     family: str
     dtype: str
     head_dim: int
     config: KernelConfig
     smem_bytes: int
+    consumer_registers: int
 
 
 @functools.cache
@@ -44,8 +46,9 @@ def supported_configs() -> tuple[CompiledKernel, ...]:
     """
     kernels = []
     for entry in _jax_flash.gpu_kernels():
-        cfg = KernelConfig(**{name: entry[name] for name in config_fields()})
-        kernels.append(CompiledKernel(entry["family"], entry["dtype"], entry["head_dim"], cfg, entry["smem_bytes"]))
+        cfg = KernelConfig.from_attrs(entry)
+        kernels.append(CompiledKernel(cfg.family, entry["dtype"], entry["head_dim"], cfg, entry["smem_bytes"],
+                                      entry["consumer_registers"]))
     return tuple(kernels)
 
 

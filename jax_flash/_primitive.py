@@ -20,17 +20,16 @@ try:
 except ImportError:  # moved out of the public jax.core in newer releases
     from jax._src.core import ShapedArray
 
-from jax_flash import _ffi
+from jax_flash import _ffi, autotune_cache
 from jax_flash._sharding import make_partitioned
-from jax_flash.autotune import cache_key as _cache_key
-from jax_flash.autotune import lookup as _lookup_tuned
-from jax_flash.config import KernelConfig
-from jax_flash.defaults import CPU_DEFAULT, default_gpu_config
+from jax_flash.config import CALL_ATTRIBUTES, KernelConfig
+from jax_flash.selection import CPU_DEFAULT, resolve_gpu_config
 
 # Operands: q (B, Sq, Hq, D), k, v (B, Sk, Hk, D), q_lengths, kv_lengths int32 (B).
 # Results: out (B, Sq, Hq, D), lse float32 (B, Hq, Sq) (written only when return_lse; dropped otherwise).
-# Params: cfg (KernelConfig or None), softmax_scale, causal, window_left, window_right, softcap (0 = off),
-# has_q_lengths, has_kv_lengths, return_lse; they become the FFI attributes of ffi/attention_attrs.h.
+# Params: cfg (KernelConfig or None) and the call's attributes (jax_flash.config.CALL_ATTRIBUTES: softmax_scale,
+# causal, window_left, window_right, softcap (0 = off), has_q_lengths, has_kv_lengths, return_lse); they become the
+# FFI attributes of the generated ffi/attention_attrs.h.
 attention_p = Primitive("jax_flash_attention")
 attention_p.multiple_results = True
 # The same call on one device's shard: what the FFI custom call computes. attention_p lowers to it through
@@ -65,72 +64,28 @@ attention_p.def_impl(_eager_impl)
 # ---- lowering ----------------------------------------------------------------------------------------------------
 def _attrs(cfg: KernelConfig, params: dict) -> dict:
     attrs = {name: np.int64(value) for name, value in cfg.to_attrs().items()}
-    attrs["softmax_scale"] = np.float32(params["softmax_scale"])
-    attrs["softcap"] = np.float32(params["softcap"])
-    for name in ("causal", "window_left", "window_right", "has_q_lengths", "has_kv_lengths", "return_lse"):
-        attrs[name] = np.int64(params[name])
+    for name, kind, _ in CALL_ATTRIBUTES:
+        attrs[name] = np.float32(params[name]) if kind == "float" else np.int64(params[name])
     return attrs
 
 
 def _tuned(platform: str, q_aval, k_aval, params) -> KernelConfig | None:
-    """The autotune cache's winner for this call (jax_flash/autotune.py), or None."""
+    """The autotune cache's winner for this call (jax_flash/autotune_cache.py), or None."""
     try:
         device_kind = jax.devices(platform)[0].device_kind
     except RuntimeError:  # lowering for a platform this process has no device of
         return None
     window = (params["window_left"], params["window_right"])
-    key = _cache_key(device_kind, q_aval.shape[1], k_aval.shape[1], q_aval.dtype, q_aval.shape[3],
-                             causal=params["causal"], window=None if window == (-1, -1) else window,
-                             softcap=params["softcap"] or None)
-    return _lookup_tuned(key)
+    key = autotune_cache.cache_key(device_kind, q_aval.shape[1], k_aval.shape[1], q_aval.dtype, q_aval.shape[3],
+                                   causal=params["causal"], window=None if window == (-1, -1) else window,
+                                   softcap=params["softcap"] or None)
+    return autotune_cache.lookup(key)
 
 
 def _lower_cpu(ctx, *args, cfg, **params):
     if cfg is None:
         cfg = _tuned("cpu", ctx.avals_in[0], ctx.avals_in[1], params) or CPU_DEFAULT
     return jax.ffi.ffi_lowering(_ffi.TARGET_NAME)(ctx, *args, **_attrs(cfg, params))
-
-
-@functools.cache
-def _cuda_arch() -> int:
-    """Compute capability of the first CUDA device as 80, 90, ...; 90 when none is visible (cross-lowering)."""
-    try:
-        device = jax.devices("cuda")[0]
-    except (RuntimeError, IndexError):
-        return 90
-    return _ffi.device_arch(device)
-
-
-def resolve_gpu_config(cfg: KernelConfig | None, dtype, head_dim: int, tuned: KernelConfig | None = None,
-                       right_bounded: bool = False, seq_k: int = 0) -> KernelConfig:
-    """The compiled kernel config a GPU call runs, or a clear error saying what is compiled. right_bounded
-    (causal, or a window with a right bound) and seq_k refine cfg=None's choice on sm_90 (jax_flash/defaults.py)."""
-    dtype_name = jnp.dtype(dtype).name
-    if not _ffi.BUILT_WITH_CUDA:
-        raise RuntimeError("jax_flash was built without CUDA (no CUDA compiler at build time), so it cannot run on a "
-                           "GPU; rebuild on a machine with the CUDA toolkit (see README, 'Building on a GPU machine')")
-    if dtype_name not in ("float16", "bfloat16"):
-        raise TypeError(f"q, k and v have dtype {dtype_name}; the GPU kernels support float16 and bfloat16 "
-                        f"(float32 is accepted on CPU only)")
-    head_dims = _ffi.gpu_head_dims(dtype_name)
-    if head_dim not in head_dims:
-        raise ValueError(f"head_dim={head_dim} is not supported on GPU; supported head dims: {head_dims}")
-    arch = _cuda_arch()
-    # The sm90 family runs on sm_90 only; elsewhere it is neither a default nor a valid choice.
-    compiled = [c for c in _ffi.compiled_configs_for(dtype_name, head_dim) if c.family != "sm90" or arch == 90]
-    if cfg is not None and cfg.family == "sm90" and arch != 90:
-        raise ValueError(f"cfg={cfg!r} is a family='sm90' (Hopper: wgmma, TMA) config; this GPU is sm_{arch}. "
-                         f"Use a family='sm80' config or cfg=None")
-    if cfg is None:
-        if tuned is not None and tuned in compiled:  # the autotune cache first, then the table
-            return tuned
-        return default_gpu_config(arch, dtype_name, head_dim, compiled, right_bounded, seq_k)
-    if cfg not in compiled:
-        listing = "\n  ".join(repr(c) for c in compiled)
-        raise ValueError(f"cfg={cfg!r} is not compiled into this build for {dtype_name} head_dim={head_dim}. "
-                         f"Compiled configs:\n  {listing}\n(build with -DJAX_FLASH_CONFIG_SET=all for the whole "
-                         f"tuning space)")
-    return cfg
 
 
 def _lower_cuda(ctx, *args, cfg, **params):

@@ -23,6 +23,7 @@ import jax.numpy as jnp
 
 import jax_flash
 from jax_flash import config as config_module
+from jax_flash.selection import cuda_arch, resolve_gpu_config
 from jax_flash.timing import time_interleaved_ms, time_loop_ms
 
 DTYPES = {"bf16": jnp.bfloat16, "fp16": jnp.float16, "fp32": jnp.float32}
@@ -42,8 +43,6 @@ def _dtype_list(text: str) -> list[str]:
 
 def _other_families(dtype, head_dim: int) -> dict:
     """family -> its first compiled config for (dtype, head_dim), for families other than cfg=None's on this GPU."""
-    from jax_flash._primitive import _cuda_arch, resolve_gpu_config
-
     try:
         default = resolve_gpu_config(None, dtype, head_dim)
     except (ValueError, TypeError, RuntimeError):
@@ -52,7 +51,7 @@ def _other_families(dtype, head_dim: int) -> dict:
     for kernel in jax_flash.supported_configs():
         cfg = kernel.config
         if (kernel.dtype == jnp.dtype(dtype).name and kernel.head_dim == head_dim and cfg.family != default.family
-                and cfg.family not in others and cfg.fits(head_dim, _cuda_arch()) is None):
+                and cfg.family not in others and cfg.fits(head_dim, cuda_arch()) is None):
             others[cfg.family] = cfg
     return others
 
@@ -198,8 +197,8 @@ def main(argv=None) -> int:
                         help="each repetition repeats the timed loop until it lasts this long (jax_flash.timing)")
     parser.add_argument("--order", choices=["sequential", "interleaved"], default="interleaved",
                         help="rounds of one repetition of each implementation, every one after an untimed one of "
-                             "its own (jax_flash.timing.time_interleaved_ms; the default and, since session 16, the "
-                             "README tables' method), or all repetitions of one implementation, then the next")
+                             "its own (jax_flash.timing.time_interleaved_ms; the default and the README tables' "
+                             "method), or all repetitions of one implementation, then the next")
     parser.add_argument("--xla-max-seq", type=int, default=4096)
     parser.add_argument("--json", help="write the rows as JSON here")
     parser.add_argument("--plot", help="write a PNG of TFLOP/s against sequence length here")

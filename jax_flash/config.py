@@ -1,8 +1,9 @@
-"""The kernel configuration: the seed project's tuning knobs, validated, and the config lists the build ships.
+"""The kernel configuration: its schema, the validated KernelConfig, and the config lists the build ships.
 
-This file is the single source of truth for the config space. `csrc/generate_instantiations.py` reads the lists at
-the bottom to write `csrc/instantiations/`; the compiled module reports back what it holds (`supported_configs()`).
-It imports nothing from jax so the generator can load it on its own.
+The single source of truth for the config space. `csrc/generate.py` reads this file to write the C++ side: the
+config fields (`csrc/common/config_fields.h`), the FFI attribute struct and its decoding (`ffi/attention_attrs.h`),
+and the kernel instantiations with their registry (`csrc/instantiations/`); the compiled module reports back what it
+holds (`supported_configs()`). It imports nothing from jax so the generator can load it on its own.
 """
 
 from __future__ import annotations
@@ -27,6 +28,14 @@ _SM90_HEAD_DIMS = (64, 128, 256)
 _SM90_BLOCK_KV = (64, 80, 128, 160, 192)
 _SM90_STAGES = (2, 3)
 _SM90_CONSUMERS = (2, 3)
+
+
+_SM80, _SM90, _BOTH = ("sm80",), ("sm90",), ("sm80", "sm90")
+
+
+def _field(default, families: tuple[str, ...]):
+    """A KernelConfig field and the kernel families that read it (the others leave it at its default)."""
+    return dataclasses.field(default=default, metadata={"families": families})
 
 
 @dataclasses.dataclass(frozen=True)
@@ -60,48 +69,37 @@ class KernelConfig:
     Data type and head dim come from the inputs. The CPU handler uses block_q and block_kv as its tile sizes.
     """
 
-    # Defaults: the best head-dim-128 config of the H200 sweep (docs/NOTES.md, docs/sweep_h200_1.json).
-    block_q: int = 128
-    block_kv: int = 32
-    num_warps: int = 4
-    async_copy: bool = True
-    eager_load_blocks: bool = True
-    swizzled: bool = True
-    q_mma_load_k_fragments: int = 2
-    k_mma_load_k_fragments: int = 1
-    v_mma_load_k_fragments: int = 1
-    mma_double_buffer_loads: bool = True
-    optimized_softmax: bool = True
-    family: str = "sm80"
-    stages: int = 2
-    consumer_warpgroups: int = 2
-    pingpong: bool = True
-    overlap: bool = True
+    # Defaults: the best head-dim-128 config of the sm80 family's sweep on the H200 (docs/PERFORMANCE.md).
+    block_q: int = _field(128, _BOTH)
+    block_kv: int = _field(32, _BOTH)
+    num_warps: int = _field(4, _BOTH)
+    async_copy: bool = _field(True, _SM80)
+    eager_load_blocks: bool = _field(True, _SM80)
+    swizzled: bool = _field(True, _SM80)
+    q_mma_load_k_fragments: int = _field(2, _SM80)
+    k_mma_load_k_fragments: int = _field(1, _SM80)
+    v_mma_load_k_fragments: int = _field(1, _SM80)
+    mma_double_buffer_loads: bool = _field(True, _SM80)
+    optimized_softmax: bool = _field(True, _SM80)
+    family: str = _field("sm80", _BOTH)
+    stages: int = _field(2, _SM90)
+    consumer_warpgroups: int = _field(2, _SM90)
+    pingpong: bool = _field(True, _SM90)
+    overlap: bool = _field(True, _SM90)
 
     def __post_init__(self):
         _require(self.family in FAMILIES, f"KernelConfig.family={self.family!r} is not allowed; choose one of "
                                           f"{tuple(FAMILIES)}")
-        for name in ("stages", "consumer_warpgroups"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int):
-                raise TypeError(f"KernelConfig.{name} must be an int, got {value!r} of type {type(value).__name__}")
-        for name in ("block_q", "block_kv", "num_warps", "q_mma_load_k_fragments", "k_mma_load_k_fragments",
-                     "v_mma_load_k_fragments"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int):
-                raise TypeError(f"KernelConfig.{name} must be an int, got {value!r} of type {type(value).__name__}")
-        for name in ("async_copy", "eager_load_blocks", "swizzled", "mma_double_buffer_loads", "optimized_softmax",
-                     "pingpong", "overlap"):
-            value = getattr(self, name)
-            if not isinstance(value, bool):
-                raise TypeError(f"KernelConfig.{name} must be a bool, got {value!r} of type {type(value).__name__}")
+        for f in dataclasses.fields(self):  # the types the schema declares (bool is not an int here)
+            value = getattr(self, f.name)
+            if f.type == "int" and (isinstance(value, bool) or not isinstance(value, int)):
+                raise TypeError(f"KernelConfig.{f.name} must be an int, got {value!r} of type {type(value).__name__}")
+            if f.type == "bool" and not isinstance(value, bool):
+                raise TypeError(f"KernelConfig.{f.name} must be a bool, got {value!r} of type {type(value).__name__}")
+        self._require_defaults_outside(self.family)
         if self.family == "sm90":
             self._validate_sm90()
             return
-        for name in ("stages", "consumer_warpgroups", "pingpong", "overlap"):
-            _require(getattr(self, name) == _FIELD_DEFAULTS[name],
-                     f"KernelConfig.{name}={getattr(self, name)} applies to family='sm90' only; leave it at "
-                     f"{_FIELD_DEFAULTS[name]} for family='sm80'")
         _require(self.block_q in _BLOCK_Q, f"KernelConfig.block_q={self.block_q} is not allowed; choose one of {_BLOCK_Q}")
         _require(self.block_kv in _BLOCK_KV,
                  f"KernelConfig.block_kv={self.block_kv} is not allowed; choose one of {_BLOCK_KV}")
@@ -135,10 +133,15 @@ class KernelConfig:
         _require(self.block_kv in _SM90_BLOCK_KV,
                  f"KernelConfig.block_kv={self.block_kv} is not allowed for family='sm90'; choose one of "
                  f"{_SM90_BLOCK_KV}")
-        for name in _SM80_ONLY:
-            _require(getattr(self, name) == _FIELD_DEFAULTS[name],
-                     f"KernelConfig.{name}={getattr(self, name)!r} applies to family='sm80' only; leave it at "
-                     f"{_FIELD_DEFAULTS[name]!r} for family='sm90'")
+
+    def _require_defaults_outside(self, family: str) -> None:
+        """The other family's knobs stay at their defaults (the kernels of `family` ignore them)."""
+        for f in dataclasses.fields(self):
+            if family not in f.metadata["families"]:
+                owner = f.metadata["families"][0]
+                _require(getattr(self, f.name) == f.default,
+                         f"KernelConfig.{f.name}={getattr(self, f.name)!r} applies to family={owner!r} only; leave it "
+                         f"at {f.default!r} for family={family!r}")
 
     @staticmethod
     def sm90(block_kv: int = 128, stages: int = 2, consumer_warpgroups: int = 2, pingpong: bool = True,
@@ -157,19 +160,22 @@ class KernelConfig:
             q_buffers = self.sm90_q_buffers(head_dim, elem_bytes)
             o_buffer = not self.sm90_o_in_q(head_dim, elem_bytes)
             return self._sm90_smem_bytes(head_dim, elem_bytes, q_buffers, o_buffer)
-        # sQ (block_q, D) + sK (block_kv, D) + sV (block_kv, D); csrc/sm80/traits.cuh derives the same number.
+        # sQ (block_q, D) + sK (block_kv, D) + sV (block_kv, D), as csrc/sm80/traits.cuh (the registry reports the
+        # compiled number; tests/test_api.py compares them)
         return (self.block_q + 2 * self.block_kv) * head_dim * elem_bytes
 
     def _sm90_smem_bytes(self, head_dim: int, elem_bytes: int, q_buffers: int, o_buffer: bool = True) -> int:
+        # sizeof(SharedStorage) + the alignment slack of csrc/sm90/shared_storage.cuh (the registry reports the
+        # compiled number; tests/test_api.py compares them).
         # P: per consumer 64 rows x whole 64-key panels (block_kv 160 fills 2.5 of 3), for the soft-capped kernels
         # with three consumers or, at head dim 64, more than 128 keys per block (traits.cuh, kPSmemIfSoftcap)
         p_in_smem = self.consumer_warpgroups == 3 or (self.block_kv > 128 and head_dim == 64)
         p_bytes = self.block_q * -(-self.block_kv // 64) * 64 * elem_bytes if p_in_smem else 0
         # the split tail's 32 bytes of state (head dim 128, two consumers, pingpong: traits.cuh, kSplitTail)
         split_bytes = 32 if head_dim == 128 and self.consumer_warpgroups == 2 and self.pingpong else 0
-        # barriers, two 48-byte tile slots (kernel.cuh, TileSlot) and the 1024-byte alignment slack
+        # barriers, two 44-byte tile slots and 8 spare bytes, and the 1024-byte alignment slack
         return (((q_buffers + o_buffer) * self.block_q + 2 * self.stages * self.block_kv) * head_dim * elem_bytes + p_bytes +
-                8 * (2 * q_buffers + 4 * self.stages + 4) + 2 * 48 + split_bytes + 1024)  # traits.cuh derives the same
+                8 * (2 * q_buffers + 4 * self.stages + 4) + 2 * 48 + split_bytes + 1024)
 
     def sm90_q_buffers(self, head_dim: int, elem_bytes: int = 2) -> int:
         """Q buffers of an sm90 kernel: 2 (the next tile's Q loads during this one) where 227 KB allow, else 1."""
@@ -192,7 +198,7 @@ class KernelConfig:
         acc_s = m_tiles * (self.block_kv // 8) * 4
         buffers = 2 if self.mma_double_buffer_loads else 1
         d_steps, kv_steps = head_dim // _MMA_K, self.block_kv // _MMA_K
-        # A Q chunk is counted once: its double buffer overlaps the K fragments' (calibrated on ptxas, docs/NOTES.md).
+        # A Q chunk is counted once: its double buffer overlaps the K fragments' (calibrated on ptxas).
         q_regs = m_tiles * d_steps * 4 if self.q_mma_load_k_fragments == 0 else \
             m_tiles * self.q_mma_load_k_fragments * 4
         k_chunk = self.k_mma_load_k_fragments or d_steps
@@ -229,8 +235,7 @@ class KernelConfig:
             return f"needs {self.smem_bytes(head_dim)} bytes of shared memory, more than {_MAX_SMEM_BYTES} on sm_90"
         # Per consumer thread: O (64 x D fp32 over 128 threads) + S (64 x block_kv) + P (bf16 pairs) + about 40 for
         # softmax state and addresses (32 with three consumers, whose tile facts stay in shared memory: traits.cuh,
-        # kHoldTileSlot), within what setmaxnreg gives each consumer (232 with two consumers, 160 with three;
-        # csrc/sm90/traits.cuh derives the same split).
+        # kHoldTileSlot), within what setmaxnreg gives each consumer (232 with two consumers, 160 with three).
         state = 32 if self.consumer_warpgroups == 3 else 40
         regs = head_dim // 2 + self.block_kv // 2 + self.block_kv // 4 + state
         limit = self.consumer_registers()
@@ -241,7 +246,8 @@ class KernelConfig:
     def consumer_registers(self) -> int:
         """Registers per consumer thread after setmaxnreg (sm90): the block's launch allocation (64K registers over
         its threads, a multiple of 8) minus the producer's (40 with two consumers, 32 with three), split over the
-        consumers (csrc/sm90/traits.cuh)."""
+        consumers, as csrc/sm90/traits.cuh (kConsumerRegs; the registry reports the compiled number and
+        tests/test_api.py compares them)."""
         threads = 128 * (self.consumer_warpgroups + 1)
         launch = (65536 // threads) // 8 * 8
         producer = 32 if self.consumer_warpgroups == 3 else 40
@@ -258,15 +264,26 @@ class KernelConfig:
                 f"{self.v_mma_load_k_fragments}_d{b(self.mma_double_buffer_loads)}o{b(self.optimized_softmax)}")
 
     def to_attrs(self) -> dict[str, int]:
-        """The FFI attributes (all int64) under the field names; ffi/attention_attrs.h decodes the same names."""
+        """The FFI attributes (all int64) under the field names (ffi/attention_attrs.h, generated); family as
+        FAMILIES' number."""
         attrs = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
         attrs["family"] = FAMILIES[self.family]
         return {name: int(value) for name, value in attrs.items()}
 
-
-_FIELD_DEFAULTS = {f.name: f.default for f in dataclasses.fields(KernelConfig)}
-_SM80_ONLY = ("async_copy", "eager_load_blocks", "swizzled", "q_mma_load_k_fragments", "k_mma_load_k_fragments",
-              "v_mma_load_k_fragments", "mma_double_buffer_loads", "optimized_softmax")
+    @classmethod
+    def from_attrs(cls, attrs: dict) -> "KernelConfig":
+        """The config whose to_attrs() is `attrs` (extra keys are ignored), as the compiled registry reports it."""
+        values = {}
+        for f in dataclasses.fields(cls):
+            value = attrs[f.name]
+            if f.name == "family":
+                value = {number: name for name, number in FAMILIES.items()}[int(value)]
+            elif f.type == "bool":
+                value = bool(value)
+            else:
+                value = int(value)
+            values[f.name] = value
+        return cls(**values)
 
 
 def _require(ok: bool, message: str) -> None:
@@ -276,6 +293,30 @@ def _require(ok: bool, message: str) -> None:
 
 def config_fields() -> tuple[str, ...]:
     return tuple(f.name for f in dataclasses.fields(KernelConfig))
+
+
+# ---- the schema the C++ side is generated from (csrc/generate.py) ---------------------------------------------------
+# The C++ type of each KernelConfig field in KernelKey, the families that read it; family is its FAMILIES number.
+_CPP_TYPES = {"int": "int", "bool": "bool", "str": "int"}
+
+
+def config_schema() -> list[tuple[str, str, tuple[str, ...]]]:
+    """(name, C++ type, families) of every KernelConfig field, in declaration order."""
+    return [(f.name, _CPP_TYPES[f.type], f.metadata["families"]) for f in dataclasses.fields(KernelConfig)]
+
+
+# The call's own FFI attributes beside the config (the primitive's parameters): name, type, meaning. float travels
+# as float32, the others as int64.
+CALL_ATTRIBUTES: tuple[tuple[str, str, str], ...] = (
+    ("softmax_scale", "float", "s = softmax_scale * q.k"),
+    ("causal", "bool", "bottom-right aligned"),
+    ("window_left", "int", "-1 = unbounded"),
+    ("window_right", "int", "-1 = unbounded"),
+    ("softcap", "float", "0 = off"),
+    ("has_q_lengths", "bool", "read the q_lengths operand (else every row is valid)"),
+    ("has_kv_lengths", "bool", "read the kv_lengths operand (else every key is valid)"),
+    ("return_lse", "bool", "write the lse result"),
+)
 
 
 # ---- the config lists the build ships ---------------------------------------------------------------------------
@@ -303,8 +344,8 @@ PROGRESSION_CONFIGS: tuple[KernelConfig, ...] = (
     KernelConfig(),
 )
 
-# The tuned configs per (head_dim): the defaults table in jax_flash/defaults.py picks among these.
-# Measured in docs/sweep_h200_1.json and docs/sweep_h200_2.json (H200, bf16): numbers in jax_flash/defaults.py.
+# The sm80 family's tuned config per head dim (the winners of its tile sweeps on the H200, bf16; numbers in
+# docs/PERFORMANCE.md); jax_flash/selection.py picks among the compiled configs.
 TUNED_CONFIGS: dict[int, tuple[KernelConfig, ...]] = {
     64: (KernelConfig(block_q=128, block_kv=64, num_warps=4, q_mma_load_k_fragments=0, k_mma_load_k_fragments=1,
                       v_mma_load_k_fragments=1),),
@@ -315,12 +356,11 @@ TUNED_CONFIGS: dict[int, tuple[KernelConfig, ...]] = {
 }
 
 
-# The Hopper family (csrc/sm90/): built for every dtype at these head dims; cfg=None picks among them on sm_90 by
-# mask and key length (jax_flash/defaults.py, with the measurements). Head dim 64: 128-key blocks for short keys,
-# 192-key blocks for long ones. Head dims 128 and 256: pingpong for non-causal, without it for causal /
-# right-bounded windows (it is also the pingpong ablation of `--configs compiled`). Head dim 256: 80-key blocks,
-# the most that fit beside Q with O staged in Q (csrc/sm90/traits.cuh, kOInQ; 64-key blocks were 4-8% slower:
-# docs/NOTES.md, session 10).
+# The Hopper family (csrc/sm90/): built for every dtype at these head dims; cfg=None picks among them on sm_90
+# (jax_flash/selection.py). Head dim 64: three consumer warpgroups (192 x 128 tiles; the two-consumer 128- and
+# 192-key configs stay as alternatives). Head dims 128 and 256: pingpong without a right bound, none with one (it is
+# also the pingpong ablation of `--configs compiled`). Head dim 256: 80-key blocks, the most that fit beside Q with
+# O staged in Q (csrc/sm90/traits.cuh, kOInQ; 64-key blocks were 4-8% slower).
 SM90_CONFIGS: dict[int, tuple[KernelConfig, ...]] = {
     64: (KernelConfig.sm90(block_kv=128), KernelConfig.sm90(block_kv=192),
          KernelConfig.sm90(block_kv=128, consumer_warpgroups=3)),
@@ -357,7 +397,7 @@ def _sweep(block_q, block_kv, num_warps, q, k, v, double_buffer=True) -> KernelC
 # Candidates the tuning sweep times (build with -DJAX_FLASH_CONFIG_SET=sweep, then
 # `python -m jax_flash.benchmark --configs compiled`): tile shapes x where Q lives x fragment chunking.
 SWEEP_CONFIGS: dict[int, tuple[KernelConfig, ...]] = {
-    # sweep 2 (v5 kernel): around the 4-warp x 32-row winner of sweep 1 (docs/sweep_h200_1.json), spill-free ones only
+    # around the 4-warp x 32-row winner of the first sweep, spill-free ones only
     128: (_sweep(128, 32, 4, 2, 1, 1), _sweep(128, 32, 4, 1, 1, 1), _sweep(128, 32, 4, 2, 2, 1),
           _sweep(128, 32, 4, 4, 1, 1), _sweep(128, 32, 4, 2, 1, 2), _sweep(64, 32, 4, 2, 2, 1),
           _sweep(64, 64, 4, 2, 2, 1), _sweep(128, 64, 8, 2, 1, 1), _sweep(128, 64, 8, 0, 2, 1)),
@@ -368,9 +408,8 @@ SWEEP_CONFIGS: dict[int, tuple[KernelConfig, ...]] = {
 
 
 # The sm90 family's candidates (build with -DJAX_FLASH_CONFIG_SET=sweep_sm90): the schedule without intra-warpgroup
-# overlap (pingpong on the exponentials, session 6), three consumer warpgroups (192-row tiles) with and without
-# pingpong; 64-key blocks at head dim 256. (The v4 sweep's block_kv 160 / 192, pingpong off and 3 stages are in
-# docs/NOTES.md.)
+# overlap (pingpong on the exponentials), three consumer warpgroups (192-row tiles) with and without pingpong;
+# 64-key blocks at head dim 256. (Earlier sweeps' block_kv 160 / 192, pingpong off and 3 stages: docs/PERFORMANCE.md.)
 SM90_SWEEP_CONFIGS: dict[int, tuple[KernelConfig, ...]] = {
     128: (KernelConfig.sm90(block_kv=128, overlap=False), KernelConfig.sm90(block_kv=128, pingpong=False, overlap=False),
           KernelConfig.sm90(block_kv=64, consumer_warpgroups=3, pingpong=False),

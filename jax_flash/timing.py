@@ -4,7 +4,7 @@ Each iteration feeds its output back as the next q, so XLA can neither hoist nor
 is paid once per loop rather than once per call (it would otherwise dominate short sequences). loop="unrolled" (the
 default) issues the calls back to back in straight-line code; loop="while" keeps XLA's while loop, whose condition
 is evaluated and read back every iteration: on the H200 that added 60-90 us per call (S = 512, D = 128: cuDNN 297
-TFLOP/s in a while loop, 478 unrolled), which flattered every ratio at short sequences (docs/NOTES.md).
+TFLOP/s in a while loop, 478 unrolled), which flattered every ratio at short sequences.
 """
 
 from __future__ import annotations
@@ -15,6 +15,8 @@ import time
 
 import jax
 from jax import lax
+
+from jax_flash.attention import attention
 
 
 def _check_loop(loop: str) -> None:
@@ -63,7 +65,7 @@ def time_loop_ms(fn, q, k, v, *, iters: int = 10, reps: int = 5, loop: str = "un
     min_rep_ms > 0: each repetition dispatches the jitted loop as many times as make it last at least that long
     (calibrated on the warm-up), back to back on the device queue with one synchronisation at the end. At 512-1024
     keys one loop of 10 calls lasts 1-3 ms, and the per-repetition synchronisation and clock ramp then moved cuDNN
-    by up to 30% between runs on the H200 (docs/NOTES.md, session 5)."""
+    by up to 30% between runs on the H200."""
     timed = _Repetitions(fn, q, k, v, iters=iters, loop=loop, min_rep_ms=min_rep_ms)
     return statistics.median(timed.sample_ms() for _ in range(reps))
 
@@ -80,7 +82,7 @@ def time_interleaved_ms(fns: dict, q, k, v, *, iters: int = 10, reps: int = 5, l
     own steady state, as in time_loop_ms, and never right after another one. Without it a rotation keeps each
     implementation's predecessor (the cyclic order does not change), and under a power cap the predecessor decides
     the clock: on the H200 (700 W cap reached at D = 128) cuDNN timed right after the slower sm80 kernel read 676
-    TFLOP/s at D = 128, 16384 keys, against 603-611 timed after itself (docs/NOTES.md, session 16)."""
+    TFLOP/s at D = 128, 16384 keys, against 603-611 timed after itself."""
     _check_loop(loop)  # (raised, not recorded as every implementation's failure)
     ready, failures = {}, {}
     for name, fn in fns.items():
@@ -104,8 +106,6 @@ def time_interleaved_ms(fns: dict, q, k, v, *, iters: int = 10, reps: int = 5, l
 def time_attention(q, k, v, cfg=None, *, iters: int = 10, reps: int = 5):
     """(output, milliseconds): jax_flash.attention's result and its median time per call after warm-up (the seed's
     forward_timed). Runs where q lives."""
-    from jax_flash.attention import attention
-
     out = jax.jit(attention, static_argnames="cfg")(q, k, v, cfg=cfg)
     ms = time_loop_ms(lambda q, k, v: attention(q, k, v, cfg=cfg), q, k, v, iters=iters, reps=reps)
     return out, ms

@@ -144,9 +144,10 @@ def test_supported_configs_come_from_the_registry():
     kernels = jax_flash.supported_configs()
     expected = {(d, h, c) for d, h, c in jax_flash.config.kernel_set(jax_flash._ffi.KERNEL_SET)}
     assert {(k.dtype, k.head_dim, k.config) for k in kernels} == expected
-    for k in kernels:
+    for k in kernels:  # Python's mirror of the C++ traits (shared memory, registers) against what was compiled
         assert k.family == k.config.family
         assert k.smem_bytes == k.config.smem_bytes(k.head_dim)
+        assert k.consumer_registers == (k.config.consumer_registers() if k.family == "sm90" else 0)
     assert {k.family for k in kernels} == {"sm80", "sm90"}  # both families ship
 
 
@@ -225,29 +226,29 @@ def test_sm90_three_consumers_validation():
 
 
 def test_sm90_family_is_refused_below_sm90_at_lowering(monkeypatch):
-    from jax_flash import _primitive
+    from jax_flash import selection
 
-    monkeypatch.setattr(_primitive, "_cuda_arch", lambda: 80)
+    monkeypatch.setattr(selection, "cuda_arch", lambda: 80)
     if not jax_flash._ffi.BUILT_WITH_CUDA:
         pytest.skip("CPU-only build: GPU lowering raises the no-CUDA error first")
     with pytest.raises(ValueError, match="is a family='sm90' .* config; this GPU is sm_80"):
-        _primitive.resolve_gpu_config(KernelConfig.sm90(), jnp.float16, 128)
-    assert _primitive.resolve_gpu_config(None, jnp.float16, 128).family == "sm80"
-    monkeypatch.setattr(_primitive, "_cuda_arch", lambda: 90)  # on Hopper cfg=None picks the sm90 family
+        selection.resolve_gpu_config(KernelConfig.sm90(), jnp.float16, 128)
+    assert selection.resolve_gpu_config(None, jnp.float16, 128).family == "sm80"
+    monkeypatch.setattr(selection, "cuda_arch", lambda: 90)  # on Hopper cfg=None picks the sm90 family
     sm90 = jax_flash.config.SM90_CONFIGS
-    assert _primitive.resolve_gpu_config(None, jnp.float16, 128) == sm90[128][0]
-    assert _primitive.resolve_gpu_config(None, jnp.float16, 128, right_bounded=True) == sm90[128][1]  # no pingpong
-    # head dim 64: three consumer warpgroups, causal too (since session 13)
-    assert _primitive.resolve_gpu_config(None, jnp.float16, 64, seq_k=512) == sm90[64][2]
-    assert _primitive.resolve_gpu_config(None, jnp.float16, 64, seq_k=16384) == sm90[64][2]
-    assert _primitive.resolve_gpu_config(None, jnp.float16, 64, right_bounded=True, seq_k=512) == sm90[64][2]
-    assert _primitive.resolve_gpu_config(None, jnp.float16, 64, right_bounded=True, seq_k=2048) == sm90[64][2]
-    assert _primitive.resolve_gpu_config(None, jnp.bfloat16, 256) == sm90[256][0]
-    assert _primitive.resolve_gpu_config(None, jnp.bfloat16, 256, right_bounded=True) == sm90[256][1]
+    assert selection.resolve_gpu_config(None, jnp.float16, 128) == sm90[128][0]
+    assert selection.resolve_gpu_config(None, jnp.float16, 128, right_bounded=True) == sm90[128][1]  # no pingpong
+    # head dim 64: three consumer warpgroups, causal too
+    assert selection.resolve_gpu_config(None, jnp.float16, 64, seq_k=512) == sm90[64][2]
+    assert selection.resolve_gpu_config(None, jnp.float16, 64, seq_k=16384) == sm90[64][2]
+    assert selection.resolve_gpu_config(None, jnp.float16, 64, right_bounded=True, seq_k=512) == sm90[64][2]
+    assert selection.resolve_gpu_config(None, jnp.float16, 64, right_bounded=True, seq_k=2048) == sm90[64][2]
+    assert selection.resolve_gpu_config(None, jnp.bfloat16, 256) == sm90[256][0]
+    assert selection.resolve_gpu_config(None, jnp.bfloat16, 256, right_bounded=True) == sm90[256][1]
 
 
 def test_generated_instantiations_are_fresh():
-    result = subprocess.run([sys.executable, str(ROOT / "csrc" / "generate_instantiations.py"), "--check"],
+    result = subprocess.run([sys.executable, str(ROOT / "csrc" / "generate.py"), "--check"],
                             capture_output=True, text=True)
     assert result.returncode == 0, result.stdout + result.stderr
 

@@ -4,7 +4,6 @@ tile sizes) and with the GPU's compiled configs when a GPU is visible."""
 
 from __future__ import annotations
 
-import importlib
 import json
 
 import jax
@@ -12,18 +11,17 @@ import jax.numpy as jnp
 import pytest
 
 import jax_flash
+from jax_flash import autotune_cache
 from jax_flash.config import KernelConfig
-
-autotune_module = importlib.import_module("jax_flash.autotune")  # the module (jax_flash.autotune is the function)
 
 
 @pytest.fixture
 def cache_file(tmp_path, monkeypatch):
     path = tmp_path / "tune" / "autotune.json"
     monkeypatch.setenv("JAX_FLASH_AUTOTUNE_CACHE", str(path))
-    autotune_module.reload_cache()
+    autotune_cache.reload_cache()
     yield path
-    autotune_module.reload_cache()
+    autotune_cache.reload_cache()
 
 
 def test_autotune_writes_cache_and_cfg_none_uses_it(cache_file):
@@ -53,7 +51,7 @@ def test_autotune_writes_cache_and_cfg_none_uses_it(cache_file):
 def test_unreadable_cache_is_ignored(cache_file, capsys):
     cache_file.parent.mkdir(parents=True)
     cache_file.write_text("{not json")
-    assert autotune_module.lookup("anything") is None
+    assert autotune_cache.lookup("anything") is None
     assert "ignoring unreadable autotune cache" in capsys.readouterr().err
 
 

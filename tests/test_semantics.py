@@ -1,4 +1,4 @@
-"""The semantics grid (issue: causal, windows, softcap, GQA/MQA, any lengths, padding lengths, log-sum-exp, head dims):
+"""The semantics grid (causal, windows, softcap, GQA/MQA, any lengths, padding lengths, log-sum-exp, head dims):
 jax_flash.attention against the fp32 reference (jax_flash.reference) and, where the semantics coincide, against
 jax.nn.dot_product_attention. Runs on CPU always and on the GPU when one is visible."""
 

@@ -18,9 +18,10 @@ struct RegistryEntry {
   KernelKey key;
   RunFn run;
   int smem_bytes;  // dynamic shared memory per block
-  // Scratch memory per SM the kernel's split tail can use (sm90 kernel.cuh; 0: it never splits): the caller passes
+  // Scratch memory per SM the kernel's split tail can use (sm90/split_tail.cuh; 0: it never splits): the caller passes
   // num_sms times this in AttentionParams::split_workspace, or nothing, and the launcher decides per call.
   int split_bytes_per_sm;
+  int consumer_registers;  // sm90: registers per consumer thread after setmaxnreg (0 for sm80)
 };
 
 // The generated table.

@@ -1,0 +1,105 @@
+"""Which compiled config a call runs: the defaults table per (GPU architecture, dtype, head dim), its refinement by
+mask on Hopper, and the checks that turn an impossible request into a clear error.
+
+Rule (cfg=None): the autotune cache's entry for the call if it is compiled; on sm_90 the SM90_BY_SHAPE entry for
+(head dim, right bound); else DEFAULTS for (arch, dtype, head dim), falling back to the nearest older architecture in
+the table; else the first compiled config for (dtype, head dim) in registry order. On CPU cfg=None uses CPU_DEFAULT
+(only its block sizes matter there). The measurements behind each entry: docs/PERFORMANCE.md.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import jax
+import jax.numpy as jnp
+
+from jax_flash import _ffi
+from jax_flash.config import SM90_CONFIGS, TUNED_CONFIGS, KernelConfig
+
+# The CPU handler tiles queries and keys by these block sizes; 64 x 64 fp32 tiles stay in L1/L2.
+CPU_DEFAULT = KernelConfig(block_q=64, block_kv=64, num_warps=4)
+
+# (arch, dtype, head_dim) -> config. sm_80: the sm80 family's tuned config (its sweep winners on the H200; sm_80 itself
+# has not been measured, and the seed's A100 numbers favour the same 4-warp tiles). sm_90: the Hopper family, faster
+# than the sm80 family at every measured shape (1.4-2.6x).
+DEFAULTS: dict[tuple[int, str, int], KernelConfig] = {
+    (arch, dtype, head_dim): (SM90_CONFIGS[head_dim][0] if arch == 90 else TUNED_CONFIGS[head_dim][0])
+    for arch in (80, 90)
+    for dtype in ("float16", "bfloat16")
+    for head_dim in (64, 128, 256)
+}
+
+# sm_90 by mask: (head_dim, right_bounded) -> ((min_seq_k, config), ...) ascending; the last entry whose
+# min_seq_k <= seq_k wins. right_bounded = causal or a window with a right bound.
+#   head dim 128: pingpong without a right bound (+1-3% over none at 1024-16384 keys), none with one (+3% over
+#     pingpong causal);
+#   head dim 64: three consumer warpgroups (192 x 128 tiles) at every length, causal too (+9-13% over two consumers
+#     non-causal, +3-9% causal);
+#   head dim 256: 80-key blocks; pingpong without a right bound, none with one (+0-2.4% over pingpong causal).
+SM90_BY_SHAPE: dict[tuple[int, bool], tuple[tuple[int, KernelConfig], ...]] = {
+    (128, False): ((0, SM90_CONFIGS[128][0]),),
+    (128, True): ((0, SM90_CONFIGS[128][1]),),
+    (64, False): ((0, SM90_CONFIGS[64][2]),),
+    (64, True): ((0, SM90_CONFIGS[64][2]),),
+    (256, False): ((0, SM90_CONFIGS[256][0]),),
+    (256, True): ((0, SM90_CONFIGS[256][1]),),
+}
+
+
+def default_gpu_config(arch: int, dtype: str, head_dim: int, compiled: list[KernelConfig], right_bounded: bool = False,
+                       seq_k: int = 0) -> KernelConfig | None:
+    """The config cfg=None runs on a GPU of compute capability `arch` (e.g. 90); None when nothing is compiled.
+    `compiled` holds only configs this GPU can run (the caller drops the sm90 family below sm_90)."""
+    if arch == 90:
+        choice = [cfg for min_seq_k, cfg in SM90_BY_SHAPE.get((head_dim, right_bounded), ()) if min_seq_k <= seq_k]
+        if choice and choice[-1] in compiled:
+            return choice[-1]
+    for table_arch in sorted({a for a, _, _ in DEFAULTS if a <= arch}, reverse=True):
+        cfg = DEFAULTS.get((table_arch, dtype, head_dim))
+        if cfg is not None and cfg in compiled:
+            return cfg
+    return compiled[0] if compiled else None
+
+
+@functools.cache
+def cuda_arch() -> int:
+    """Compute capability of the first CUDA device as 80, 90, ...; 90 when none is visible (cross-lowering)."""
+    try:
+        device = jax.devices("cuda")[0]
+    except (RuntimeError, IndexError):
+        return 90
+    return _ffi.device_arch(device)
+
+
+def resolve_gpu_config(cfg: KernelConfig | None, dtype, head_dim: int, tuned: KernelConfig | None = None,
+                       right_bounded: bool = False, seq_k: int = 0) -> KernelConfig:
+    """The compiled kernel config a GPU call runs, or a clear error saying what is compiled. `tuned`: the autotune
+    cache's entry for the call (jax_flash/autotune_cache.py); right_bounded (causal, or a window with a right bound)
+    and seq_k refine cfg=None's choice on sm_90."""
+    dtype_name = jnp.dtype(dtype).name
+    if not _ffi.BUILT_WITH_CUDA:
+        raise RuntimeError("jax_flash was built without CUDA (no CUDA compiler at build time), so it cannot run on a "
+                           "GPU; rebuild on a machine with the CUDA toolkit (see README, 'Building on a GPU machine')")
+    if dtype_name not in ("float16", "bfloat16"):
+        raise TypeError(f"q, k and v have dtype {dtype_name}; the GPU kernels support float16 and bfloat16 "
+                        f"(float32 is accepted on CPU only)")
+    head_dims = _ffi.gpu_head_dims(dtype_name)
+    if head_dim not in head_dims:
+        raise ValueError(f"head_dim={head_dim} is not supported on GPU; supported head dims: {head_dims}")
+    arch = cuda_arch()
+    # The sm90 family runs on sm_90 only; elsewhere it is neither a default nor a valid choice.
+    compiled = [c for c in _ffi.compiled_configs_for(dtype_name, head_dim) if c.family != "sm90" or arch == 90]
+    if cfg is not None and cfg.family == "sm90" and arch != 90:
+        raise ValueError(f"cfg={cfg!r} is a family='sm90' (Hopper: wgmma, TMA) config; this GPU is sm_{arch}. "
+                         f"Use a family='sm80' config or cfg=None")
+    if cfg is None:
+        if tuned is not None and tuned in compiled:  # the autotune cache first, then the table
+            return tuned
+        return default_gpu_config(arch, dtype_name, head_dim, compiled, right_bounded, seq_k)
+    if cfg not in compiled:
+        listing = "\n  ".join(repr(c) for c in compiled)
+        raise ValueError(f"cfg={cfg!r} is not compiled into this build for {dtype_name} head_dim={head_dim}. "
+                         f"Compiled configs:\n  {listing}\n(build with -DJAX_FLASH_CONFIG_SET=all for the whole "
+                         f"tuning space)")
+    return cfg

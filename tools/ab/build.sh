@@ -1,0 +1,25 @@
+#!/usr/bin/env bash
+# Builds one A/B binary of tools/ab/sm90_ab.cu (on any machine with nvcc; no GPU needed) into build/ab/sm90_ab_NAME.
+#   bash tools/ab/build.sh NAME [REF [PATCH]] [-- NVCC_FLAGS...]
+# REF: a git commit or branch to build the kernels from (default: the working tree); PATCH: a patch applied to that
+# tree first (the alternative under test). NVCC_FLAGS: e.g. -DJAX_FLASH_TRACE for a timeline build. The harness
+# itself always comes from the working tree. Carry build/ab to the GPU machine and run tools/ab/run.sh there.
+set -euo pipefail
+REPO=$(cd "$(dirname "$0")/../.." && pwd)
+NAME=${1:?name}; shift
+REF=""; PATCH=""
+if [ $# -gt 0 ] && [ "$1" != "--" ]; then REF=$1; shift; fi
+if [ $# -gt 0 ] && [ "$1" != "--" ]; then PATCH=$(cd "$(dirname "$1")" && pwd)/$(basename "$1"); shift; fi
+[ "${1:-}" = "--" ] && shift
+SRC="$REPO"
+if [ -n "$REF$PATCH" ]; then
+  SRC=$(mktemp -d /tmp/jax_flash_ab_XXXX)
+  if [ -n "$REF" ]; then git -C "$REPO" archive "$REF" csrc | tar -x -C "$SRC"; else cp -r "$REPO/csrc" "$SRC/"; fi
+  [ -n "$PATCH" ] && (cd "$SRC" && patch -p1 --quiet < "$PATCH")
+fi
+mkdir -p "$REPO/build/ab"
+nvcc -std=c++20 -O3 -gencode=arch=compute_90a,code=sm_90a -I "$SRC/csrc" -I "$REPO/tests/harness" "$@" \
+  -Xptxas -v -o "$REPO/build/ab/sm90_ab_$NAME" "$REPO/tools/ab/sm90_ab.cu" "$SRC/csrc/cpu/attention_cpu.cc" -lpthread \
+  2> "$REPO/build/ab/sm90_ab_$NAME.ptxas.txt"
+echo "build/ab/sm90_ab_$NAME: $(grep -c 'bytes spill stores' "$REPO/build/ab/sm90_ab_$NAME.ptxas.txt") kernels," \
+     "spill bytes max $(grep -o '[0-9]* bytes spill stores' "$REPO/build/ab/sm90_ab_$NAME.ptxas.txt" | sort -n | tail -1)"

@@ -1,0 +1,75 @@
+#!/usr/bin/env python3
+"""Writes the README's benchmark tables from benchmarks/results/<device>.json (one current file per device).
+
+    python3 tools/readme_table.py            # rewrite the block between the README's benchmark markers
+    python3 tools/readme_table.py --check    # exit 1 if the README's tables differ from the results files
+
+A results file is `python -m jax_flash.benchmark --json` output (device, date, jax, timing, rows); each table cell is
+jax_flash's TFLOP/s and, in brackets, its ratio to cuDNN in the same run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import pathlib
+import sys
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+README = ROOT / "README.md"
+BEGIN, END = "<!-- benchmark tables: tools/readme_table.py -->", "<!-- end of benchmark tables -->"
+SEQS = (512, 1024, 2048, 4096, 8192, 16384)
+
+
+def _cell(row: dict | None, name: str = "jax_flash", ratio: bool = True) -> str:
+    if row is None or name not in row["results"]:
+        return "-"
+    tflops = row["results"][name]["tflops"]
+    ref = row["results"].get("cudnn", {}).get("tflops")
+    return f"{tflops:.0f}" + (f" ({tflops / ref:.2f}x)" if ratio and ref else "")
+
+
+def render_device(results: dict) -> str:
+    rows = results["rows"]
+    groups = sorted({(r["dtype"], r["head_dim"], r["causal"]) for r in rows})
+    head = ["dtype", "D", "causal"] + [f"S={s}" for s in SEQS] + ["cuDNN 16384", "sm80 16384"]
+    lines = [f"**{results['device']}**, {results['date']}, jax {results['jax']}: TFLOP/s of `jax_flash.attention` "
+             f"(cfg=None), ratio to cuDNN in the same run in brackets; cuDNN and the sm80 family at 16384 keys." +
+             (f" {results['note']}." if results.get("note") else ""),
+             "", "| " + " | ".join(head) + " |", "| " + " | ".join("---" for _ in head) + " |"]
+    for dtype, head_dim, causal in groups:
+        by_seq = {r["seq"]: r for r in rows if (r["dtype"], r["head_dim"], r["causal"]) == (dtype, head_dim, causal)}
+        last = by_seq.get(SEQS[-1])
+        cells = [dtype, str(head_dim), "yes" if causal else "no"] + [_cell(by_seq.get(s)) for s in SEQS]
+        cells += [_cell(last, "cudnn", ratio=False), _cell(last, "jax_flash_sm80", ratio=False)]
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def render() -> str:
+    files = sorted((ROOT / "benchmarks" / "results").glob("*.json"))
+    return "\n".join(render_device(json.loads(f.read_text())) for f in files)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--check", action="store_true")
+    args = parser.parse_args()
+    text = README.read_text()
+    if BEGIN not in text or END not in text:
+        print(f"README.md has no benchmark markers ({BEGIN} ... {END})")
+        return 1
+    before, rest = text.split(BEGIN, 1)
+    _, after = rest.split(END, 1)
+    new = before + BEGIN + "\n" + render() + END + after
+    if args.check:
+        if new != text:
+            print("README.md's benchmark tables differ from benchmarks/results/: run tools/readme_table.py")
+            return 1
+        return 0
+    README.write_text(new)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
