@@ -36,10 +36,9 @@ def load_config_module():
 
 def key_literal(config_module, dtype: str, head_dim: int, cfg) -> str:
     fields = {"dtype": config_module.GPU_DTYPES[dtype], "head_dim": head_dim, **cfg.to_attrs()}  # declaration order
-    bools = {"async_copy", "eager_load_blocks", "swizzled", "mma_double_buffer_loads", "optimized_softmax", "pingpong",
-             "overlap"}
-    # C++ designated initializers must follow KernelKey's declaration order: the config fields in dataclass order
-    # (family, stages, consumer_warpgroups last), as csrc/common/kernel_key.h declares them.
+    bools = {name for name, ctype, _ in config_module.config_schema() if ctype == "bool"}
+    # C++ designated initializers must follow KernelKey's declaration order: dtype, head_dim, then the config fields
+    # in dataclass order, as common/config_fields.h lists them.
     parts = [f".{name} = {('true' if value else 'false') if name in bools else value}" for name, value in fields.items()]
     return "KernelKey{" + ", ".join(parts) + "}"
 

@@ -24,7 +24,9 @@ static ffi::Error attention_cpu_impl(ffi::AnyBuffer q, ffi::AnyBuffer k, ffi::An
     return invalid("block_q and block_kv must be in [1, 4096]; got " + std::to_string(attrs.block_q) + " and " +
                    std::to_string(attrs.block_kv));
   }
-  if (q.element_count() == 0) return ffi::Error::Success();
+  // No query row: nothing to write. (Head dim 0 still has rows: their lse is log of the visible keys' count.)
+  const auto qd = q.dimensions();
+  if (qd[0] == 0 || qd[1] == 0 || qd[2] == 0) return ffi::Error::Success();
   const AttentionParams params = params_from_buffers(q, k, v, q_lengths, kv_lengths, *o, *lse, attrs);
   const int threads = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
   attention_cpu(params, element, static_cast<int>(attrs.block_q), static_cast<int>(attrs.block_kv), threads);

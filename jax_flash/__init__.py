@@ -1,6 +1,6 @@
 """jax_flash: FlashAttention forward kernels (CUDA C++ and a native CPU path) as XLA FFI custom calls."""
 
-from jax_flash._ffi import CompiledKernel, supported_configs
+from jax_flash.native import CompiledKernel, supported_configs
 from jax_flash.attention import attention
 from jax_flash.autotune import autotune
 from jax_flash.config import KernelConfig

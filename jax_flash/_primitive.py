@@ -20,7 +20,7 @@ try:
 except ImportError:  # moved out of the public jax.core in newer releases
     from jax._src.core import ShapedArray
 
-from jax_flash import _ffi, autotune_cache
+from jax_flash import autotune_cache, native
 from jax_flash._sharding import make_partitioned
 from jax_flash.config import CALL_ATTRIBUTES, KernelConfig
 from jax_flash.selection import CPU_DEFAULT, resolve_gpu_config
@@ -69,8 +69,16 @@ def _attrs(cfg: KernelConfig, params: dict) -> dict:
     return attrs
 
 
+def _static_dims(*avals) -> bool:
+    """Whether every dimension is a concrete int (jax.export with symbolic shapes lowers with symbolic ones)."""
+    return all(isinstance(n, int) for aval in avals for n in aval.shape)
+
+
 def _tuned(platform: str, q_aval, k_aval, params) -> KernelConfig | None:
-    """The autotune cache's winner for this call (jax_flash/autotune_cache.py), or None."""
+    """The autotune cache's winner for this call (jax_flash/autotune_cache.py), or None (also for symbolic shapes,
+    which have no shape bucket)."""
+    if not _static_dims(q_aval, k_aval):
+        return None
     try:
         device_kind = jax.devices(platform)[0].device_kind
     except RuntimeError:  # lowering for a platform this process has no device of
@@ -85,15 +93,16 @@ def _tuned(platform: str, q_aval, k_aval, params) -> KernelConfig | None:
 def _lower_cpu(ctx, *args, cfg, **params):
     if cfg is None:
         cfg = _tuned("cpu", ctx.avals_in[0], ctx.avals_in[1], params) or CPU_DEFAULT
-    return jax.ffi.ffi_lowering(_ffi.TARGET_NAME)(ctx, *args, **_attrs(cfg, params))
+    return jax.ffi.ffi_lowering(native.TARGET_NAME)(ctx, *args, **_attrs(cfg, params))
 
 
 def _lower_cuda(ctx, *args, cfg, **params):
     q_aval = ctx.avals_in[0]
     tuned = _tuned("cuda", q_aval, ctx.avals_in[1], params) if cfg is None else None
     right_bounded = bool(params["causal"]) or params["window_right"] >= 0
-    cfg = resolve_gpu_config(cfg, q_aval.dtype, q_aval.shape[3], tuned, right_bounded, ctx.avals_in[1].shape[1])
-    return jax.ffi.ffi_lowering(_ffi.TARGET_NAME)(ctx, *args, **_attrs(cfg, params))
+    seq_k = ctx.avals_in[1].shape[1] if _static_dims(ctx.avals_in[1]) else 0
+    cfg = resolve_gpu_config(cfg, q_aval.dtype, q_aval.shape[3], tuned, right_bounded, seq_k)
+    return jax.ffi.ffi_lowering(native.TARGET_NAME)(ctx, *args, **_attrs(cfg, params))
 
 
 mlir.register_lowering(attention_local_p, _lower_cpu, platform="cpu")
@@ -126,18 +135,61 @@ def _batch_rule(args, dims, **params):
         x = jnp.broadcast_to(x, (size, *x.shape)) if d is None else jnp.moveaxis(x, d, 0)
         return x.reshape((size * x.shape[1], *x.shape[2:]))  # (size * B, ...): the mapped axis joins the batch
 
+    batch = next((x.shape[0] if d is None else jnp.moveaxis(x, d, 0).shape[1]) for x, d in zip(args, dims))
     out, lse = attention_p.bind(*(fold(x, d) for x, d in zip(args, dims)), **params)
-    return (out.reshape((size, -1, *out.shape[1:])), lse.reshape((size, -1, *lse.shape[1:]))), (0, 0)
+    # (explicit shapes, not -1: a zero-size mapped axis or batch leaves -1 undetermined)
+    return (out.reshape((size, batch, *out.shape[1:])), lse.reshape((size, batch, *lse.shape[1:]))), (0, 0)
 
 
 batching.primitive_batchers[attention_p] = _batch_rule
 
 
 # ---- differentiation: forward-only ---------------------------------------------------------------------------------
-def _no_jvp(primals, tangents, **params):
-    raise NotImplementedError(
-        "jax_flash.attention is forward-only: it has no gradient (no JVP/VJP rule). Use it for inference, or "
-        "differentiate through jax.nn.dot_product_attention instead.")
+# The JVP rule runs the forward and gives the output tangent as attention_tangent_p, a linear primitive in the input
+# tangents that nothing can evaluate or transpose: jax.grad and jax.jvp of a result that depends on attention's output
+# fail with a clear error, while one whose cotangent never reaches it (stop_gradient) needs neither and works.
+attention_tangent_p = Primitive("jax_flash_attention_tangent")
+attention_tangent_p.multiple_results = True
+_FORWARD_ONLY = ("jax_flash.attention is forward-only: it has no gradient (no backward pass). Use it for inference, "
+                 "apply jax.lax.stop_gradient to its output, or differentiate through jax.nn.dot_product_attention "
+                 "instead.")
 
 
-ad.primitive_jvps[attention_p] = _no_jvp
+def _tangent_abstract_eval(q_dot, k_dot, v_dot, *, out_aval, lse_aval):
+    del q_dot, k_dot, v_dot
+    return out_aval, lse_aval
+
+
+def _no_tangent(*args, **params):
+    raise NotImplementedError(_FORWARD_ONLY)
+
+
+def _tangent_batch_rule(args, dims, *, out_aval, lse_aval):
+    size = next(x.shape[d] for x, d in zip(args, dims) if d is not None)
+    moved = [jnp.broadcast_to(x, (size, *x.shape)) if d is None else jnp.moveaxis(x, d, 0) for x, d in zip(args, dims)]
+    batched = [ShapedArray((size, *a.shape), a.dtype) for a in (out_aval, lse_aval)]
+    return attention_tangent_p.bind(*moved, out_aval=batched[0], lse_aval=batched[1]), (0, 0)
+
+
+attention_tangent_p.def_abstract_eval(_tangent_abstract_eval)
+batching.primitive_batchers[attention_tangent_p] = _tangent_batch_rule
+attention_tangent_p.def_impl(_no_tangent)
+mlir.register_lowering(attention_tangent_p, _no_tangent)
+def _tangent_transpose(cts, q_dot, k_dot, v_dot, **params):
+    if all(type(ct) is ad.Zero for ct in cts):  # the output's cotangent never reaches attention: no gradient
+        return [None, None, None]
+    raise NotImplementedError(_FORWARD_ONLY)
+
+
+ad.primitive_transposes[attention_tangent_p] = _tangent_transpose
+
+
+def _jvp(primals, tangents, **params):
+    out, lse = attention_p.bind(*primals, **params)
+    q_dot, k_dot, v_dot = (ad.instantiate_zeros(t) for t in tangents[:3])
+    out_dot, lse_dot = attention_tangent_p.bind(q_dot, k_dot, v_dot, out_aval=ShapedArray(out.shape, out.dtype),
+                                                lse_aval=ShapedArray(lse.shape, lse.dtype))
+    return (out, lse), (out_dot, lse_dot)
+
+
+ad.primitive_jvps[attention_p] = _jvp

@@ -13,6 +13,14 @@ from jax_flash._primitive import attention_p
 from jax_flash.config import KernelConfig
 
 _INPUT_DTYPES = ("float16", "bfloat16", "float32")
+_MAX_DIM = 2**31 - 1  # the kernels' size fields are int32
+_FLOAT32_MAX = float(np.finfo(np.float32).max)
+_FLOAT32_TINY = float(np.finfo(np.float32).tiny)  # the smallest normal float32
+_LOG2E = 1.4426950408889634
+try:
+    _Tracer = jax.core.Tracer
+except AttributeError:  # moved out of the public jax.core in newer releases
+    from jax._src.core import Tracer as _Tracer
 
 
 def attention(q, k, v, cfg: KernelConfig | None = None, *, causal: bool = False, softmax_scale: float | None = None,
@@ -25,13 +33,17 @@ def attention(q, k, v, cfg: KernelConfig | None = None, *, causal: bool = False,
       k, v: (batch, seq_k, heads_k, head_dim), q's dtype; heads_q must be a multiple of heads_k (GQA/MQA: query head
         h reads kv head h // (heads_q // heads_k)). Any seq_q, seq_k >= 0.
       cfg: a KernelConfig compiled into this build (see supported_configs()), or None for the default of the
-        device, dtype and head dim (jax_flash/defaults.py).
+        device, dtype and head dim (jax_flash/selection.py).
       causal: query row i sees key j only when j <= i + (seq_k - seq_q): aligned to the bottom-right corner
         (FlashAttention's convention; equals jax.nn's is_causal when seq_q == seq_k).
-      softmax_scale: multiplies q.k; default 1 / sqrt(head_dim).
-      window: (left, right) local window measured from that same diagonal, -1 = unbounded on that side; combines
-        with causal (which caps right at 0).
-      softcap: scores become softcap * tanh(scores / softcap) before masking and softmax.
+      softmax_scale: multiplies q.k; default 1 / sqrt(head_dim). Any real number whose magnitude times log2(e) fits
+        float32.
+      window: (left, right) local window measured from that same diagonal, -1 (or 2^31 and more) = unbounded on that
+        side; combines with causal (which caps right at 0).
+      softcap: scores become softcap * tanh(scores / softcap) before masking and softmax; a float32 normal number.
+      causal, softmax_scale, window, softcap, return_lse and cfg are static: each new value compiles a new kernel call
+        (mark them static_argnames when you jit attention itself). Numpy scalars and concrete 0-d jax arrays are
+        accepted.
       q_lengths, kv_lengths: int32 (batch,) actual lengths (traced: changing them does not recompile). Keys at or
         past kv_lengths[b] are invisible; query rows at or past q_lengths[b] give zeros; causal and window
         alignment use these lengths. Values are clamped to [0, seq].
@@ -60,26 +72,37 @@ def attention(q, k, v, cfg: KernelConfig | None = None, *, causal: bool = False,
     heads_q, heads_k = q.shape[2], k.shape[2]
     if (heads_k == 0 and heads_q != 0) or (heads_k and heads_q % heads_k):
         raise ValueError(f"k has {heads_k} heads but q has {heads_q}; q heads must be a multiple of k heads")
+    for name, x in (("q", q), ("k", k), ("v", v)):
+        if any(isinstance(n, int) and n > _MAX_DIM for n in x.shape):
+            raise ValueError(f"{name} has shape {tuple(x.shape)}; every dimension must be at most 2^31 - 1 = "
+                             f"{_MAX_DIM} (the kernels' size fields are int32; strides are int64)")
     if cfg is not None and not isinstance(cfg, KernelConfig):
         raise TypeError(f"cfg must be a jax_flash.KernelConfig or None, got {type(cfg).__name__}: {cfg!r}")
-    if not isinstance(causal, (bool, np.bool_)):
-        raise TypeError(f"causal must be a bool, got {causal!r}")
-    if not isinstance(return_lse, (bool, np.bool_)):
-        raise TypeError(f"return_lse must be a bool, got {return_lse!r}")
+    causal = _static_bool(causal, "causal")
+    return_lse = _static_bool(return_lse, "return_lse")
     head_dim = q.shape[3]
     if softmax_scale is None:
-        softmax_scale = 1.0 / math.sqrt(head_dim) if head_dim > 0 else 1.0
-    elif not _is_real(softmax_scale) or not math.isfinite(softmax_scale):
-        raise ValueError(f"softmax_scale must be a finite number, got {softmax_scale!r}")
+        softmax_scale = 1.0 / math.sqrt(head_dim) if isinstance(head_dim, int) and head_dim > 0 else 1.0
+    else:
+        softmax_scale = _static_real(softmax_scale, "softmax_scale")
+        if not math.isfinite(softmax_scale) or abs(softmax_scale) * _LOG2E > _FLOAT32_MAX:
+            raise ValueError(f"softmax_scale must be a finite number whose magnitude times log2(e) fits float32 "
+                             f"(|softmax_scale| <= {_FLOAT32_MAX / _LOG2E:.4g}), got {softmax_scale!r}")
+    if softcap is not None:
+        softcap = _static_real(softcap, "softcap")
+        if not (_FLOAT32_TINY <= softcap <= _FLOAT32_MAX):
+            raise ValueError(f"softcap must be a float32 normal number > 0 (from {_FLOAT32_TINY:.8g} to "
+                             f"{_FLOAT32_MAX:.8g}), or None for no softcap; got {softcap!r}")
+        if 2 * _LOG2E * abs(softmax_scale) / softcap > _FLOAT32_MAX:
+            raise ValueError(f"softmax_scale / softcap = {softmax_scale!r} / {softcap!r} overflows float32 (the "
+                             f"kernels compute scores as q.k * softmax_scale / softcap)")
     # The kernels keep each row's running maximum of the raw scores q.k and exponentiate scale * (s - max), which
     # is <= 0 only for scale > 0 (and 0 * -inf, a masked score, is NaN). Both rewrites below are exact:
     if softmax_scale < 0:  # scale * (q.k) = (-scale) * (q.(-k))
         k, softmax_scale = -k, -softmax_scale
-    elif softmax_scale == 0:  # every visible score is 0: the same as q = 0 with any scale (lse = log(#visible))
-        q, softmax_scale = jnp.zeros_like(q), 1.0
+    elif np.float32(softmax_scale) == 0:  # every visible score is 0 * q.k: q * 0 with any scale (lse = log(#visible));
+        q, softmax_scale = q * 0, 1.0    # a NaN or inf in q stays NaN in its row, as the reference gives
     window_left, window_right = _check_window(window)
-    if softcap is not None and (not _is_real(softcap) or not math.isfinite(softcap) or softcap <= 0):
-        raise ValueError(f"softcap must be a finite number > 0 (or None for no softcap), got {softcap!r}")
     batch = q.shape[0]
     lengths = [_check_lengths(x, name, batch) for x, name in ((q_lengths, "q_lengths"), (kv_lengths, "kv_lengths"))]
     q_len_arr = lengths[0] if lengths[0] is not None else jnp.full((batch,), q.shape[1], jnp.int32)
@@ -91,20 +114,53 @@ def attention(q, k, v, cfg: KernelConfig | None = None, *, causal: bool = False,
     return (out, lse) if return_lse else out
 
 
-def _is_real(x) -> bool:
-    return isinstance(x, numbers.Real) and not isinstance(x, bool)
+def _static_hint(name: str) -> str:
+    return (f"{name} is a static argument: mark it static when you jit (jax.jit(jax_flash.attention, "
+            f"static_argnames=({name!r},)), or jax.jit(f, static_argnums=...) for a wrapper) or close over a Python "
+            f"value")
+
+
+def _concrete_scalar(x, name: str):
+    """A 0-d numpy or concrete jax array as a numpy scalar; a traced one raises with the hint to mark it static."""
+    if isinstance(x, _Tracer):
+        raise TypeError(f"{name} must be known when the call is traced, got a traced value {x}; " + _static_hint(name))
+    return np.asarray(x)[()]
+
+
+def _static_bool(x, name: str) -> bool:
+    if isinstance(x, (jax.Array, np.ndarray)) and np.shape(x) == ():
+        x = _concrete_scalar(x, name)
+    if isinstance(x, (bool, np.bool_)):
+        return bool(x)
+    raise TypeError(f"{name} must be a bool, got {x!r} of type {type(x).__name__}")
+
+
+def _static_real(x, name: str) -> float:
+    """Python and numpy real scalars, and 0-d numpy or concrete jax arrays of a real dtype, as a Python float."""
+    if isinstance(x, (jax.Array, np.ndarray)) and np.shape(x) == ():
+        x = _concrete_scalar(x, name)
+    if isinstance(x, (bool, np.bool_)) or not isinstance(x, (numbers.Real, np.integer, np.floating)):
+        raise TypeError(f"{name} must be a real number (a Python float, a numpy scalar or a 0-d array), got {x!r} "
+                        f"of type {type(x).__name__}")
+    return float(x)
 
 
 def _check_window(window) -> tuple[int, int]:
+    """(left, right) as int64 attributes: -1 unbounded; a side of 2^31 or more bounds no key either (sequences are
+    shorter), so it is unbounded too."""
     if window is None:
         return -1, -1
+    if isinstance(window, _Tracer) or (isinstance(window, (tuple, list)) and
+                                                any(isinstance(w, _Tracer) for w in window)):
+        raise TypeError(f"window must be known when the call is traced, got a traced value; " + _static_hint("window"))
     if (not isinstance(window, (tuple, list)) or len(window) != 2 or
-            not all(isinstance(w, numbers.Integral) and not isinstance(w, bool) for w in window)):
+            not all(isinstance(w, (numbers.Integral, np.integer)) and not isinstance(w, (bool, np.bool_))
+                    for w in window)):
         raise ValueError(f"window must be a pair of ints (left, right), -1 = unbounded; got {window!r}")
     left, right = int(window[0]), int(window[1])
     if left < -1 or right < -1:
         raise ValueError(f"window sizes must be >= -1 (-1 = unbounded), got {window!r}")
-    return left, right
+    return tuple(-1 if w > _MAX_DIM else w for w in (left, right))
 
 
 def _check_lengths(lengths, name, batch):

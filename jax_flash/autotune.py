@@ -10,10 +10,10 @@ import sys
 import jax
 import jax.numpy as jnp
 
-from jax_flash import _ffi, autotune_cache
+from jax_flash import autotune_cache, native
 from jax_flash.attention import attention
 from jax_flash.config import KernelConfig
-from jax_flash.timing import time_loop_ms
+from jax_flash.timing import check_counts, time_loop_ms
 
 CPU_CANDIDATES = (KernelConfig(block_q=64, block_kv=64, num_warps=4), KernelConfig(block_q=128, block_kv=64),
                   KernelConfig(block_q=64, block_kv=128, num_warps=4), KernelConfig(block_q=128, block_kv=128,
@@ -27,16 +27,24 @@ def autotune(q_shape, kv_shape, dtype, causal: bool = False, *, window=None, sof
     q_shape (B, Sq, Hq, D), kv_shape (B, Sk, Hk, D). `configs` overrides the candidates (default: the compiled
     configs for dtype and head dim on a GPU, CPU_CANDIDATES on CPU). `device` defaults to jax.devices()[0].
     """
+    for name, shape in (("q_shape", q_shape), ("kv_shape", kv_shape)):
+        if (not isinstance(shape, (tuple, list)) or len(shape) != 4 or
+                not all(isinstance(n, int) and not isinstance(n, bool) and n >= 0 for n in shape)):
+            raise ValueError(f"{name} must be (batch, seq_{name[0]}, heads_{name[0]}, head_dim) of 4 ints >= 0, "
+                             f"got {shape!r}")
+    check_counts(iters=iters, reps=reps)
+    if configs is not None and len(configs) == 0:
+        raise ValueError("configs is empty: pass None for the default candidates, or at least one KernelConfig")
     device = device or jax.devices()[0]
     head_dim = q_shape[3]
     dtype_name = jnp.dtype(dtype).name
     if configs is None:
         if device.platform == "gpu":
-            arch = _ffi.device_arch(device)  # the sm90 family runs on sm_90 only
-            configs = [c for c in _ffi.compiled_configs_for(dtype_name, head_dim) if c.fits(head_dim, arch) is None]
+            arch = native.device_arch(device)  # the sm90 family runs on sm_90 only
+            configs = [c for c in native.compiled_configs_for(dtype_name, head_dim) if c.fits(head_dim, arch) is None]
             if not configs:
                 raise ValueError(f"no compiled GPU kernel for {dtype_name} head_dim={head_dim}; compiled head dims: "
-                                 f"{_ffi.gpu_head_dims(dtype_name)}")
+                                 f"{native.gpu_head_dims(dtype_name)}")
         else:
             configs = CPU_CANDIDATES
     kq, kk, kv = jax.random.split(jax.random.PRNGKey(0), 3)

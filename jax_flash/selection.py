@@ -14,7 +14,7 @@ import functools
 import jax
 import jax.numpy as jnp
 
-from jax_flash import _ffi
+from jax_flash import native
 from jax_flash.config import SM90_CONFIGS, TUNED_CONFIGS, KernelConfig
 
 # The CPU handler tiles queries and keys by these block sizes; 64 x 64 fp32 tiles stay in L1/L2.
@@ -69,7 +69,7 @@ def cuda_arch() -> int:
         device = jax.devices("cuda")[0]
     except (RuntimeError, IndexError):
         return 90
-    return _ffi.device_arch(device)
+    return native.device_arch(device)
 
 
 def resolve_gpu_config(cfg: KernelConfig | None, dtype, head_dim: int, tuned: KernelConfig | None = None,
@@ -78,18 +78,18 @@ def resolve_gpu_config(cfg: KernelConfig | None, dtype, head_dim: int, tuned: Ke
     cache's entry for the call (jax_flash/autotune_cache.py); right_bounded (causal, or a window with a right bound)
     and seq_k refine cfg=None's choice on sm_90."""
     dtype_name = jnp.dtype(dtype).name
-    if not _ffi.BUILT_WITH_CUDA:
+    if not native.BUILT_WITH_CUDA:
         raise RuntimeError("jax_flash was built without CUDA (no CUDA compiler at build time), so it cannot run on a "
                            "GPU; rebuild on a machine with the CUDA toolkit (see README, 'Building on a GPU machine')")
     if dtype_name not in ("float16", "bfloat16"):
         raise TypeError(f"q, k and v have dtype {dtype_name}; the GPU kernels support float16 and bfloat16 "
                         f"(float32 is accepted on CPU only)")
-    head_dims = _ffi.gpu_head_dims(dtype_name)
+    head_dims = native.gpu_head_dims(dtype_name)
     if head_dim not in head_dims:
         raise ValueError(f"head_dim={head_dim} is not supported on GPU; supported head dims: {head_dims}")
     arch = cuda_arch()
     # The sm90 family runs on sm_90 only; elsewhere it is neither a default nor a valid choice.
-    compiled = [c for c in _ffi.compiled_configs_for(dtype_name, head_dim) if c.family != "sm90" or arch == 90]
+    compiled = [c for c in native.compiled_configs_for(dtype_name, head_dim) if c.family != "sm90" or arch == 90]
     if cfg is not None and cfg.family == "sm90" and arch != 90:
         raise ValueError(f"cfg={cfg!r} is a family='sm90' (Hopper: wgmma, TMA) config; this GPU is sm_{arch}. "
                          f"Use a family='sm80' config or cfg=None")

@@ -24,9 +24,17 @@ def _check_loop(loop: str) -> None:
         raise ValueError(f"loop={loop!r} is not allowed; choose 'while' or 'unrolled'")
 
 
+def check_counts(**counts) -> None:
+    """Each of iters / reps / ... must be a positive int (a timing over no call has no median)."""
+    for name, value in counts.items():
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ValueError(f"{name}={value!r} is not allowed: {name} must be a positive int")
+
+
 def timed_loop(fn, *, iters: int = 10, loop: str = "unrolled"):
     """The jitted (q, k, v) -> q' of `iters` chained fn calls that time_loop_ms times."""
     _check_loop(loop)
+    check_counts(iters=iters)
     unroll = loop == "unrolled"
     return jax.jit(lambda q, k, v: lax.fori_loop(0, iters, lambda _, x: fn(x, k, v), q, unroll=unroll))
 
@@ -66,6 +74,7 @@ def time_loop_ms(fn, q, k, v, *, iters: int = 10, reps: int = 5, loop: str = "un
     (calibrated on the warm-up), back to back on the device queue with one synchronisation at the end. At 512-1024
     keys one loop of 10 calls lasts 1-3 ms, and the per-repetition synchronisation and clock ramp then moved cuDNN
     by up to 30% between runs on the H200."""
+    check_counts(iters=iters, reps=reps)
     timed = _Repetitions(fn, q, k, v, iters=iters, loop=loop, min_rep_ms=min_rep_ms)
     return statistics.median(timed.sample_ms() for _ in range(reps))
 
@@ -84,6 +93,7 @@ def time_interleaved_ms(fns: dict, q, k, v, *, iters: int = 10, reps: int = 5, l
     the clock: on the H200 (700 W cap reached at D = 128) cuDNN timed right after the slower sm80 kernel read 676
     TFLOP/s at D = 128, 16384 keys, against 603-611 timed after itself."""
     _check_loop(loop)  # (raised, not recorded as every implementation's failure)
+    check_counts(iters=iters, reps=reps)
     ready, failures = {}, {}
     for name, fn in fns.items():
         try:
@@ -106,6 +116,7 @@ def time_interleaved_ms(fns: dict, q, k, v, *, iters: int = 10, reps: int = 5, l
 def time_attention(q, k, v, cfg=None, *, iters: int = 10, reps: int = 5):
     """(output, milliseconds): jax_flash.attention's result and its median time per call after warm-up (the seed's
     forward_timed). Runs where q lives."""
+    check_counts(iters=iters, reps=reps)
     out = jax.jit(attention, static_argnames="cfg")(q, k, v, cfg=cfg)
     ms = time_loop_ms(lambda q, k, v: attention(q, k, v, cfg=cfg), q, k, v, iters=iters, reps=reps)
     return out, ms

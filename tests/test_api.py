@@ -111,7 +111,7 @@ def lower_for_cuda(q, k, v, cfg=None):
     return traced.lower(lowering_platforms=("cuda",)).as_text()
 
 
-needs_cuda_build = pytest.mark.skipif(not jax_flash._ffi.BUILT_WITH_CUDA, reason="module built without CUDA")
+needs_cuda_build = pytest.mark.skipif(not jax_flash.native.BUILT_WITH_CUDA, reason="module built without CUDA")
 
 
 @needs_cuda_build
@@ -142,7 +142,7 @@ def test_cuda_unknown_config_lists_compiled_ones():
 @needs_cuda_build
 def test_supported_configs_come_from_the_registry():
     kernels = jax_flash.supported_configs()
-    expected = {(d, h, c) for d, h, c in jax_flash.config.kernel_set(jax_flash._ffi.KERNEL_SET)}
+    expected = {(d, h, c) for d, h, c in jax_flash.config.kernel_set(jax_flash.native.KERNEL_SET)}
     assert {(k.dtype, k.head_dim, k.config) for k in kernels} == expected
     for k in kernels:  # Python's mirror of the C++ traits (shared memory, registers) against what was compiled
         assert k.family == k.config.family
@@ -229,7 +229,7 @@ def test_sm90_family_is_refused_below_sm90_at_lowering(monkeypatch):
     from jax_flash import selection
 
     monkeypatch.setattr(selection, "cuda_arch", lambda: 80)
-    if not jax_flash._ffi.BUILT_WITH_CUDA:
+    if not jax_flash.native.BUILT_WITH_CUDA:
         pytest.skip("CPU-only build: GPU lowering raises the no-CUDA error first")
     with pytest.raises(ValueError, match="is a family='sm90' .* config; this GPU is sm_80"):
         selection.resolve_gpu_config(KernelConfig.sm90(), jnp.float16, 128)

@@ -55,7 +55,7 @@ def test_unreadable_cache_is_ignored(cache_file, capsys):
     assert "ignoring unreadable autotune cache" in capsys.readouterr().err
 
 
-@pytest.mark.skipif(not jax_flash._ffi.BUILT_WITH_CUDA or jax.default_backend() != "gpu",
+@pytest.mark.skipif(not jax_flash.native.BUILT_WITH_CUDA or jax.default_backend() != "gpu",
                     reason="no CUDA device visible to jax")
 def test_autotune_on_gpu_picks_a_compiled_config(cache_file):
     q_shape = kv_shape = (2, 1024, 8, 128)

@@ -107,7 +107,7 @@ def test_sm90_three_consumers_short_first_query_block(seq_q, seq_k, feature):
     run_case(GPU_DEVICES[0], jnp.bfloat16, 64, seq_q, seq_k, feature, (4, 2), True, cfg=cfg)
 
 
-# The split tail (csrc/sm90/launch.cuh, kernel.cuh): equal-cost tiles (no mask beyond the key length) of the head-dim-
+# The split tail (csrc/sm90/split_tail.cuh): equal-cost tiles (no mask beyond the key length) of the head-dim-
 # 128 non-causal config, more of them than SMs and not a multiple (2 x 17 x 9 = 306, 2 x 17 x 5 = 170 and 2 x 16 x 16
 # = 512 tiles over the 132 SMs of an H100 / H200), >= 16 key blocks: the last tiles are cut between thread blocks and
 # merged from partials. Unmasked, soft-capped, masked and soft-capped (2000 keys), MQA; lse too. (The masked kernel

@@ -57,16 +57,16 @@ struct AttentionParams {
   // launch (thread blocks draw their next tile from it with atomicAdd); nullptr = a static stride of the grid.
   unsigned long long* tile_counter;
   // sm90, right-bounded masks: tiles are ordered heaviest first inside sections of this many (batch, head) pairs
-  // whose K and V fit in half the L2 cache together, at most 16 from head dim 128 (set by sm90/launch.cuh).
+  // whose K and V fit in half the L2 cache together, at most 16 from head dim 128 (sm90/tile_scheduler.cuh).
   int section_heads;
   // sm90, right-bounded masks with three consumer warpgroups: query block q > 0 starts at row q * block_q -
-  // q_block_shift and block 0 holds the first block_q - q_block_shift rows (a multiple of 64 set by sm90/launch.cuh),
+  // q_block_shift and block 0 holds the first block_q - q_block_shift rows (a multiple of 64; sm90/tile_scheduler.cuh),
   // so the short query block of a length that is not a multiple of block_q is the first, whose rows see the fewest
   // keys, instead of the last, whose rows see the most. 0: block q starts at q * block_q.
   int q_block_shift;
-  // sm90, the split tail (equal-cost tiles walked by a static stride, sm90/launch.cuh): scratch memory from the caller
-  // (nullptr / 0: none, the kernels do not split), and what the launcher carves from it. The last split_tiles tiles
-  // (0: none) are not handed out whole: their split_tiles x split_blocks key blocks are cut into gridDim.x equal
+  // sm90, the split tail (equal-cost tiles walked by a static stride, sm90/split_tail.cuh): scratch memory from the
+  // caller (nullptr / 0: none, the kernels do not split), and what the launcher carves from it. The last split_tiles
+  // tiles (0: none) are not handed out whole: their split_tiles x split_blocks key blocks are cut into gridDim.x equal
   // shares, one per block, and a tile cut between two blocks is finished by the one holding its first key blocks,
   // which merges the other's partial O, row maxima and row sums (split_partials) once its flag (split_flags, zeroed
   // on the stream before the launch) is set.

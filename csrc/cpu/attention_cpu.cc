@@ -130,7 +130,7 @@ void attention_block(const AttentionParams& p, int block_q, int block_kv, int64_
   for (int r = 0; r < rows; ++r) {
     const T* src = gQ + (row0 + r) * p.q_seq_stride;
     const float qscale = softcap ? p.softcap_scale : p.scale;  // softcap: s = c tanh(q.k * scale / c)
-    for (int d = 0; d < D; ++d) t.q[r * D + d] = Traits::load(src[d]) * qscale;
+    for (int d = 0; d < D; ++d) t.q.data()[r * D + d] = Traits::load(src[d]) * qscale;
     t.keys[r] = visible_keys(p, len, row0 + r);
   }
   std::fill(t.acc_o.begin(), t.acc_o.begin() + static_cast<size_t>(rows) * D, 0.0f);
@@ -145,8 +145,8 @@ void attention_block(const AttentionParams& p, int block_q, int block_kv, int64_
       const T* k_src = gK + (col0 + c) * p.k_seq_stride;
       const T* v_src = gV + (col0 + c) * p.v_seq_stride;
       for (int d = 0; d < D; ++d) {
-        t.k[c * D + d] = Traits::load(k_src[d]);
-        t.v[c * D + d] = Traits::load(v_src[d]);
+        t.k.data()[c * D + d] = Traits::load(k_src[d]);
+        t.v.data()[c * D + d] = Traits::load(v_src[d]);
       }
     }
     for (int r = 0; r < rows; ++r) {
@@ -155,11 +155,11 @@ void attention_block(const AttentionParams& p, int block_q, int block_kv, int64_
       const int c_begin = std::max(keys.first - col0, 0);
       const int c_end = std::min(keys.last + 1 - col0, cols);
       if (c_begin >= c_end) continue;
-      const float* q_row = &t.q[r * D];
+      const float* q_row = t.q.data() + r * D;  // (data(): the tiles are empty at head dim 0)
       float* s_row = &t.s[r * block_kv];
       float block_max = kNegInf;
       for (int c = c_begin; c < c_end; ++c) {  // S = scale Q K^T (softcap: c tanh(S / c))
-        const float* k_row = &t.k[c * D];
+        const float* k_row = t.k.data() + c * D;
         float dot = 0.0f;
         for (int d = 0; d < D; ++d) dot += q_row[d] * k_row[d];
         if (softcap) dot = p.softcap * std::tanh(dot);
@@ -175,20 +175,21 @@ void attention_block(const AttentionParams& p, int block_q, int block_kv, int64_
       }
       t.row_sum[r] = alpha * t.row_sum[r] + block_sum;
       t.row_max[r] = m_new;
-      float* o_row = &t.acc_o[r * D];
+      float* o_row = t.acc_o.data() + r * D;
       for (int d = 0; d < D; ++d) o_row[d] *= alpha;  // O = diag(alpha) O + P V
       for (int c = c_begin; c < c_end; ++c) {
         const float pc = s_row[c];
-        const float* v_row = &t.v[c * D];
+        const float* v_row = t.v.data() + c * D;
         for (int d = 0; d < D; ++d) o_row[d] += pc * v_row[d];
       }
     }
   }
   for (int r = 0; r < rows; ++r) {
-    const bool seen = t.row_sum[r] > 0.0f;  // a row that saw no key: zeros and lse = -inf
+    // A row that saw no key (l = 0): zeros and lse = -inf. A NaN l (a NaN or +inf score) stays NaN in O and lse.
+    const bool seen = t.row_sum[r] != 0.0f;
     const float inv = seen ? 1.0f / t.row_sum[r] : 0.0f;
     T* dst = gO + (row0 + r) * p.o_seq_stride;
-    for (int d = 0; d < D; ++d) dst[d] = Traits::store(t.acc_o[r * D + d] * inv);
+    for (int d = 0; d < D; ++d) dst[d] = Traits::store(t.acc_o.data()[r * D + d] * inv);
     if (p.lse != nullptr) {
       p.lse[batch * p.lse_batch_stride + head * p.lse_head_stride + row0 + r] =
           seen ? t.row_max[r] + std::log(t.row_sum[r]) : kNegInf;
@@ -225,6 +226,10 @@ void run(const AttentionParams& p, int block_q, int block_kv, int num_threads) {
 
 void attention_cpu(const AttentionParams& params, CpuElement element, int block_q, int block_kv, int num_threads) {
   AttentionParams p = params;
+  // Tiles no larger than the sequences: each worker's scratch is (2 block_q + 2 block_kv) x D floats, so it stays
+  // proportional to the work (one query row against one key at a huge head dim needs no 64-row tiles).
+  block_q = std::max(1, std::min(block_q, p.seqlen_q));
+  block_kv = std::max(1, std::min(block_kv, p.seqlen_k));
   p.num_q_blocks = (p.seqlen_q + block_q - 1) / block_q;
   switch (element) {
     case CpuElement::kFloat16: return run<CpuElement::kFloat16>(p, block_q, block_kv, num_threads);

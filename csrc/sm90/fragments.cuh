@@ -12,7 +12,9 @@ namespace jax_flash::sm90 {
 // Lane l gives the address of row l%8 of 8x8 matrix l/8 of k16 step t: row 16 * warp + l%8 + 8 * ((l/8) % 2) of the
 // warpgroup's 64 (this returns it without the warp's 16 * warp), 16-byte chunk 2t + (l/8)/2 of the row (panel t/4,
 // chunk 2(t%4) + (l/8)/2 inside it, XOR-swizzled by the row's low 3 bits, which are l%8).
-__device__ __forceinline__ int fragment_row_of(int warp_in_wg, int l) { return 16 * warp_in_wg + l % 8 + 8 * ((l / 8) % 2); }
+__device__ __forceinline__ int fragment_row_of(int warp_in_wg, int l) {
+  return 16 * warp_in_wg + l % 8 + 8 * ((l / 8) % 2);
+}
 __device__ __forceinline__ uint32_t fragment_chunk_of(int t, int l) {
   return static_cast<uint32_t>((2 * (t % 4) + (l / 8) / 2) ^ (l % 8));
 }

@@ -49,7 +49,8 @@ __global__ void __launch_bounds__(T::kNumThreads, 1)
   using V = Variant<T, kMaskBlocks, kHasSoftcap>;
   extern __shared__ char smem_raw[];
   // The 128-byte swizzle is a function of address bits 4-9: tiles must start on 1024-byte boundaries.
-  char* smem = smem_raw + ((kSmemAlignSlack - (smem_address(smem_raw) & (kSmemAlignSlack - 1))) & (kSmemAlignSlack - 1));
+  constexpr uint32_t kMask = kSmemAlignSlack - 1;
+  char* smem = smem_raw + ((kSmemAlignSlack - (smem_address(smem_raw) & kMask)) & kMask);
   const SmemView<T> s{smem};
   const int tid = threadIdx.x;
   if (tid == 0) init_barriers<T>(s);

@@ -99,8 +99,13 @@ struct Mainloop {
         warp_row0(64 * consumer_ + 16 * warp_in_wg_), max_growth(lazy_rescale_threshold(p_.scale_log2)),
         acc_o(r.acc_o), acc_s(r.acc_s), rP(r.rP), rQ(r.rQ), alpha(r.alpha), softmax(r.softmax) {}
 
-  __device__ __forceinline__ auto& acc_o_flat() { return *reinterpret_cast<float(*)[T::kHeadDim / 2]>(&acc_o[0][0][0]); }
-  __device__ __forceinline__ auto& acc_s_flat() { return *reinterpret_cast<float(*)[T::kBlockKV / 2]>(&acc_s[0][0][0]); }
+  // the accumulators and P as flat arrays (the wgmma operand lists)
+  __device__ __forceinline__ auto& acc_o_flat() {
+    return *reinterpret_cast<float(*)[T::kHeadDim / 2]>(&acc_o[0][0][0]);
+  }
+  __device__ __forceinline__ auto& acc_s_flat() {
+    return *reinterpret_cast<float(*)[T::kBlockKV / 2]>(&acc_s[0][0][0]);
+  }
   __device__ __forceinline__ auto& rP_flat() { return *reinterpret_cast<uint32_t(*)[T::kKVSteps * 4]>(&rP[0][0]); }
 
   // ---- descriptors: a base descriptor (stage 0, step 0) plus a byte offset added to its start-address field (the
@@ -272,7 +277,8 @@ struct Mainloop {
       // ldmatrix's too), then the buffer is free: every read of it is in registers
 #pragma unroll
       for (int kk = 0; kk < T::kDSteps; ++kk) {
-        ldmatrix_x4(rQ[kk], sQ_addr + (kk / 4) * T::kQPanelBytes + st_row * T::kRowBytes + fragment_chunk_of(kk, lane) * 16);
+        ldmatrix_x4(rQ[kk], sQ_addr + (kk / 4) * T::kQPanelBytes + st_row * T::kRowBytes +
+                                fragment_chunk_of(kk, lane) * 16);
       }
       mbarrier_arrive(s.q_empty(qb));
     }

@@ -20,7 +20,9 @@ struct Pipeline {
     return static_cast<uint32_t>((it / T::kStages) & 1);
   }
   __device__ __forceinline__ static int q_buffer_of(int t) { return t % T::kQBuffers; }
-  __device__ __forceinline__ static uint32_t q_parity_of(int t) { return static_cast<uint32_t>((t / T::kQBuffers) & 1); }
+  __device__ __forceinline__ static uint32_t q_parity_of(int t) {
+    return static_cast<uint32_t>((t / T::kQBuffers) & 1);
+  }
 };
 
 }  // namespace jax_flash::sm90

@@ -138,9 +138,9 @@ struct SplitSoftmax {
     }
   }
   // Row half h's natural-log log-sum-exp of the scaled scores from its row sum l (finalize_fast); -inf for a row
-  // that saw no key.
+  // that saw no key (l = 0), NaN for one whose sum is NaN (a NaN or +inf score).
   __device__ __forceinline__ float row_lse(int h, float l, float scale) const {
-    return l > 0.0f ? row_max[h] * scale + logf(l) : -INFINITY;
+    return l != 0.0f ? row_max[h] * scale + logf(l) : -INFINITY;
   }
 
   // The epilogue's O = O / l, with zeros for a row that saw no key (l = 0) and for row half h when !row_valid[h]

@@ -45,7 +45,7 @@ struct Traits {
   static constexpr int kKVSteps = kBlockKV / 16;  // k16 steps of P V
   static constexpr int kDSteps = kHeadDim / 16;   // k16 steps of Q K^T
 
-  // ---- schedule: choices every variant of this config shares ---------------------------------------------------------
+  // ---- schedule: choices every variant of this config shares --------------------------------------------------
   // A second ring of turns on the exponentials, so the two consumers' MUFU phases do not coincide: D = 64 -4 to -6%
   // time, D = 128 none.
   static constexpr bool kExpTurns = kHeadDim == 64 && kPingpong && kOverlap && kConsumers == 2;
@@ -179,7 +179,8 @@ struct Variant {
   static constexpr bool kFastEpilogue = kLeanStep;
   // (the exponentials' ring counts one turn per computed key block: a consumer that skips blocks would leave the
   // other waiting)
-  static_assert(!(kTrimTail && kExpTurns), "a consumer's own last key block and the exponentials' ring exclude each other");
+  static_assert(!(kTrimTail && kExpTurns),
+                "a consumer's own last key block and the exponentials' ring exclude each other");
   static_assert(!(kQRegs && T::kOInQ), "O staged in Q: Q stays in shared memory until the epilogue");
 };
 
