@@ -100,7 +100,7 @@ def test_config_travels_as_ffi_attributes():
 
 
 def test_grad_is_a_clear_error():
-    q, k, v = qkv(dtype=jnp.float32)
+    q, k, v = (jax.device_put(x, jax.devices("cpu")[0]) for x in qkv(dtype=jnp.float32))
     with pytest.raises(NotImplementedError, match="jax_flash.attention is forward-only"):
         jax.grad(lambda q: jax_flash.attention(q, k, v).sum())(q)
 

@@ -17,11 +17,12 @@ import pytest
 import jax_flash
 from conftest import GPU_DEVICES, random_qkv
 
+CPU = jax.devices("cpu")[0]  # (the tests without a device parameter run on CPU, also where a GPU is the default)
+
 
 def test_head_dim_zero_writes_every_lse():
     # every score is 0: a row's lse is the log of the number of keys it sees (causal: row i sees i + 1)
-    cpu = jax.devices("cpu")[0]
-    q = jax.device_put(jnp.ones((1, 4, 1, 0), jnp.float32), cpu)
+    q = jax.device_put(jnp.ones((1, 4, 1, 0), jnp.float32), CPU)
     for _ in range(3):  # (unwritten memory differs from call to call)
         out, lse = jax_flash.attention(q, q, q, return_lse=True)
         assert out.shape == (1, 4, 1, 0)
@@ -34,8 +35,8 @@ def test_head_dim_zero_writes_every_lse():
 
 @pytest.mark.parametrize("shape", [(0, 2, 20, 4, 16), (3, 2, 0, 4, 16), (3, 2, 20, 0, 16), (3, 2, 20, 4, 0)])
 def test_vmap_over_zero_size_axes(shape):
-    q = jnp.zeros(shape, jnp.float32)
-    k = jnp.ones((2, 7, shape[3] if shape[3] else 1, shape[4]), jnp.float32)
+    q = jax.device_put(jnp.zeros(shape, jnp.float32), CPU)
+    k = jax.device_put(jnp.ones((2, 7, shape[3] if shape[3] else 1, shape[4]), jnp.float32), CPU)
     if shape[3] == 0:
         k = k[:, :, :0]
     out = jax.vmap(lambda q: jax_flash.attention(q, k, k))(q)
@@ -45,7 +46,7 @@ def test_vmap_over_zero_size_axes(shape):
 
 
 def test_softcap_and_scale_must_fit_float32():
-    q, k, v = random_qkv(0, 1, 8, 8, 2, 2, 16, jnp.float32)
+    q, k, v = random_qkv(0, 1, 8, 8, 2, 2, 16, jnp.float32, CPU)
     with pytest.raises(ValueError, match=r"softcap must be a float32 normal number > 0 .* got 1e-39"):
         jax_flash.attention(q, k, v, softcap=1e-39)
     with pytest.raises(ValueError, match=r"softcap must be a float32 normal number > 0 .* got 1e\+39"):
@@ -95,7 +96,7 @@ def test_infinite_score_lse_is_not_neg_inf(device):
 
 
 def test_static_arguments_under_jit_say_how():
-    q, k, v = random_qkv(3, 1, 8, 8, 2, 2, 16, jnp.float32)
+    q, k, v = random_qkv(3, 1, 8, 8, 2, 2, 16, jnp.float32, CPU)
     for name, value in (("causal", True), ("return_lse", True), ("softmax_scale", 0.5), ("softcap", 5.0)):
         with pytest.raises(TypeError, match=rf"{name} must be known when the call is traced.*static_argnames"):
             jax.jit(jax_flash.attention)(q, k, v, **{name: value})
@@ -107,7 +108,7 @@ def test_static_arguments_under_jit_say_how():
 
 
 def test_concrete_jax_and_numpy_scalars_are_accepted():
-    q, k, v = random_qkv(4, 1, 8, 8, 2, 2, 16, jnp.float32)
+    q, k, v = random_qkv(4, 1, 8, 8, 2, 2, 16, jnp.float32, CPU)
     expected = jax_flash.attention(q, k, v, softcap=5.0, softmax_scale=0.5, causal=True)
     for softcap, scale, causal in ((jnp.float32(5.0), jnp.float32(0.5), jnp.bool_(True)),
                                    (np.float64(5.0), np.float16(0.5), np.True_), (np.array(5.0), np.array(0.5), True)):
@@ -120,7 +121,7 @@ def test_concrete_jax_and_numpy_scalars_are_accepted():
 
 
 def test_huge_window_is_unbounded():
-    q, k, v = random_qkv(5, 1, 9, 12, 2, 1, 16, jnp.float32)
+    q, k, v = random_qkv(5, 1, 9, 12, 2, 1, 16, jnp.float32, CPU)
     expected = jax_flash.attention(q, k, v, window=(-1, 0))
     for window in ((2**63, 0), (2**31, 0), (np.int64(2**40), 0)):
         np.testing.assert_array_equal(np.asarray(jax_flash.attention(q, k, v, window=window)), np.asarray(expected))
@@ -132,32 +133,32 @@ def test_export_with_symbolic_sequence_length():
     exported = jax.export.export(jax.jit(jax_flash.attention),
                                  disabled_checks=[jax.export.DisabledSafetyCheck.custom_call("jax_flash_attention")],
                                  platforms=["cpu"])(spec, spec, spec)
-    q, k, v = random_qkv(6, 2, 33, 33, 2, 2, 16, jnp.float32, jax.devices("cpu")[0])
+    q, k, v = random_qkv(6, 2, 33, 33, 2, 2, 16, jnp.float32, CPU)
     np.testing.assert_allclose(np.asarray(exported.call(q, k, v)), np.asarray(jax_flash.attention(q, k, v)),
                                rtol=1e-6, atol=1e-6)
 
 
 def test_export_serialise_deserialise_run():  # the README's example
-    q, k, v = random_qkv(7, 1, 40, 40, 4, 2, 32, jnp.float32, jax.devices("cpu")[0])
+    q, k, v = random_qkv(7, 1, 40, 40, 4, 2, 32, jnp.float32, CPU)
     exported = jax.export.export(
         jax.jit(lambda q, k, v: jax_flash.attention(q, k, v, causal=True)),
-        disabled_checks=[jax.export.DisabledSafetyCheck.custom_call("jax_flash_attention")])(q, k, v)
+        disabled_checks=[jax.export.DisabledSafetyCheck.custom_call("jax_flash_attention")], platforms=["cpu"])(q, k, v)
     restored = jax.export.deserialize(exported.serialize())
     np.testing.assert_array_equal(np.asarray(restored.call(q, k, v)),
                                   np.asarray(jax_flash.attention(q, k, v, causal=True)))
 
 
 def test_timing_and_autotune_arguments():
-    q, k, v = random_qkv(8, 1, 8, 8, 2, 2, 16, jnp.float32)
+    q, k, v = random_qkv(8, 1, 8, 8, 2, 2, 16, jnp.float32, CPU)
     for kwargs, message in ((dict(iters=-1), "iters=-1"), (dict(iters=0), "iters=0"), (dict(reps=0), "reps=0")):
         with pytest.raises(ValueError, match=rf"{message} .* must be a positive int"):
             jax_flash.time_attention(q, k, v, **kwargs)
     with pytest.raises(ValueError, match=r"q_shape must be \(batch, seq_q, heads_q, head_dim\)"):
         jax_flash.autotune((8, 2, 16), (1, 8, 2, 16), jnp.float32)
     with pytest.raises(ValueError, match="configs is empty"):
-        jax_flash.autotune((1, 8, 2, 16), (1, 8, 2, 16), jnp.float32, configs=[], device=jax.devices("cpu")[0])
+        jax_flash.autotune((1, 8, 2, 16), (1, 8, 2, 16), jnp.float32, configs=[], device=CPU)
     with pytest.raises(ValueError, match="iters=0 .* must be a positive int"):
-        jax_flash.autotune((1, 8, 2, 16), (1, 8, 2, 16), jnp.float32, iters=0, device=jax.devices("cpu")[0])
+        jax_flash.autotune((1, 8, 2, 16), (1, 8, 2, 16), jnp.float32, iters=0, device=CPU)
 
 
 def test_dimensions_past_int32_are_refused_at_trace_time():
@@ -205,7 +206,7 @@ def test_a_stopped_output_needs_no_gradient(device):
 
 @pytest.mark.parametrize("dtype", ["float8_e4m3fn", "float8_e5m2", "complex64", "int8", "float64"])
 def test_unsupported_dtypes_are_refused(dtype):
-    x = np.zeros((1, 4, 2, 16), jnp.dtype(dtype))
+    x = np.zeros((1, 4, 2, 16), jnp.dtype(dtype))  # (numpy: refused before any device sees it)
     with pytest.raises(TypeError, match=f"q has dtype {jnp.dtype(dtype).name}; supported dtypes are float16 and "
                                         f"bfloat16"):
         jax_flash.attention(x, x, x)

@@ -210,8 +210,8 @@ def test_lengths_are_traced_and_do_not_recompile(device):
 @pytest.mark.parametrize("kwargs,error,message", [
     ({"window": (3,)}, ValueError, r"window must be a pair of ints \(left, right\)"),
     ({"window": (-2, 0)}, ValueError, r"window sizes must be >= -1"),
-    ({"softcap": 0.0}, ValueError, "softcap must be a finite number > 0"),
-    ({"softcap": float("nan")}, ValueError, "softcap must be a finite number > 0"),
+    ({"softcap": 0.0}, ValueError, "softcap must be a float32 normal number > 0 .* got 0.0"),
+    ({"softcap": float("nan")}, ValueError, "softcap must be a float32 normal number > 0 .* got nan"),
     ({"softmax_scale": float("inf")}, ValueError, "softmax_scale must be a finite number"),
     ({"causal": 1}, TypeError, "causal must be a bool"),
     ({"q_lengths": jnp.ones((3,), jnp.int32)}, ValueError, r"q_lengths must be an int32 array of shape \(batch,\)"),
