@@ -5,7 +5,7 @@
     python -m jax_flash.benchmark --json out.json --plot out.png
     python -m jax_flash.benchmark --order sequential     # all repetitions of one implementation, then the next
 
-Sizes follow ../shared/docs/PERFORMANCE.md: batch * seq = --tokens (16384), heads * head_dim = --hidden (2048).
+Sizes as in docs/PERFORMANCE.md: batch * seq = --tokens (16384), heads * head_dim = --hidden (2048).
 FLOPs = 4 * B * H * S * S * D (halved for causal: --causal on|both). On CPU it compares the CPU handler with XLA on
 smaller sizes.
 """

@@ -11,7 +11,7 @@ import jax.numpy as jnp
 
 
 def visibility_mask(batch, seq_q, seq_k, *, causal=False, window=None, q_lengths=None, kv_lengths=None):
-    """(B, 1, Sq, Sk) bool: query row i sees key j (DESIGN.md "Semantics"): j < kv_len, i < q_len and
+    """(B, 1, Sq, Sk) bool: query row i sees key j (docs/DESIGN.md "Semantics"): j < kv_len, i < q_len and
     i + (kv_len - q_len) - left <= j <= i + (kv_len - q_len) + right, with causal meaning right <= 0 and -1 unbounded."""
     q_len = jnp.full((batch,), seq_q, jnp.int32) if q_lengths is None else jnp.clip(q_lengths, 0, seq_q)
     kv_len = jnp.full((batch,), seq_k, jnp.int32) if kv_lengths is None else jnp.clip(kv_lengths, 0, seq_k)

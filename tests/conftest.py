@@ -48,7 +48,7 @@ ATOL = {jnp.dtype(jnp.float32): 1e-5, jnp.dtype(jnp.float16): 1e-4, jnp.dtype(jn
 
 
 def assert_flash_close(out, q, k, v, **reference_kwargs):
-    """The FlashAttention rule (../shared/docs/RELIABILITY.md): with inputs already rounded to their dtype,
+    """The FlashAttention rule (docs/RELIABILITY.md): with inputs already rounded to their dtype,
     max|out - ref32| <= 2 * max|out_lowp - ref32| + atol, where ref32 is an fp32 reference and out_lowp a plain
     attention computed in the input dtype. NaN never passes."""
     cpu = jax.devices("cpu")[0]

@@ -1,4 +1,4 @@
-"""Reliability checklist (../shared/docs/RELIABILITY.md): equivalences, determinism, extreme inputs, NaN containment,
+"""Reliability checklist (docs/RELIABILITY.md): equivalences, determinism, extreme inputs, NaN containment,
 handler-side errors, and edge shapes. CPU always; GPU when visible. The row numbers refer to the checklist."""
 
 from __future__ import annotations
