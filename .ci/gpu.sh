@@ -6,6 +6,8 @@
 #                                    HARNESS_OUT=dir keeps its logs out of $OUT, SANITIZER_TOOLS picks the tools)
 #   AB_NAMES="base new" bash .ci/gpu.sh ...   (also tools/ab/run.sh on carried build/ab binaries, before the benchmark)
 # Writes build.log, pytest.log, bench.log, bench.json, bench.png under $OUT.
+# The GPU machine has no network: where it lacks the scipy-openblas32 wheel (the CPU path's OpenBLAS), download it
+# beforehand with `pip download scipy-openblas32 --no-deps -d .whl` and carry `.whl` (ignored by git).
 set -uo pipefail
 OUT=${OUT:-/tmp/jax_flash_out}
 mkdir -p "$OUT"
@@ -16,6 +18,10 @@ shift || true
 nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm --format=csv,noheader
 python3 -c "import jax; print('jax', jax.__version__, jax.devices())"
 
+if ! python3 -c "import scipy_openblas32" 2>/dev/null; then
+  python3 -m pip install --no-deps -q "$REPO"/.whl/scipy_openblas32-*.whl \
+    || echo "no scipy-openblas32 and no carried .whl: the CPU-path tests will fail (see above)"
+fi
 start=$(date +%s)
 (cd "$REPO" && CMAKE_BUILD_PARALLEL_LEVEL=16 python3 -m pip install --no-build-isolation --no-deps -v ${BUILD_ARGS:-} . ) \
   > "$OUT/build.log" 2>&1 || { tail -60 "$OUT/build.log"; exit 1; }

@@ -1,6 +1,7 @@
-// XLA FFI handler for the CPU platform: validates, then runs csrc/cpu/attention_cpu on the host threads.
+// XLA FFI handler for the CPU platform: validates, then runs csrc/cpu/attention_cpu on XLA's intra-op threads with
+// the OpenBLAS that jax_flash.native loaded.
 #include <algorithm>
-#include <thread>
+#include <functional>
 
 #include "cpu/attention_cpu.h"
 #include "ffi/attention_attrs.h"
@@ -9,9 +10,10 @@
 
 namespace jax_flash {
 
-static ffi::Error attention_cpu_impl(ffi::AnyBuffer q, ffi::AnyBuffer k, ffi::AnyBuffer v, ffi::AnyBuffer q_lengths,
-                                     ffi::AnyBuffer kv_lengths, ffi::Result<ffi::AnyBuffer> o,
-                                     ffi::Result<ffi::AnyBuffer> lse, AttentionAttrs attrs) {
+static ffi::Error attention_cpu_impl(ffi::ThreadPool thread_pool, ffi::AnyBuffer q, ffi::AnyBuffer k,
+                                     ffi::AnyBuffer v, ffi::AnyBuffer q_lengths, ffi::AnyBuffer kv_lengths,
+                                     ffi::Result<ffi::AnyBuffer> o, ffi::Result<ffi::AnyBuffer> lse,
+                                     AttentionAttrs attrs) {
   if (auto err = check_buffers(q, k, v, q_lengths, kv_lengths, *o, *lse, attrs)) return std::move(*err);
   CpuElement element;
   switch (q.element_type()) {
@@ -27,14 +29,28 @@ static ffi::Error attention_cpu_impl(ffi::AnyBuffer q, ffi::AnyBuffer k, ffi::An
   // No query row: nothing to write. (Head dim 0 still has rows: their lse is log of the visible keys' count.)
   const auto qd = q.dimensions();
   if (qd[0] == 0 || qd[1] == 0 || qd[2] == 0) return ffi::Error::Success();
+  const cpu::SgemmFn sgemm = cpu::openblas_sgemm();
+  if (sgemm == nullptr) {
+    return ffi::Error(ffi::ErrorCode::kFailedPrecondition,
+                      "jax_flash's CPU attention needs OpenBLAS from the scipy-openblas32 package, and it is not "
+                      "loaded (importing jax_flash loads it; install it with `pip install scipy-openblas32`)");
+  }
   const AttentionParams params = params_from_buffers(q, k, v, q_lengths, kv_lengths, *o, *lse, attrs);
-  const int threads = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
-  attention_cpu(params, element, static_cast<int>(attrs.block_q), static_cast<int>(attrs.block_kv), threads);
+  // The caller works too: XLA's pool threads take the other workers' tasks (or the caller runs them itself).
+  const int64_t pool_threads = thread_pool.num_threads();
+  CpuRuntime runtime;
+  runtime.sgemm = sgemm;
+  runtime.num_threads = static_cast<int>(std::clamp<int64_t>(pool_threads, 1, 1024));
+  if (pool_threads > 1) {
+    runtime.schedule = [&thread_pool](std::function<void()> task) { thread_pool.Schedule(std::move(task)); };
+  }
+  attention_cpu(params, element, static_cast<int>(attrs.block_q), static_cast<int>(attrs.block_kv), runtime);
   return ffi::Error::Success();
 }
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(AttentionCpu, attention_cpu_impl,
                               ffi::Ffi::Bind()
+                                  .Ctx<ffi::ThreadPool>()
                                   .Arg<ffi::AnyBuffer>()  // q
                                   .Arg<ffi::AnyBuffer>()  // k
                                   .Arg<ffi::AnyBuffer>()  // v

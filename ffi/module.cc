@@ -1,8 +1,10 @@
-// The nanobind module jax_flash._jax_flash: hands the FFI handlers to Python as capsules and reports which GPU
-// kernels the registry holds (supported_configs() reads this; no config list is typed twice).
+// The nanobind module jax_flash._jax_flash: hands the FFI handlers to Python as capsules, loads the CPU handler's
+// OpenBLAS, and reports which GPU kernels the registry holds (supported_configs() reads this; no config list is
+// typed twice).
 #include <nanobind/nanobind.h>
 #include <nanobind/stl/string.h>
 
+#include "cpu/blas.h"
 #include "ffi/handlers.h"
 #ifdef JAX_FLASH_WITH_CUDA
 #include "common/registry.h"
@@ -12,6 +14,10 @@ namespace nb = nanobind;
 
 NB_MODULE(_jax_flash, m) {
   m.doc() = "jax_flash native module: XLA FFI handlers and the GPU kernel registry";
+
+  // Loads the OpenBLAS of the CPU handler from the scipy-openblas32 wheel's library path; returns the name of the
+  // kernels OpenBLAS chose for this processor. RuntimeError when it cannot be loaded.
+  m.def("load_openblas", &jax_flash::cpu::load_openblas, nb::arg("path"));
 
   m.def("registrations", []() {
     nb::dict targets;

@@ -23,7 +23,7 @@ except ImportError:  # moved out of the public jax.core in newer releases
 from jax_flash import autotune_cache, native
 from jax_flash._sharding import make_partitioned
 from jax_flash.config import CALL_ATTRIBUTES, KernelConfig
-from jax_flash.selection import CPU_DEFAULT, resolve_gpu_config
+from jax_flash.selection import CPU_BASE, CPU_TILES, resolve_gpu_config
 
 # Operands: q (B, Sq, Hq, D), k, v (B, Sk, Hk, D), q_lengths, kv_lengths int32 (B).
 # Results: out (B, Sq, Hq, D), lse float32 (B, Hq, Sq) (written only when return_lse; dropped otherwise).
@@ -91,9 +91,14 @@ def _tuned(platform: str, q_aval, k_aval, params) -> KernelConfig | None:
 
 
 def _lower_cpu(ctx, *args, cfg, **params):
+    if native.OPENBLAS_CORE is None:
+        raise RuntimeError(f"jax_flash's CPU path needs OpenBLAS from the scipy-openblas32 package (a dependency: "
+                           f"`pip install scipy-openblas32`), and it could not be loaded: {native.OPENBLAS_ERROR}")
     if cfg is None:
-        cfg = _tuned("cpu", ctx.avals_in[0], ctx.avals_in[1], params) or CPU_DEFAULT
-    return jax.ffi.ffi_lowering(native.TARGET_NAME)(ctx, *args, **_attrs(cfg, params))
+        cfg = _tuned("cpu", ctx.avals_in[0], ctx.avals_in[1], params)
+    attrs = _attrs(cfg, params) if cfg is not None else {**_attrs(CPU_BASE, params),
+                                                         **{k: np.int64(v) for k, v in CPU_TILES.items()}}
+    return jax.ffi.ffi_lowering(native.TARGET_NAME)(ctx, *args, **attrs)
 
 
 def _lower_cuda(ctx, *args, cfg, **params):

@@ -1,6 +1,8 @@
 """Autotuner: times the candidate configs on the current device and stores the winner in the autotune cache
 (jax_flash/autotune_cache.py), which cfg=None consults before the built-in table. On a GPU the candidates are the
-compiled configs for the dtype and head dim that the device can run; on CPU a few tile sizes of the CPU handler.
+compiled configs for the dtype and head dim that the device can run. On CPU, cfg=None already takes the CPU path's
+measured tiles (selection.CPU_TILES), larger than any KernelConfig allows; explicit `configs` are still timed there
+(their block sizes are the CPU tiles).
 """
 
 from __future__ import annotations
@@ -13,11 +15,8 @@ import jax.numpy as jnp
 from jax_flash import autotune_cache, native
 from jax_flash.attention import attention
 from jax_flash.config import KernelConfig
+from jax_flash.selection import CPU_TILES
 from jax_flash.timing import check_counts, time_loop_ms
-
-CPU_CANDIDATES = (KernelConfig(block_q=64, block_kv=64, num_warps=4), KernelConfig(block_q=128, block_kv=64),
-                  KernelConfig(block_q=64, block_kv=128, num_warps=4), KernelConfig(block_q=128, block_kv=128,
-                                                                                     num_warps=8))
 
 
 def autotune(q_shape, kv_shape, dtype, causal: bool = False, *, window=None, softcap=None, configs=None,
@@ -25,7 +24,8 @@ def autotune(q_shape, kv_shape, dtype, causal: bool = False, *, window=None, sof
     """Times every candidate config for these shapes on `device`, stores and returns the fastest.
 
     q_shape (B, Sq, Hq, D), kv_shape (B, Sk, Hk, D). `configs` overrides the candidates (default: the compiled
-    configs for dtype and head dim on a GPU, CPU_CANDIDATES on CPU). `device` defaults to jax.devices()[0].
+    configs for dtype and head dim on a GPU; on CPU there is no default list). `device` defaults to
+    jax.devices()[0].
     """
     for name, shape in (("q_shape", q_shape), ("kv_shape", kv_shape)):
         if (not isinstance(shape, (tuple, list)) or len(shape) != 4 or
@@ -46,7 +46,10 @@ def autotune(q_shape, kv_shape, dtype, causal: bool = False, *, window=None, sof
                 raise ValueError(f"no compiled GPU kernel for {dtype_name} head_dim={head_dim}; compiled head dims: "
                                  f"{native.gpu_head_dims(dtype_name)}")
         else:
-            configs = CPU_CANDIDATES
+            tiles = f"{CPU_TILES['block_q']} x {CPU_TILES['block_kv']}"
+            raise ValueError(f"autotune on {device.platform}: pass configs= to compare; without them there is nothing "
+                             f"to tune (cfg=None already uses the CPU path's measured tiles, {tiles} query rows x "
+                             f"keys, beyond KernelConfig's GPU block sizes)")
     kq, kk, kv = jax.random.split(jax.random.PRNGKey(0), 3)
     q, k, v = (jax.device_put(jax.random.normal(key, shape, jnp.float32).astype(dtype), device)
                for key, shape in ((kq, q_shape), (kk, kv_shape), (kv, kv_shape)))

@@ -6,8 +6,9 @@
     python -m jax_flash.benchmark --order sequential     # all repetitions of one implementation, then the next
 
 Sizes as in docs/PERFORMANCE.md: batch * seq = --tokens (16384), heads * head_dim = --hidden (2048).
-FLOPs = 4 * B * H * S * S * D (halved for causal: --causal on|both). On CPU it compares the CPU handler with XLA on
-smaller sizes.
+FLOPs = 4 * B * H * S * S * D (halved for causal: --causal on|both). On a CPU-only machine it compares the CPU path
+with XLA (fp32 and bf16, causal and not, 256-16384 keys over 2048 tokens x 256 hidden), prints milliseconds and
+GFLOP/s, and the machine's fp32 matmul rate as the ceiling (jax_flash/benchmark_cpu.py; peak memory there too).
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ import jax
 import jax.numpy as jnp
 
 import jax_flash
+from jax_flash import benchmark_cpu
 from jax_flash import config as config_module
 from jax_flash.selection import cuda_arch, resolve_gpu_config
 from jax_flash.timing import time_interleaved_ms, time_loop_ms
@@ -91,6 +93,10 @@ def _implementations(platform: str, dtype, head_dim: int, configs: str, causal: 
     return impls
 
 
+def _device_name(device) -> str:
+    return benchmark_cpu.machine_name() if device.platform == "cpu" else device.device_kind
+
+
 def run(args) -> list[dict]:
     platform = jax.default_backend()
     device = jax.devices()[0]
@@ -110,7 +116,7 @@ def run(args) -> list[dict]:
         impls = {name: fn for name, fn in _implementations(platform, dtype, head_dim, args.configs, causal,
                                                               args.family).items()
                  # (XLA materialises (S, S) scores: too slow and too large at long sequences)
-                 if not (name == "xla" and platform == "gpu" and seq > args.xla_max_seq)}
+                 if not (name == "xla" and seq > args.xla_max_seq)}
         timing_args = dict(iters=args.iters, reps=args.reps, loop=args.loop, min_rep_ms=args.min_rep_ms)
         if args.order == "interleaved":
             times, failures = time_interleaved_ms(impls, q, k, v, **timing_args)
@@ -128,8 +134,26 @@ def run(args) -> list[dict]:
                 error = failures[name]
                 print(f"#   {name} failed: {type(error).__name__}: {str(error)[:200]}", file=sys.stderr)
         rows.append({"dtype": dtype_name, "head_dim": head_dim, "seq": seq, "batch": batch, "heads": heads,
-                     "causal": causal, "device": device.device_kind, "results": results})
+                     "causal": causal, "device": _device_name(device), "results": results})
     return rows
+
+
+def print_cpu_table(rows: list[dict], matmul_gflops: float) -> None:
+    names = []
+    for row in rows:
+        names += [n for n in row["results"] if n not in names]
+    print(f"\nms and GFLOP/s on {rows[0]['device'] if rows else '?'} ({datetime.date.today()}); ceiling: fp32 matmul "
+          f"{matmul_gflops:.0f} GFLOP/s; speed-up over xla in brackets")
+    print(" | ".join(["dtype", "D", "causal", "S"] + [f"{n} ms | GFLOP/s" for n in names]))
+    for row in rows:
+        ref = row["results"].get("xla", {}).get("ms")
+        cells = []
+        for name in names:
+            r = row["results"].get(name)
+            ratio = f" ({ref / r['ms']:.2f}x)" if r and ref and name != "xla" else ""
+            cells.append("- | -" if r is None else f"{r['ms']:.2f} | {r['tflops'] * 1e3:.1f}{ratio}")
+        print(" | ".join([row["dtype"], str(row["head_dim"]), "yes" if row["causal"] else "no", str(row["seq"])]
+                         + cells))
 
 
 def print_table(rows: list[dict]) -> None:
@@ -179,14 +203,15 @@ def plot(rows: list[dict], path: str) -> None:
 def main(argv=None) -> int:
     on_gpu = jax.default_backend() == "gpu"
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--dtypes", type=_dtype_list, default=["bf16", "fp16"] if on_gpu else ["fp32"])
+    parser.add_argument("--dtypes", type=_dtype_list, default=["bf16", "fp16"] if on_gpu else ["fp32", "bf16"])
     parser.add_argument("--head-dims", type=lambda s: [int(x) for x in s.split(",")], default=[64, 128])
     parser.add_argument("--seqs", type=lambda s: [int(x) for x in s.split(",")],
-                        default=[512, 1024, 2048, 4096, 8192, 16384] if on_gpu else [256, 512, 1024])
+                        default=[512, 1024, 2048, 4096, 8192, 16384] if on_gpu else
+                        [256, 512, 1024, 2048, 4096, 8192, 16384])
     parser.add_argument("--tokens", type=int, default=16384 if on_gpu else 2048)
     parser.add_argument("--hidden", type=int, default=2048 if on_gpu else 256)
     parser.add_argument("--configs", choices=["default", "progression", "compiled"], default="default")
-    parser.add_argument("--causal", choices=["off", "on", "both"], default="off")
+    parser.add_argument("--causal", choices=["off", "on", "both"], default="off" if on_gpu else "both")
     parser.add_argument("--family", choices=["all", "sm80", "sm90"], default="all",
                         help="with --configs compiled: time only this family's configs")
     parser.add_argument("--iters", type=int, default=10 if on_gpu else 2)
@@ -199,20 +224,25 @@ def main(argv=None) -> int:
                         help="rounds of one repetition of each implementation, every one after an untimed one of "
                              "its own (jax_flash.timing.time_interleaved_ms; the default and the README tables' "
                              "method), or all repetitions of one implementation, then the next")
-    parser.add_argument("--xla-max-seq", type=int, default=4096)
+    parser.add_argument("--xla-max-seq", type=int, default=4096 if on_gpu else 8192)
     parser.add_argument("--json", help="write the rows as JSON here")
     parser.add_argument("--plot", help="write a PNG of TFLOP/s against sequence length here")
     args = parser.parse_args(argv)
+    matmul = None if on_gpu else benchmark_cpu.matmul_gflops()
     rows = run(args)
     if args.json:
         with open(args.json, "w") as f:
-            json.dump({"date": str(datetime.date.today()), "jax": jax.__version__,
+            json.dump({"date": str(datetime.date.today()), "jax": jax.__version__, "platform": jax.default_backend(),
+                       "device": _device_name(jax.devices()[0]), "matmul_gflops": matmul,
                        "timing": {"iters": args.iters, "reps": args.reps, "loop": args.loop,
                                   "min_rep_ms": args.min_rep_ms, "order": args.order},
                        "rows": rows}, f, indent=1)
     if args.plot and rows:
         plot(rows, args.plot)
-    print_table(rows)
+    if on_gpu:
+        print_table(rows)
+    else:
+        print_cpu_table(rows, matmul)
     return 0
 
 

@@ -66,7 +66,8 @@ class KernelConfig:
         run the softmax under the product; False waits for each product at once (cuDNN's schedule).
     The sm80-only knobs stay at their defaults in an sm90 config, and the sm90-only knobs in an sm80 config.
 
-    Data type and head dim come from the inputs. The CPU handler uses block_q and block_kv as its tile sizes.
+    Data type and head dim come from the inputs. On CPU, block_q and block_kv are the tile sizes of the CPU path
+    (cfg=None takes larger ones there: jax_flash.selection.CPU_TILES).
     """
 
     # Defaults: the best head-dim-128 config of the sm80 family's sweep on the H200 (docs/PERFORMANCE.md).

@@ -1,9 +1,11 @@
-"""Loads the native module, registers its FFI handlers with jax once, and reads the GPU kernel registry."""
+"""Loads the native module, registers its FFI handlers with jax once, loads the CPU handler's OpenBLAS, and reads the
+GPU kernel registry."""
 
 from __future__ import annotations
 
 import dataclasses
 import functools
+import os
 
 import jax
 
@@ -20,6 +22,28 @@ TARGET_NAME = "jax_flash_attention"
 
 for _platform, _capsule in _jax_flash.registrations().items():
     jax.ffi.register_ffi_target(TARGET_NAME, _capsule, platform=_platform)
+
+
+
+def _load_openblas() -> tuple[str | None, str | None]:
+    """(OpenBLAS's kernel name, None) once the CPU handler's OpenBLAS is loaded, else (None, why not).
+
+    The library comes from the scipy-openblas32 wheel (a dependency); without it the GPU path still works and the CPU
+    handler reports this reason.
+    """
+    try:
+        import scipy_openblas32
+    except ImportError as error:
+        return None, f"the scipy-openblas32 package is not installed ({error})"
+    path = os.path.join(scipy_openblas32.get_lib_dir(), scipy_openblas32.get_library(fullname=True))
+    try:
+        return _jax_flash.load_openblas(path), None
+    except RuntimeError as error:
+        return None, str(error)
+
+
+# OPENBLAS_CORE: the kernels OpenBLAS chose for this processor ("Haswell", "SkylakeX", ...), or None.
+OPENBLAS_CORE, OPENBLAS_ERROR = _load_openblas()
 
 BUILT_WITH_CUDA: bool = bool(_jax_flash.built_with_cuda)
 KERNEL_SET: str = str(_jax_flash.kernel_set)  # "shipped", "sweep", "all" ("none" without CUDA)
@@ -42,7 +66,7 @@ class CompiledKernel:
 def supported_configs() -> tuple[CompiledKernel, ...]:
     """The GPU kernels compiled into this build, read from the C++ registry (empty in a CPU-only build).
 
-    The CPU handler accepts any valid KernelConfig (it uses only block_q and block_kv as its tile sizes).
+    The CPU handler accepts any valid KernelConfig (it uses only block_q and block_kv, as its tile sizes).
     """
     kernels = []
     for entry in _jax_flash.gpu_kernels():

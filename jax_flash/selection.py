@@ -3,8 +3,9 @@ mask on Hopper, and the checks that turn an impossible request into a clear erro
 
 Rule (cfg=None): the autotune cache's entry for the call if it is compiled; on sm_90 the SM90_BY_SHAPE entry for
 (head dim, right bound); else DEFAULTS for (arch, dtype, head dim), falling back to the nearest older architecture in
-the table; else the first compiled config for (dtype, head dim) in registry order. On CPU cfg=None uses CPU_DEFAULT
-(only its block sizes matter there). The measurements behind each entry: docs/PERFORMANCE.md.
+the table; else the first compiled config for (dtype, head dim) in registry order. On CPU cfg=None uses the CPU path's
+own tiles, CPU_TILES; a given cfg's block_q and block_kv are the CPU tiles. The measurements behind each entry:
+docs/PERFORMANCE.md.
 """
 
 from __future__ import annotations
@@ -17,8 +18,11 @@ import jax.numpy as jnp
 from jax_flash import native
 from jax_flash.config import SM90_CONFIGS, TUNED_CONFIGS, KernelConfig
 
-# The CPU handler tiles queries and keys by these block sizes; 64 x 64 fp32 tiles stay in L1/L2.
-CPU_DEFAULT = KernelConfig(block_q=64, block_kv=64, num_warps=4)
+# cfg=None on CPU: 256 query rows x 512 keys per OpenBLAS product (the fastest of 64-256 x 64-1024 on AVX2, up to 25%
+# over 64 x 64; a 512 KiB score tile per worker). Larger than any GPU block, so these are FFI attribute values, not a
+# KernelConfig: the other attributes come from CPU_BASE, whose other fields the CPU handler does not read.
+CPU_TILES = {"block_q": 256, "block_kv": 512}
+CPU_BASE = KernelConfig()
 
 # (arch, dtype, head_dim) -> config. sm_80: the sm80 family's tuned config (its sweep winners on the H200; sm_80 itself
 # has not been measured, and the seed's A100 numbers favour the same 4-warp tiles). sm_90: the Hopper family, faster

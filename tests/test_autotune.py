@@ -1,6 +1,6 @@
 """jax_flash.autotune: times candidates, writes the JSON cache at $JAX_FLASH_AUTOTUNE_CACHE, and cfg=None then uses
-the winner (checked through the FFI attributes of the lowered custom call). Runs on CPU (the CPU handler accepts any
-tile sizes) and with the GPU's compiled configs when a GPU is visible."""
+the winner (checked through the FFI attributes of the lowered custom call). Runs on CPU (a config's block sizes are
+the CPU tiles) and with the GPU's compiled configs when a GPU is visible."""
 
 from __future__ import annotations
 
@@ -43,9 +43,15 @@ def test_autotune_writes_cache_and_cfg_none_uses_it(cache_file):
 
     text = lowered_for_cpu(causal=True)
     assert f"block_q = {best.block_q} : i64" in text and f"block_kv = {best.block_kv} : i64" in text
-    # a different flag set is a different entry: the default table applies
+    # a different flag set is a different entry: the CPU path's own tiles apply
     text = lowered_for_cpu()
-    assert "block_q = 64 : i64" in text and "block_kv = 64 : i64" in text
+    assert "block_q = 256 : i64" in text and "block_kv = 512 : i64" in text
+
+
+def test_autotune_on_cpu_needs_configs(cache_file):
+    with pytest.raises(ValueError, match="autotune on cpu: pass configs= to compare"):
+        jax_flash.autotune((1, 64, 1, 64), (1, 64, 1, 64), jnp.float32, device=jax.devices("cpu")[0])
+    assert not cache_file.exists()
 
 
 def test_unreadable_cache_is_ignored(cache_file, capsys):

@@ -4,8 +4,9 @@
     python3 tools/readme_table.py            # rewrite the block between the README's benchmark markers
     python3 tools/readme_table.py --check    # exit 1 if the README's tables differ from the results files
 
-A results file is `python -m jax_flash.benchmark --json` output (device, date, jax, timing, rows); each table cell is
-jax_flash's TFLOP/s and, in brackets, its ratio to cuDNN in the same run.
+A results file is `python -m jax_flash.benchmark --json` output (device, date, jax, timing, rows); each GPU table cell
+is jax_flash's TFLOP/s and, in brackets, its ratio to cuDNN in the same run; each CPU table cell (platform "cpu") its
+GFLOP/s and its speed-up over XLA:CPU in the same run.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ ROOT = pathlib.Path(__file__).resolve().parent.parent
 README = ROOT / "README.md"
 BEGIN, END = "<!-- benchmark tables: tools/readme_table.py -->", "<!-- end of benchmark tables -->"
 SEQS = (512, 1024, 2048, 4096, 8192, 16384)
+CPU_SEQS = (256, 512, 1024, 2048, 4096, 8192, 16384)
 
 
 def _cell(row: dict | None, name: str = "jax_flash", ratio: bool = True) -> str:
@@ -46,9 +48,33 @@ def render_device(results: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
+def _cpu_cell(row: dict | None) -> str:
+    if row is None or "jax_flash" not in row["results"]:
+        return "-"
+    mine = row["results"]["jax_flash"]
+    xla = row["results"].get("xla")
+    return f"{mine['tflops'] * 1e3:.0f}" + (f" ({xla['ms'] / mine['ms']:.1f}x)" if xla else "")
+
+
+def render_cpu(results: dict) -> str:
+    rows = results["rows"]
+    groups = sorted({(r["dtype"], r["head_dim"], r["causal"]) for r in rows})
+    head = ["dtype", "D", "causal"] + [f"S={s}" for s in CPU_SEQS]
+    lines = [f"**{results['device']}**, {results['date']}, jax {results['jax']}: GFLOP/s of `jax_flash.attention` "
+             f"(cfg=None) on CPU, speed-up over XLA:CPU (`jax.nn.dot_product_attention`) in the same run in brackets "
+             f"(XLA up to 8192 keys); the machine's fp32 matmul: {results['matmul_gflops']:.0f} GFLOP/s.",
+             "", "| " + " | ".join(head) + " |", "| " + " | ".join("---" for _ in head) + " |"]
+    for dtype, head_dim, causal in groups:
+        by_seq = {r["seq"]: r for r in rows if (r["dtype"], r["head_dim"], r["causal"]) == (dtype, head_dim, causal)}
+        cells = [dtype, str(head_dim), "yes" if causal else "no"] + [_cpu_cell(by_seq.get(s)) for s in CPU_SEQS]
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
 def render() -> str:
     files = sorted((ROOT / "benchmarks" / "results").glob("*.json"))
-    return "\n".join(render_device(json.loads(f.read_text())) for f in files)
+    results = [json.loads(f.read_text()) for f in files]
+    return "\n".join(render_cpu(r) if r.get("platform") == "cpu" else render_device(r) for r in results)
 
 
 def main() -> int:

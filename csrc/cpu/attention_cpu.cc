@@ -1,240 +1,259 @@
-// CPU attention forward (see attention_cpu.h). One work item = one (batch, query head, query block); per visible key
-// block:  S = scale * Q K^T (softcap: c tanh(S / c)), masked to each row's visible keys ;
-//   m_new = max(m, rowmax(S)) ; P = exp(S - m_new) ; l = exp(m - m_new) l + rowsum(P) ; O = diag(exp(m - m_new)) O + P V
-// and at the end O = O / l, lse = m + log(l) (rows that see no key: zeros, lse = -inf).
+// CPU attention forward (see attention_cpu.h). One item = one unit (batch, query head, query block), or one key
+// range of it (work_plan.h). Per key tile of the item's keys:
+//   S = scale Q K^T (sgemm; softcap: c tanh(S / c)), restricted to each row's visible keys ;
+//   m_new = max(m, rowmax(S)) ; P = exp(S - m_new), 0 where masked ; l = exp(m - m_new) l + rowsum(P) ;
+//   O = diag(exp(m - m_new)) O + P V (sgemm)
+// and at the end O = O / l, lse = m + log(l); rows that see no key get zeros and lse = -inf. Split units leave
+// (m, l, O) per split and the last split to finish merges them:
+//   M = max_s m_s, L = sum_s exp(m_s - M) l_s, O = sum_s exp(m_s - M) O_s / L.
 #include "cpu/attention_cpu.h"
-
-#include "common/visibility.h"
 
 #include <algorithm>
 #include <atomic>
 #include <cmath>
-#include <cstdint>
-#include <cstring>
 #include <limits>
-#include <thread>
+#include <memory>
 #include <vector>
+
+#include "common/visibility.h"
+#include "cpu/vector_ops.h"
+#include "cpu/work_plan.h"
 
 namespace jax_flash {
 namespace {
 
-// ---- element conversions (fp16 and bf16 stored as uint16_t) ----------------------------------------------------
-inline float bf16_to_float(uint16_t h) {
-  uint32_t bits = static_cast<uint32_t>(h) << 16;
-  float f;
-  std::memcpy(&f, &bits, 4);
-  return f;
-}
-
-inline uint16_t float_to_bf16(float f) {
-  uint32_t bits;
-  std::memcpy(&bits, &f, 4);
-  if ((bits & 0x7fffffffu) > 0x7f800000u) return static_cast<uint16_t>((bits >> 16) | 0x40);  // quiet NaN
-  bits += 0x7fffu + ((bits >> 16) & 1u);  // round to nearest even
-  return static_cast<uint16_t>(bits >> 16);
-}
-
-inline float fp16_to_float(uint16_t h) {
-  const uint32_t sign = (h & 0x8000u) << 16;
-  const uint32_t exponent = (h >> 10) & 0x1fu;
-  const uint32_t mantissa = h & 0x3ffu;
-  float magnitude;
-  if (exponent == 0) {
-    magnitude = std::ldexp(static_cast<float>(mantissa), -24);  // zero or subnormal
-  } else if (exponent == 31) {
-    magnitude = mantissa ? std::numeric_limits<float>::quiet_NaN() : std::numeric_limits<float>::infinity();
-  } else {
-    magnitude = std::ldexp(static_cast<float>(mantissa | 0x400u), static_cast<int>(exponent) - 25);
-  }
-  uint32_t bits;
-  std::memcpy(&bits, &magnitude, 4);
-  bits |= sign;
-  float f;
-  std::memcpy(&f, &bits, 4);
-  return f;
-}
-
-inline uint16_t float_to_fp16(float f) {
-  uint32_t bits;
-  std::memcpy(&bits, &f, 4);
-  const uint16_t sign = static_cast<uint16_t>((bits >> 16) & 0x8000u);
-  const uint32_t abs_bits = bits & 0x7fffffffu;
-  if (abs_bits > 0x7f800000u) return sign | 0x7e00u;       // NaN
-  if (abs_bits >= 0x477ff000u) return sign | 0x7c00u;      // rounds to >= 65520: infinity
-  if (abs_bits < 0x38800000u) {                            // below 2^-14: subnormal half (or zero)
-    float a;
-    std::memcpy(&a, &abs_bits, 4);
-    return sign | static_cast<uint16_t>(std::nearbyint(a * 16777216.0f));  // units of 2^-24, ties to even
-  }
-  // Normal: re-bias exponent, round mantissa from 23 to 10 bits, ties to even (a carry may bump the exponent).
-  uint32_t h = ((abs_bits >> 13) - (112u << 10));
-  const uint32_t rest = abs_bits & 0x1fffu;
-  if (rest > 0x1000u || (rest == 0x1000u && (h & 1u))) ++h;
-  return sign | static_cast<uint16_t>(h);
-}
+using cpu::Unit;
+using cpu::WorkPlan;
+constexpr float kNegInf = -std::numeric_limits<float>::infinity();
 
 template <CpuElement E>
 struct Element;
 template <>
 struct Element<CpuElement::kFloat32> {
   using Storage = float;
-  static float load(float x) { return x; }
-  static float store(float x) { return x; }
+  static constexpr bool kDirect = true;  // the GEMMs read q, k and v in place (leading dimension = seq stride)
+  static void widen(const float* src, float* dst, int64_t n) { cpu::widen_fp32(src, dst, n, 1.0f); }
+  static void narrow(const float* src, float* dst, int64_t n, float s) { cpu::narrow_fp32(src, dst, n, s); }
 };
 template <>
 struct Element<CpuElement::kFloat16> {
   using Storage = uint16_t;
-  static float load(uint16_t x) { return fp16_to_float(x); }
-  static uint16_t store(float x) { return float_to_fp16(x); }
+  static constexpr bool kDirect = false;
+  static void widen(const uint16_t* src, float* dst, int64_t n) { cpu::widen_fp16(src, dst, n, 1.0f); }
+  static void narrow(const float* src, uint16_t* dst, int64_t n, float s) { cpu::narrow_fp16(src, dst, n, s); }
 };
 template <>
 struct Element<CpuElement::kBFloat16> {
   using Storage = uint16_t;
-  static float load(uint16_t x) { return bf16_to_float(x); }
-  static uint16_t store(float x) { return float_to_bf16(x); }
+  static constexpr bool kDirect = false;
+  static void widen(const uint16_t* src, float* dst, int64_t n) { cpu::widen_bf16(src, dst, n, 1.0f); }
+  static void narrow(const float* src, uint16_t* dst, int64_t n, float s) { cpu::narrow_bf16(src, dst, n, s); }
 };
 
-// Scratch of one worker: the fp32 tiles of one work item.
-struct Tiles {
-  std::vector<float> q;          // (block_q, D), pre-scaled by `scale`
-  std::vector<float> k, v;       // (block_kv, D)
-  std::vector<float> s;          // (block_q, block_kv) scores, then probabilities
-  std::vector<float> acc_o;      // (block_q, D)
-  std::vector<float> row_max;    // (block_q)
-  std::vector<float> row_sum;    // (block_q)
-  std::vector<KeyRange> keys;    // (block_q) visible keys of each row
+// (m, l, O) of every split of every split unit: slot-major, then split, then rows of block_q.
+struct SplitPartials {
+  SplitPartials(const WorkPlan& plan, int head_dim) : remaining(plan.num_units()) {
+    const size_t rows = static_cast<size_t>(plan.num_items()) * plan.block_q();
+    m.resize(rows);
+    l.resize(rows);
+    o.resize(rows * head_dim);
+    for (auto& r : remaining) r.store(plan.splits(), std::memory_order_relaxed);
+  }
+  std::vector<float> m, l, o;
+  std::vector<std::atomic<int>> remaining;  // per slot: splits not yet finished
 };
 
 template <CpuElement E>
-void attention_block(const AttentionParams& p, int block_q, int block_kv, int64_t item, Tiles& t) {
-  using Traits = Element<E>;
-  using T = typename Traits::Storage;
-  constexpr float kNegInf = -std::numeric_limits<float>::infinity();
-  const int D = p.head_dim;
-  const int64_t q_block = item % p.num_q_blocks;
-  const int64_t bh = item / p.num_q_blocks;
-  const int64_t head = bh % p.heads_q;
-  const int64_t batch = bh / p.heads_q;
-  const int64_t kv_head = head / p.q_heads_per_kv_head;
-  const int row0 = static_cast<int>(q_block) * block_q;
-  const int rows = std::min(block_q, p.seqlen_q - row0);
-  const BatchLengths len = batch_lengths(p, batch);
-  const KeySpan block_keys = visible_keys_of_rows(p, len, row0, row0 + rows);
-  const bool softcap = p.softcap > 0.0f;
+class TileWorker {
+  using T = typename Element<E>::Storage;
 
-  const T* gQ = static_cast<const T*>(p.q) + batch * p.q_batch_stride + head * p.q_head_stride;
-  const T* gK = static_cast<const T*>(p.k) + batch * p.k_batch_stride + kv_head * p.k_head_stride;
-  const T* gV = static_cast<const T*>(p.v) + batch * p.v_batch_stride + kv_head * p.v_head_stride;
-  T* gO = static_cast<T*>(p.o) + batch * p.o_batch_stride + head * p.o_head_stride;
-
-  for (int r = 0; r < rows; ++r) {
-    const T* src = gQ + (row0 + r) * p.q_seq_stride;
-    const float qscale = softcap ? p.softcap_scale : p.scale;  // softcap: s = c tanh(q.k * scale / c)
-    for (int d = 0; d < D; ++d) t.q.data()[r * D + d] = Traits::load(src[d]) * qscale;
-    t.keys[r] = visible_keys(p, len, row0 + r);
+ public:
+  TileWorker(const AttentionParams& p, const WorkPlan& plan, const CpuRuntime& rt, SplitPartials* partials)
+      : p_(p), plan_(plan), rt_(rt), partials_(partials), D_(p.head_dim) {
+    const size_t bq = plan.block_q(), bkv = plan.block_kv(), D = D_;
+    s_.resize(bq * bkv);
+    o_.resize(bq * D);
+    m_.resize(bq);
+    l_.resize(bq);
+    row_keys_.resize(bq);
   }
-  std::fill(t.acc_o.begin(), t.acc_o.begin() + static_cast<size_t>(rows) * D, 0.0f);
-  std::fill(t.row_max.begin(), t.row_max.begin() + rows, kNegInf);
-  std::fill(t.row_sum.begin(), t.row_sum.begin() + rows, 0.0f);
 
-  // Only key blocks that some row of this block can see (causal and windows skip the rest).
-  const int first_block_col = (block_keys.begin / block_kv) * block_kv;
-  for (int col0 = first_block_col; col0 < block_keys.end; col0 += block_kv) {
-    const int cols = std::min(block_kv, p.seqlen_k - col0);
-    for (int c = 0; c < cols; ++c) {
-      const T* k_src = gK + (col0 + c) * p.k_seq_stride;
-      const T* v_src = gV + (col0 + c) * p.v_seq_stride;
-      for (int d = 0; d < D; ++d) {
-        t.k.data()[c * D + d] = Traits::load(k_src[d]);
-        t.v.data()[c * D + d] = Traits::load(v_src[d]);
+  void operator()(int64_t item) {
+    const int64_t slot = item / plan_.splits();
+    const int split = static_cast<int>(item % plan_.splits());
+    const Unit u = plan_.unit(slot);
+    attend(u, plan_.split_keys(u, split));
+    if (plan_.splits() == 1) return write_output(u);
+    save_partial(item, u.rows);
+    // The last split of the slot to finish merges; acq_rel makes the other splits' partials visible to it.
+    if (partials_->remaining[slot].fetch_sub(1, std::memory_order_acq_rel) == 1) {
+      merge_partials(slot, u.rows);
+      write_output(u);
+    }
+  }
+
+ private:
+  const T* q_at(const Unit& u) const {
+    return static_cast<const T*>(p_.q) + u.batch * p_.q_batch_stride + u.head * p_.q_head_stride +
+           u.row0 * p_.q_seq_stride;
+  }
+  const T* k_at(const Unit& u, int key) const {
+    return static_cast<const T*>(p_.k) + u.batch * p_.k_batch_stride + u.kv_head * p_.k_head_stride +
+           key * p_.k_seq_stride;
+  }
+  const T* v_at(const Unit& u, int key) const {
+    return static_cast<const T*>(p_.v) + u.batch * p_.v_batch_stride + u.kv_head * p_.v_head_stride +
+           key * p_.v_seq_stride;
+  }
+
+  // rows x D fp32 operand of a GEMM: the input itself for fp32 (unless its row stride exceeds BLAS's 32-bit
+  // leading dimension), else converted into `scratch`, (block_q | block_kv) x D, allocated on first use.
+  const float* operand(const T* src, int64_t seq_stride, int rows, std::vector<float>& scratch, int& ld) {
+    if constexpr (Element<E>::kDirect) {
+      if (seq_stride <= std::numeric_limits<int>::max()) {
+        ld = static_cast<int>(seq_stride);
+        return src;
       }
     }
+    if (scratch.empty()) scratch.resize(static_cast<size_t>(std::max(plan_.block_q(), plan_.block_kv())) * D_);
+    for (int r = 0; r < rows; ++r) Element<E>::widen(src + r * seq_stride, scratch.data() + r * D_, D_);
+    ld = D_;
+    return scratch.data();
+  }
+
+  // Accumulates keys [keys.begin, keys.end) of unit u into (m_, l_, o_).
+  void attend(const Unit& u, KeySpan keys) {
+    const int rows = u.rows, bkv = plan_.block_kv();
+    std::fill(m_.begin(), m_.begin() + rows, kNegInf);
+    std::fill(l_.begin(), l_.begin() + rows, 0.0f);
+    std::fill(o_.begin(), o_.begin() + static_cast<size_t>(rows) * D_, 0.0f);
+    if (keys.begin >= keys.end) return;
+    for (int r = 0; r < rows; ++r) row_keys_[r] = visible_keys(p_, u.len, u.row0 + r);
+    const bool softcap = p_.softcap > 0.0f;
+    const float alpha = softcap ? p_.softcap_scale : p_.scale;  // softcap: s = c tanh(q.k * scale / c)
+    int ldq = 0;
+    const float* q = D_ > 0 ? operand(q_at(u), p_.q_seq_stride, rows, q_, ldq) : nullptr;
+
+    for (int col0 = keys.begin; col0 < keys.end; col0 += bkv) {
+      const int cols = std::min(bkv, keys.end - col0);
+      int ldk = 0, ldv = 0;
+      if (D_ > 0) {
+        const float* k = operand(k_at(u, col0), p_.k_seq_stride, cols, k_, ldk);
+        rt_.sgemm(cpu::kRowMajor, cpu::kNoTrans, cpu::kTrans, rows, cols, D_, alpha, q, ldq, k, ldk, 0.0f,
+                  s_.data(), bkv);
+      } else {
+        std::fill(s_.begin(), s_.end(), 0.0f);  // an empty dot product
+      }
+      bool any_visible = false;
+      for (int r = 0; r < rows; ++r) any_visible |= softmax_row(r, col0, cols, softcap);
+      if (any_visible && D_ > 0) {
+        const float* v = operand(v_at(u, col0), p_.v_seq_stride, cols, v_, ldv);
+        rt_.sgemm(cpu::kRowMajor, cpu::kNoTrans, cpu::kNoTrans, rows, D_, cols, 1.0f, s_.data(), bkv, v, ldv, 1.0f,
+                  o_.data(), D_);
+      }
+    }
+  }
+
+  // Online-softmax update of row r for key tile [col0, col0 + cols): turns its scores into P (zeros where
+  // masked), rescales its O row. False when the row sees no key of the tile (its P row is all zeros).
+  bool softmax_row(int r, int col0, int cols, bool softcap) {
+    float* s = s_.data() + static_cast<size_t>(r) * plan_.block_kv();
+    const int begin = std::max(row_keys_[r].first - col0, 0);
+    const int end = std::min(row_keys_[r].last + 1 - col0, cols);
+    if (begin >= end) {
+      std::fill(s, s + cols, 0.0f);
+      return false;
+    }
+    if (softcap) cpu::softcap(s + begin, end - begin, p_.softcap);
+    const float m_new = std::max(m_[r], cpu::row_max(s + begin, end - begin));
+    const float rescale = std::exp(m_[r] - m_new);  // exp(-inf) = 0 on the row's first visible tile
+    const float sum = cpu::exp_shifted_sum(s + begin, end - begin, m_new);
+    std::fill(s, s + begin, 0.0f);
+    std::fill(s + end, s + cols, 0.0f);
+    l_[r] = rescale * l_[r] + sum;
+    m_[r] = m_new;
+    if (rescale != 1.0f) cpu::scale(o_.data() + static_cast<size_t>(r) * D_, D_, rescale);
+    return true;
+  }
+
+  void save_partial(int64_t item, int rows) {
+    const size_t base = static_cast<size_t>(item) * plan_.block_q();
+    std::copy(m_.begin(), m_.begin() + rows, partials_->m.begin() + base);
+    std::copy(l_.begin(), l_.begin() + rows, partials_->l.begin() + base);
+    std::copy(o_.begin(), o_.begin() + static_cast<size_t>(rows) * D_, partials_->o.begin() + base * D_);
+  }
+
+  // Merges the splits of `slot` into (m_, l_, o_).
+  void merge_partials(int64_t slot, int rows) {
+    const int splits = plan_.splits();
+    const size_t bq = plan_.block_q();
+    const size_t first = static_cast<size_t>(slot) * splits * bq;
     for (int r = 0; r < rows; ++r) {
-      const KeyRange keys = t.keys[r];
-      // Columns of this block the row sees: [c_begin, c_end).
-      const int c_begin = std::max(keys.first - col0, 0);
-      const int c_end = std::min(keys.last + 1 - col0, cols);
-      if (c_begin >= c_end) continue;
-      const float* q_row = t.q.data() + r * D;  // (data(): the tiles are empty at head dim 0)
-      float* s_row = &t.s[r * block_kv];
-      float block_max = kNegInf;
-      for (int c = c_begin; c < c_end; ++c) {  // S = scale Q K^T (softcap: c tanh(S / c))
-        const float* k_row = t.k.data() + c * D;
-        float dot = 0.0f;
-        for (int d = 0; d < D; ++d) dot += q_row[d] * k_row[d];
-        if (softcap) dot = p.softcap * std::tanh(dot);
-        s_row[c] = dot;
-        block_max = std::max(block_max, dot);
+      float m = kNegInf;
+      for (int s = 0; s < splits; ++s) m = std::max(m, partials_->m[first + s * bq + r]);
+      float l = 0.0f;
+      float* o = o_.data() + static_cast<size_t>(r) * D_;
+      std::fill(o, o + D_, 0.0f);
+      for (int s = 0; s < splits; ++s) {
+        const size_t row = first + s * bq + r;
+        const float l_s = partials_->l[row];
+        if (l_s == 0.0f) continue;  // the split saw none of this row's keys
+        const float w = std::exp(partials_->m[row] - m);
+        l += w * l_s;
+        const float* o_s = partials_->o.data() + row * D_;
+        for (int d = 0; d < D_; ++d) o[d] += w * o_s[d];
       }
-      const float m_new = std::max(t.row_max[r], block_max);
-      const float alpha = std::exp(t.row_max[r] - m_new);  // exp(-inf) = 0 on the first visible block
-      float block_sum = 0.0f;
-      for (int c = c_begin; c < c_end; ++c) {  // P = exp(S - m_new)
-        s_row[c] = std::exp(s_row[c] - m_new);
-        block_sum += s_row[c];
-      }
-      t.row_sum[r] = alpha * t.row_sum[r] + block_sum;
-      t.row_max[r] = m_new;
-      float* o_row = t.acc_o.data() + r * D;
-      for (int d = 0; d < D; ++d) o_row[d] *= alpha;  // O = diag(alpha) O + P V
-      for (int c = c_begin; c < c_end; ++c) {
-        const float pc = s_row[c];
-        const float* v_row = t.v.data() + c * D;
-        for (int d = 0; d < D; ++d) o_row[d] += pc * v_row[d];
+      m_[r] = m;
+      l_[r] = l;
+    }
+  }
+
+  void write_output(const Unit& u) {
+    T* out = static_cast<T*>(p_.o) + u.batch * p_.o_batch_stride + u.head * p_.o_head_stride;
+    for (int r = 0; r < u.rows; ++r) {
+      // A row that saw no key (l = 0): zeros and lse = -inf. A NaN l (a NaN or +inf score) stays NaN in O and lse.
+      const bool seen = l_[r] != 0.0f;
+      const float inv = seen ? 1.0f / l_[r] : 0.0f;
+      Element<E>::narrow(o_.data() + static_cast<size_t>(r) * D_, out + (u.row0 + r) * p_.o_seq_stride, D_, inv);
+      if (p_.lse != nullptr) {
+        p_.lse[u.batch * p_.lse_batch_stride + u.head * p_.lse_head_stride + u.row0 + r] =
+            seen ? m_[r] + std::log(l_[r]) : kNegInf;
       }
     }
   }
-  for (int r = 0; r < rows; ++r) {
-    // A row that saw no key (l = 0): zeros and lse = -inf. A NaN l (a NaN or +inf score) stays NaN in O and lse.
-    const bool seen = t.row_sum[r] != 0.0f;
-    const float inv = seen ? 1.0f / t.row_sum[r] : 0.0f;
-    T* dst = gO + (row0 + r) * p.o_seq_stride;
-    for (int d = 0; d < D; ++d) dst[d] = Traits::store(t.acc_o.data()[r * D + d] * inv);
-    if (p.lse != nullptr) {
-      p.lse[batch * p.lse_batch_stride + head * p.lse_head_stride + row0 + r] =
-          seen ? t.row_max[r] + std::log(t.row_sum[r]) : kNegInf;
-    }
-  }
-}
+
+  const AttentionParams& p_;
+  const WorkPlan& plan_;
+  const CpuRuntime& rt_;
+  SplitPartials* partials_;
+  const int D_;
+  std::vector<float> q_, k_, v_;  // converted tiles (fp16 / bf16 inputs, or fp32 with huge strides)
+  std::vector<float> s_;          // (block_q, block_kv) scores, then probabilities
+  std::vector<float> o_;          // (block_q, D) unnormalised output
+  std::vector<float> m_, l_;      // (block_q) running maximum and sum
+  std::vector<KeyRange> row_keys_;
+};
 
 template <CpuElement E>
-void run(const AttentionParams& p, int block_q, int block_kv, int num_threads) {
-  const int64_t num_items = static_cast<int64_t>(p.batch) * p.heads_q * p.num_q_blocks;
-  std::atomic<int64_t> next{0};
-  auto worker = [&]() {
-    Tiles t;
-    const size_t D = static_cast<size_t>(p.head_dim);
-    t.q.resize(block_q * D);
-    t.k.resize(block_kv * D);
-    t.v.resize(block_kv * D);
-    t.s.resize(static_cast<size_t>(block_q) * block_kv);
-    t.acc_o.resize(block_q * D);
-    t.row_max.resize(block_q);
-    t.row_sum.resize(block_q);
-    t.keys.resize(block_q);
-    for (int64_t item = next++; item < num_items; item = next++) attention_block<E>(p, block_q, block_kv, item, t);
-  };
-  const int threads = static_cast<int>(std::max<int64_t>(1, std::min<int64_t>(num_threads, num_items)));
-  std::vector<std::thread> pool;
-  pool.reserve(threads - 1);
-  for (int i = 1; i < threads; ++i) pool.emplace_back(worker);
-  worker();
-  for (auto& th : pool) th.join();
+void run(const AttentionParams& p, int block_q, int block_kv, const CpuRuntime& rt) {
+  const int workers = std::max(1, rt.num_threads);
+  const WorkPlan plan(p, block_q, block_kv, workers);
+  std::unique_ptr<SplitPartials> partials;
+  if (plan.splits() > 1) partials = std::make_unique<SplitPartials>(plan, p.head_dim);
+  cpu::parallel_for(plan.num_items(), workers, rt.schedule, [&]() -> cpu::ItemFn {
+    auto worker = std::make_shared<TileWorker<E>>(p, plan, rt, partials.get());
+    return [worker](int64_t item) { (*worker)(item); };
+  });
 }
 
 }  // namespace
 
-void attention_cpu(const AttentionParams& params, CpuElement element, int block_q, int block_kv, int num_threads) {
-  AttentionParams p = params;
-  // Tiles no larger than the sequences: each worker's scratch is (2 block_q + 2 block_kv) x D floats, so it stays
-  // proportional to the work (one query row against one key at a huge head dim needs no 64-row tiles).
-  block_q = std::max(1, std::min(block_q, p.seqlen_q));
-  block_kv = std::max(1, std::min(block_kv, p.seqlen_k));
-  p.num_q_blocks = (p.seqlen_q + block_q - 1) / block_q;
+void attention_cpu(const AttentionParams& params, CpuElement element, int block_q, int block_kv,
+                   const CpuRuntime& runtime) {
   switch (element) {
-    case CpuElement::kFloat16: return run<CpuElement::kFloat16>(p, block_q, block_kv, num_threads);
-    case CpuElement::kBFloat16: return run<CpuElement::kBFloat16>(p, block_q, block_kv, num_threads);
-    case CpuElement::kFloat32: return run<CpuElement::kFloat32>(p, block_q, block_kv, num_threads);
+    case CpuElement::kFloat16: return run<CpuElement::kFloat16>(params, block_q, block_kv, runtime);
+    case CpuElement::kBFloat16: return run<CpuElement::kBFloat16>(params, block_q, block_kv, runtime);
+    case CpuElement::kFloat32: return run<CpuElement::kFloat32>(params, block_q, block_kv, runtime);
   }
 }
 

@@ -18,7 +18,7 @@
 #include <vector>
 
 #include "common/params.h"
-#include "cpu/attention_cpu.h"
+#include "cpu_reference.h"
 #include "common/registry.h"
 #include "harness_util.h"
 
@@ -158,7 +158,7 @@ std::string check_case(const RegistryEntry& e, const Case& c, uint32_t seed) {
   set_features(p, c.causal, c.window_left, c.window_right, c.softcap, c.lengths ? q_len.data() : nullptr,
                c.lengths ? kv_len.data() : nullptr, cpu_lse.data());
   attention_cpu(p, dtype == static_cast<int>(DType::kBFloat16) ? CpuElement::kBFloat16 : CpuElement::kFloat16, 64, 64,
-                8);
+                harness::reference_runtime());
   const float tol = dtype == static_cast<int>(DType::kBFloat16) ? 4e-2f : 8e-3f;
   for (size_t i = 0; i < nq; ++i) {
     const float diff = std::fabs(from_bits(nan_padded.out[i], dtype) - from_bits(cpu_out[i], dtype));

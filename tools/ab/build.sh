@@ -16,10 +16,12 @@ if [ -n "$REF$PATCH" ]; then
   SRC=$(mktemp -d /tmp/jax_flash_ab_XXXX)
   if [ -n "$REF" ]; then git -C "$REPO" archive "$REF" csrc | tar -x -C "$SRC"; else cp -r "$REPO/csrc" "$SRC/"; fi
   [ -n "$PATCH" ] && (cd "$SRC" && patch -p1 --quiet < "$PATCH")
+  # The CPU reference is not under test: every build checks against this tree's CPU implementation.
+  rm -rf "$SRC/csrc/cpu" && cp -r "$REPO/csrc/cpu" "$SRC/csrc/"
 fi
 mkdir -p "$REPO/build/ab"
 nvcc -std=c++20 -O3 -gencode=arch=compute_90a,code=sm_90a -I "$SRC/csrc" -I "$REPO/tests/harness" "$@" \
-  -Xptxas -v -o "$REPO/build/ab/sm90_ab_$NAME" "$REPO/tools/ab/sm90_ab.cu" "$SRC/csrc/cpu/attention_cpu.cc" -lpthread \
+  -Xptxas -v -o "$REPO/build/ab/sm90_ab_$NAME" "$REPO/tools/ab/sm90_ab.cu" "$SRC"/csrc/cpu/*.cc -lpthread -ldl \
   2> "$REPO/build/ab/sm90_ab_$NAME.ptxas.txt"
 echo "build/ab/sm90_ab_$NAME: $(grep -c 'bytes spill stores' "$REPO/build/ab/sm90_ab_$NAME.ptxas.txt") kernels," \
      "spill bytes max $(grep -o '[0-9]* bytes spill stores' "$REPO/build/ab/sm90_ab_$NAME.ptxas.txt" | sort -n | tail -1)"

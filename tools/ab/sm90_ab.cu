@@ -22,7 +22,7 @@
 #include <vector>
 
 #include "common/params.h"
-#include "cpu/attention_cpu.h"
+#include "cpu_reference.h"
 #include "harness_util.h"
 #include "sm90/launch.cuh"
 
@@ -140,7 +140,8 @@ float check(int dtype, int head_dim, bool causal, int seq) {
                                              pr.seq, pr.heads, pr.heads, head_dim,
                                              1.0f / std::sqrt(static_cast<float>(head_dim)));
   if (causal) set_features(p, true, -1, 0, 0.0f, nullptr, nullptr, nullptr);
-  attention_cpu(p, dtype == kBf16 ? CpuElement::kBFloat16 : CpuElement::kFloat16, 64, 64, 8);
+  attention_cpu(p, dtype == kBf16 ? CpuElement::kBFloat16 : CpuElement::kFloat16, 64, 64,
+                harness::reference_runtime());
   float worst = 0.0f;
   for (size_t i = 0; i < n; ++i) {
     const float diff = std::fabs(harness::from_bits(gpu[i], dtype) - harness::from_bits(cpu[i], dtype));
