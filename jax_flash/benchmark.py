@@ -94,7 +94,9 @@ def _implementations(platform: str, dtype, head_dim: int, configs: str, causal: 
 
 
 def _device_name(device) -> str:
-    return benchmark_cpu.machine_name() if device.platform == "cpu" else device.device_kind
+    if device.platform == "cpu":
+        return f"{benchmark_cpu.machine_name()}, OpenBLAS {jax_flash.native.OPENBLAS_CORE} kernels"
+    return device.device_kind
 
 
 def run(args) -> list[dict]:
