@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # One call on the GPU machine (the device tool): build, GPU tests, benchmark; a short table last.
 #   bash .ci/gpu.sh [pytest -k expression] [benchmark args...]
+#   PYTEST_FILES="tests/test_decode.py tests/test_api.py" bash .ci/gpu.sh ...   (test files; default: tests/)
 #   BUILD_ARGS="-Ccmake.define.JAX_FLASH_CONFIG_SET=sweep" bash .ci/gpu.sh ...   (extra pip build arguments)
 #   HARNESS=1 bash .ci/gpu.sh ...   (also the standalone kernel harness under compute-sanitizer: .ci/harness.sh;
 #                                    HARNESS_OUT=dir keeps its logs out of $OUT, SANITIZER_TOOLS picks the tools)
@@ -33,7 +34,8 @@ awk 'NR > 1 && $NF > 0' "$OUT/sass.txt" | head -5
 
 cd /tmp
 start=$(date +%s)
-timeout ${PYTEST_TIMEOUT:-420} python3 -m pytest -q --maxfail=20 -p no:cacheprovider ${K_EXPR:+-k "$K_EXPR"} "$REPO/tests" > "$OUT/pytest.log" 2>&1
+TEST_PATHS=$(for f in ${PYTEST_FILES:-tests}; do echo "$REPO/$f"; done)
+timeout ${PYTEST_TIMEOUT:-420} python3 -m pytest -q --maxfail=20 -p no:cacheprovider ${K_EXPR:+-k "$K_EXPR"} $TEST_PATHS > "$OUT/pytest.log" 2>&1
 echo "pytest: exit $? in $(( $(date +%s) - start )) s"
 grep -E "^(FAILED|ERROR)" "$OUT/pytest.log" | head -20
 tail -3 "$OUT/pytest.log"

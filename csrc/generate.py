@@ -35,7 +35,9 @@ def load_config_module():
 
 
 def key_literal(config_module, dtype: str, head_dim: int, cfg) -> str:
-    fields = {"dtype": config_module.GPU_DTYPES[dtype], "head_dim": head_dim, **cfg.to_attrs()}  # declaration order
+    compiled = {name for name, _, _ in config_module.config_schema()}  # the launch fields are no part of the key
+    fields = {"dtype": config_module.GPU_DTYPES[dtype], "head_dim": head_dim,
+              **{name: value for name, value in cfg.to_attrs().items() if name in compiled}}  # declaration order
     bools = {name for name, ctype, _ in config_module.config_schema() if ctype == "bool"}
     # C++ designated initializers must follow KernelKey's declaration order: dtype, head_dim, then the config fields
     # in dataclass order, as common/config_fields.h lists them.
@@ -50,12 +52,14 @@ def render(config_module, kernel_set: str) -> dict[str, str]:
         key = key_literal(config_module, dtype, head_dim, cfg)
         family = cfg.family  # "sm80" or "sm90": the folder, namespace and run function of the kernel
         name = f"{family}_{dtype}_hd{head_dim}_{cfg.short_name()}.cu"
+        resident = (f"template int resident_blocks_{family}<{key}>();\n" if family == "sm80" else "")
         files[name] = (HEADER + f'#include "{family}/launch.cuh"\n\nnamespace jax_flash::{family} {{\n'
                        f"template std::string run_attention_{family}<{key}>(const AttentionParams&, cudaStream_t);\n"
-                       f"}}  // namespace jax_flash::{family}\n")
+                       + resident + f"}}  // namespace jax_flash::{family}\n")
         split_bytes = f"sm90::Traits<{key}>::kSplitBytesPerSm" if family == "sm90" else "0"
         registers = f"sm90::Traits<{key}>::kConsumerRegs" if family == "sm90" else "0"
         entries.append(f"    {{{key},\n     &{family}::run_attention_{family}<{key}>,\n"
+                       f"     &{family}::resident_blocks_{family}<{key}>,\n"
                        f"     {family}::Traits<{key}>::kSmemBytes,\n     {split_bytes},\n     {registers}}},")
     files["registry.cu"] = (HEADER + '#include "common/registry.h"\n#include "sm80/api.h"\n#include "sm80/traits.cuh"\n'
                             '#include "sm90/api.h"\n#include "sm90/traits.cuh"\n\n'
@@ -87,12 +91,16 @@ def render_headers(config_module) -> dict[pathlib.Path, str]:
                      "#pragma once\n\n" + fields + "\n" + per_family)
     families = ", ".join(f"{number} {name}" for name, number in config_module.FAMILIES.items())
     attr_type = {"int": "int64_t", "bool": "int64_t", "float": "float"}
+    launch = config_module.launch_schema()
     members = [f"  int64_t {name};" + (f"  // {families}" if name == "family" else "") for name, _, _ in schema]
+    members += [f"  int64_t {name};  // {meaning}" for name, meaning in launch]
     members += [f"  {attr_type[kind]} {name};  // {meaning}" for name, kind, meaning in config_module.CALL_ATTRIBUTES]
     decoders = [f"::xla::ffi::StructMember<int64_t>(\"{name}\")" for name, _, _ in schema]
+    decoders += [f"::xla::ffi::StructMember<int64_t>(\"{name}\")" for name, _ in launch]
     decoders += [f"::xla::ffi::StructMember<{attr_type[kind]}>(\"{name}\")" for name, kind, _ in config_module.CALL_ATTRIBUTES]
     attrs = (HEADER + "// The FFI attributes of the jax_flash_attention custom call, decoded by XLA into one struct: KernelConfig's\n"
-             "// fields, then the call's own (CALL_ATTRIBUTES). Member names equal the Python names.\n"
+             "// compiled fields, its launch fields, then the call's own (CALL_ATTRIBUTES). Member names equal the Python\n"
+             "// names.\n"
              "#pragma once\n\n#include <cstdint>\n\n#include \"xla/ffi/api/ffi.h\"\n\nnamespace jax_flash {\n\n"
              "struct AttentionAttrs {\n" + "\n".join(members) + "\n};\n\n}  // namespace jax_flash\n\n"
              "XLA_FFI_REGISTER_STRUCT_ATTR_DECODING(jax_flash::AttentionAttrs,\n" +

@@ -2,7 +2,10 @@
 // the OpenBLAS that jax_flash.native loaded.
 #include <algorithm>
 #include <functional>
+#include <optional>
+#include <string>
 
+#include "common/visibility.h"
 #include "cpu/attention_cpu.h"
 #include "ffi/attention_attrs.h"
 #include "ffi/handlers.h"
@@ -10,11 +13,34 @@
 
 namespace jax_flash {
 
+// Every page id a query row may read (keys [0, kv_len) that some row sees) must name a page: the CPU path checks
+// them all before computing, and names the first that does not.
+static std::optional<ffi::Error> check_page_table(const AttentionParams& p) {
+  for (int64_t b = 0; b < p.batch; ++b) {
+    const BatchLengths len = batch_lengths(p, b);
+    const KeySpan keys = visible_keys_of_rows(p, len, 0, len.q_len);
+    if (keys.begin >= keys.end) continue;
+    for (int64_t i = keys.begin / p.page_size; i <= (keys.end - 1) / p.page_size; ++i) {
+      const int page = p.page_table[b * p.page_table_stride + i];
+      if (page < 0 || page >= p.num_pages) {
+        return invalid("page_table[" + std::to_string(b) + ", " + std::to_string(i) + "] = " + std::to_string(page) +
+                       " names no page (k and v hold " + std::to_string(p.num_pages) + "), and batch row " +
+                       std::to_string(b) + " sees keys " + std::to_string(i * p.page_size) + ".." +
+                       std::to_string((i + 1) * p.page_size - 1) + " of that entry (kv length " +
+                       std::to_string(len.kv_len) + ")");
+      }
+    }
+  }
+  return std::nullopt;
+}
+
 static ffi::Error attention_cpu_impl(ffi::ThreadPool thread_pool, ffi::AnyBuffer q, ffi::AnyBuffer k,
                                      ffi::AnyBuffer v, ffi::AnyBuffer q_lengths, ffi::AnyBuffer kv_lengths,
-                                     ffi::Result<ffi::AnyBuffer> o, ffi::Result<ffi::AnyBuffer> lse,
-                                     AttentionAttrs attrs) {
-  if (auto err = check_buffers(q, k, v, q_lengths, kv_lengths, *o, *lse, attrs)) return std::move(*err);
+                                     ffi::AnyBuffer page_table, ffi::Result<ffi::AnyBuffer> o,
+                                     ffi::Result<ffi::AnyBuffer> lse, AttentionAttrs attrs) {
+  if (auto err = check_buffers(q, k, v, q_lengths, kv_lengths, page_table, *o, *lse, attrs)) {
+    return std::move(*err);
+  }
   CpuElement element;
   switch (q.element_type()) {
     case ffi::DataType::F16: element = CpuElement::kFloat16; break;
@@ -35,7 +61,10 @@ static ffi::Error attention_cpu_impl(ffi::ThreadPool thread_pool, ffi::AnyBuffer
                       "jax_flash's CPU attention needs OpenBLAS from the scipy-openblas32 package, and it is not "
                       "loaded (importing jax_flash loads it; install it with `pip install scipy-openblas32`)");
   }
-  const AttentionParams params = params_from_buffers(q, k, v, q_lengths, kv_lengths, *o, *lse, attrs);
+  const AttentionParams params = params_from_buffers(q, k, v, q_lengths, kv_lengths, page_table, *o, *lse, attrs);
+  if (params.page_table != nullptr) {
+    if (auto err = check_page_table(params)) return std::move(*err);
+  }
   // The caller works too: XLA's pool threads take the other workers' tasks (or the caller runs them itself).
   const int64_t pool_threads = thread_pool.num_threads();
   CpuRuntime runtime;
@@ -56,6 +85,7 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(AttentionCpu, attention_cpu_impl,
                                   .Arg<ffi::AnyBuffer>()  // v
                                   .Arg<ffi::AnyBuffer>()  // q_lengths
                                   .Arg<ffi::AnyBuffer>()  // kv_lengths
+                                  .Arg<ffi::AnyBuffer>()  // page_table (batch, pages_per_seq); (batch, 0) unpaged
                                   .Ret<ffi::AnyBuffer>()  // o
                                   .Ret<ffi::AnyBuffer>()  // lse
                                   .Attrs<AttentionAttrs>());

@@ -11,6 +11,7 @@
 #include "ffi/handlers.h"
 #include "ffi/validate.h"
 #include "common/registry.h"
+#include "common/split_plan.h"
 
 namespace jax_flash {
 namespace {
@@ -64,11 +65,50 @@ std::string available_for(int dtype, int head_dim) {
   return list.empty() ? std::string(" none for this dtype and head_dim") : list;
 }
 
+// Split-KV: the range count (attrs.num_splits, or the plan of common/split_plan.h for 0) and its float32 scratch
+// (common/params.h, partial_o / partial_lse). A planned split that cannot get its scratch runs unsplit; a forced one
+// reports it.
+ffi::Error plan_splits(AttentionParams& params, const RegistryEntry& entry, const DeviceLimits& limits,
+                       int64_t forced, ffi::ScratchAllocator& scratch) {
+  const KernelKey& key = entry.key;
+  const int64_t rows = int64_t{params.seqlen_q} * params.pack_gqa;
+  const int64_t head_units = params.pack_gqa > 1 ? params.heads_k : params.heads_q;
+  const int64_t tiles = (rows + key.block_q - 1) / key.block_q * head_units * params.batch;
+  const int64_t key_blocks = (int64_t{params.seqlen_k} + key.block_kv - 1) / key.block_kv;
+  const int64_t slots = int64_t{limits.num_sms} * entry.resident_blocks();
+  int splits = forced > 0 ? static_cast<int>(forced) : choose_num_splits(tiles, slots, key_blocks);
+  params.num_splits = 1;
+  if (key.family == 90 && splits > 1) {  // the sm90 family runs unsplit (its split tail balances the last wave)
+    if (forced > 1) {
+      return invalid("num_splits=" + std::to_string(forced) + " needs a family='sm80' config; " + describe(key) +
+                     " runs each tile's keys in one thread block");
+    }
+    splits = 1;
+  }
+  if (splits <= 1) return ffi::Error::Success();
+  const size_t row_count = static_cast<size_t>(params.batch) * params.heads_q * params.seqlen_q * splits;
+  std::optional<void*> partial_o = scratch.Allocate(row_count * params.head_dim * sizeof(float), 256);
+  std::optional<void*> partial_lse = scratch.Allocate(row_count * sizeof(float), 256);
+  if (!partial_o.has_value() || !partial_lse.has_value()) {
+    if (forced <= 0) return ffi::Error::Success();
+    return ffi::Error(ffi::ErrorCode::kResourceExhausted,
+                      "jax_flash: could not allocate " + std::to_string(row_count * (params.head_dim + 1) * 4) +
+                          " bytes of scratch memory for num_splits=" + std::to_string(splits) +
+                          " (a float32 partial O and lse per range); choose fewer splits");
+  }
+  params.num_splits = splits;
+  params.partial_o = static_cast<float*>(*partial_o);
+  params.partial_lse = static_cast<float*>(*partial_lse);
+  return ffi::Error::Success();
+}
+
 ffi::Error attention_cuda_impl(cudaStream_t stream, ffi::ScratchAllocator scratch, ffi::AnyBuffer q,
-                               ffi::AnyBuffer k, ffi::AnyBuffer v,
-                               ffi::AnyBuffer q_lengths, ffi::AnyBuffer kv_lengths, ffi::Result<ffi::AnyBuffer> o,
+                               ffi::AnyBuffer k, ffi::AnyBuffer v, ffi::AnyBuffer q_lengths,
+                               ffi::AnyBuffer kv_lengths, ffi::AnyBuffer page_table, ffi::Result<ffi::AnyBuffer> o,
                                ffi::Result<ffi::AnyBuffer> lse, AttentionAttrs attrs) {
-  if (auto err = check_buffers(q, k, v, q_lengths, kv_lengths, *o, *lse, attrs)) return std::move(*err);
+  if (auto err = check_buffers(q, k, v, q_lengths, kv_lengths, page_table, *o, *lse, attrs)) {
+    return std::move(*err);
+  }
   int dtype;
   switch (q.element_type()) {
     case ffi::DataType::F16: dtype = static_cast<int>(DType::kFloat16); break;
@@ -92,6 +132,10 @@ ffi::Error attention_cuda_impl(cudaStream_t stream, ffi::ScratchAllocator scratc
 
   DeviceLimits limits;
   if (ffi::Error err = current_device_limits(limits); err.failure()) return err;
+  if (key.family == 90 && (attrs.paged || attrs.pack_gqa == 1)) {
+    return invalid(std::string(attrs.paged ? "a paged KV cache" : "pack_gqa=True") + " needs a family='sm80' config "
+                   "(cfg=None picks one); " + describe(key) + " reads contiguous K/V per query head");
+  }
   if (limits.major < 8) {
     return ffi::Error(ffi::ErrorCode::kFailedPrecondition,
                       "jax_flash: the GPU kernels need compute capability 8.0 or newer; this device is " +
@@ -110,7 +154,8 @@ ffi::Error attention_cuda_impl(cudaStream_t stream, ffi::ScratchAllocator scratc
                           std::to_string(limits.max_smem_optin) + ". Choose a config with smaller blocks.");
   }
   // Every block writes all its rows (zeros and lse = -inf for rows that see no key), also when Sk = 0.
-  AttentionParams params = params_from_buffers(q, k, v, q_lengths, kv_lengths, *o, *lse, attrs);
+  AttentionParams params = params_from_buffers(q, k, v, q_lengths, kv_lengths, page_table, *o, *lse, attrs);
+  if (ffi::Error err = plan_splits(params, *entry, limits, attrs.num_splits, scratch); err.failure()) return err;
   if (key.family == 90) {  // the dynamic tile scheduler's counter: XLA scratch memory, ordered on this stream
     std::optional<void*> counter = scratch.Allocate(sizeof(unsigned long long), alignof(unsigned long long));
     if (!counter.has_value()) {
@@ -145,6 +190,7 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(AttentionCuda, attention_cuda_impl,
                                   .Arg<ffi::AnyBuffer>()  // v
                                   .Arg<ffi::AnyBuffer>()  // q_lengths
                                   .Arg<ffi::AnyBuffer>()  // kv_lengths
+                                  .Arg<ffi::AnyBuffer>()  // page_table (batch, pages_per_seq); (batch, 0) unpaged
                                   .Ret<ffi::AnyBuffer>()  // o
                                   .Ret<ffi::AnyBuffer>()  // lse
                                   .Attrs<AttentionAttrs>());

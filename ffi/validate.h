@@ -8,6 +8,7 @@
 #include <string>
 
 #include "common/params.h"
+#include "common/split_plan.h"
 #include "ffi/attention_attrs.h"
 #include "xla/ffi/api/ffi.h"
 
@@ -25,12 +26,14 @@ inline ffi::Error invalid(const std::string& message) {
   return ffi::Error(ffi::ErrorCode::kInvalidArgument, "jax_flash: " + message);
 }
 
-// q (B, Sq, Hq, D), k and v (B, Sk, Hk, D), o like q; one dtype; Hq % Hk == 0; sizes fit the int32 size fields;
-// lengths int32 (B); lse float32 (B, Hq, Sq); finite scale, softcap >= 0, windows >= -1.
+// q (B, Sq, Hq, D), k and v (B, Sk, Hk, D) or, paged, (num_pages, page_size, Hk, D) with page_table int32
+// (B, pages_per_seq); o like q; one dtype; Hq % Hk == 0; sizes fit the int32 size fields; lengths int32 (B); lse
+// float32 (B, Hq, Sq); finite scale, softcap >= 0, windows >= -1; pack_gqa 0 or 1, num_splits in [0, 128].
 inline std::optional<ffi::Error> check_buffers(const ffi::AnyBuffer& q, const ffi::AnyBuffer& k,
                                                const ffi::AnyBuffer& v, const ffi::AnyBuffer& q_lengths,
-                                               const ffi::AnyBuffer& kv_lengths, const ffi::AnyBuffer& o,
-                                               const ffi::AnyBuffer& lse, const AttentionAttrs& attrs) {
+                                               const ffi::AnyBuffer& kv_lengths, const ffi::AnyBuffer& page_table,
+                                               const ffi::AnyBuffer& o, const ffi::AnyBuffer& lse,
+                                               const AttentionAttrs& attrs) {
   const float scale = attrs.softmax_scale;
   const auto qd = q.dimensions(), kd = k.dimensions(), vd = v.dimensions(), od = o.dimensions();
   if (qd.size() != 4 || kd.size() != 4 || vd.size() != 4 || od.size() != 4) {
@@ -45,15 +48,28 @@ inline std::optional<ffi::Error> check_buffers(const ffi::AnyBuffer& q, const ff
     if (kd[i] != vd[i]) return invalid("k " + dims_string(kd) + " and v " + dims_string(vd) + " must match");
     if (od[i] != qd[i]) return invalid("output " + dims_string(od) + " must match q " + dims_string(qd));
   }
-  if (kd[0] != qd[0] || kd[3] != qd[3]) {
+  if ((!attrs.paged && kd[0] != qd[0]) || kd[3] != qd[3]) {
     return invalid("k " + dims_string(kd) + " must share batch and head_dim with q " + dims_string(qd));
   }
   if (kd[2] == 0 ? qd[2] != 0 : qd[2] % kd[2] != 0) {
     return invalid("q heads (" + std::to_string(qd[2]) + ") must be a multiple of k heads (" +
                    std::to_string(kd[2]) + ")");
   }
-  for (int64_t n : {qd[0], qd[1], qd[2], qd[3], kd[1], kd[2]}) {
+  for (int64_t n : {qd[0], qd[1], qd[2], qd[3], kd[0], kd[1], kd[2]}) {
     if (n > INT32_MAX) return invalid("a dimension above 2^31-1 is not supported: q " + dims_string(qd));
+  }
+  const auto pd = page_table.dimensions();
+  if (attrs.paged) {
+    if (page_table.element_type() != ffi::DataType::S32 || pd.size() != 2 || pd[0] != qd[0]) {
+      return invalid("page_table must be int32 of shape (batch, pages_per_seq) with batch = " +
+                     std::to_string(qd[0]) + "; got " + dims_string(pd));
+    }
+    if (kd[1] % 8 != 0 || kd[1] == 0) {
+      return invalid("the page size (k's dimension 1) must be a positive multiple of 8, got " + std::to_string(kd[1]));
+    }
+    if (pd[1] * kd[1] > INT32_MAX) {
+      return invalid("pages_per_seq x page_size = " + std::to_string(pd[1] * kd[1]) + " keys exceeds 2^31-1");
+    }
   }
   if (!std::isfinite(scale)) return invalid("softmax_scale must be finite, got " + std::to_string(scale));
   if (!(attrs.softcap >= 0.0f) || !std::isfinite(attrs.softcap)) {
@@ -62,6 +78,14 @@ inline std::optional<ffi::Error> check_buffers(const ffi::AnyBuffer& q, const ff
   if (attrs.window_left < -1 || attrs.window_right < -1) {
     return invalid("window sizes must be >= -1 (-1 = unbounded), got (" + std::to_string(attrs.window_left) + ", " +
                    std::to_string(attrs.window_right) + ")");
+  }
+  if (attrs.pack_gqa != 0 && attrs.pack_gqa != 1) {
+    return invalid("pack_gqa must be 0 or 1 when the call runs (jax_flash resolves None), got " +
+                   std::to_string(attrs.pack_gqa));
+  }
+  if (attrs.num_splits < 0 || attrs.num_splits > kMaxSplits) {
+    return invalid("num_splits must be in [0, " + std::to_string(kMaxSplits) + "] (0 = chosen per call), got " +
+                   std::to_string(attrs.num_splits));
   }
   for (const ffi::AnyBuffer* lengths : {&q_lengths, &kv_lengths}) {
     const auto ld = lengths->dimensions();
@@ -78,10 +102,11 @@ inline std::optional<ffi::Error> check_buffers(const ffi::AnyBuffer& q, const ff
   return std::nullopt;
 }
 
+// The params of valid buffers; num_splits and pack_gqa as the attributes give them (the handlers resolve 0 / 1).
 inline AttentionParams params_from_buffers(const ffi::AnyBuffer& q, const ffi::AnyBuffer& k,
                                            const ffi::AnyBuffer& v, const ffi::AnyBuffer& q_lengths,
-                                           const ffi::AnyBuffer& kv_lengths, ffi::AnyBuffer& o, ffi::AnyBuffer& lse,
-                                           const AttentionAttrs& attrs) {
+                                           const ffi::AnyBuffer& kv_lengths, const ffi::AnyBuffer& page_table,
+                                           ffi::AnyBuffer& o, ffi::AnyBuffer& lse, const AttentionAttrs& attrs) {
   const auto qd = q.dimensions(), kd = k.dimensions();
   AttentionParams p = make_contiguous_params(
       q.untyped_data(), k.untyped_data(), v.untyped_data(), o.untyped_data(), static_cast<int>(qd[0]),
@@ -91,6 +116,12 @@ inline AttentionParams params_from_buffers(const ffi::AnyBuffer& q, const ffi::A
                attrs.has_q_lengths ? static_cast<const int*>(q_lengths.untyped_data()) : nullptr,
                attrs.has_kv_lengths ? static_cast<const int*>(kv_lengths.untyped_data()) : nullptr,
                attrs.return_lse ? static_cast<float*>(lse.untyped_data()) : nullptr);
+  if (attrs.paged) {  // k (num_pages, page_size, Hk, D): its "batch stride" is one page
+    set_pages(p, static_cast<const int*>(page_table.untyped_data()), static_cast<int>(page_table.dimensions()[1]),
+              static_cast<int>(kd[1]), static_cast<int>(kd[0]));
+  }
+  p.pack_gqa = attrs.pack_gqa == 1 ? p.q_heads_per_kv_head : 1;
+  p.num_splits = static_cast<int>(attrs.num_splits);
   return p;
 }
 

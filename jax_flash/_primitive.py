@@ -23,13 +23,14 @@ except ImportError:  # moved out of the public jax.core in newer releases
 from jax_flash import autotune_cache, native
 from jax_flash._sharding import make_partitioned
 from jax_flash.config import CALL_ATTRIBUTES, KernelConfig
-from jax_flash.selection import CPU_BASE, CPU_TILES, resolve_gpu_config
+from jax_flash.selection import CPU_BASE, CPU_TILES, CallShape, resolve_cpu_pack, resolve_gpu_config
 
-# Operands: q (B, Sq, Hq, D), k, v (B, Sk, Hk, D), q_lengths, kv_lengths int32 (B).
+# Operands: q (B, Sq, Hq, D), k, v (B, Sk, Hk, D) or, paged, (num_pages, page_size, Hk, D), q_lengths, kv_lengths
+# int32 (B), page_table int32 (B, pages_per_seq) ((B, 0) when not paged).
 # Results: out (B, Sq, Hq, D), lse float32 (B, Hq, Sq) (written only when return_lse; dropped otherwise).
 # Params: cfg (KernelConfig or None) and the call's attributes (jax_flash.config.CALL_ATTRIBUTES: softmax_scale,
-# causal, window_left, window_right, softcap (0 = off), has_q_lengths, has_kv_lengths, return_lse); they become the
-# FFI attributes of the generated ffi/attention_attrs.h.
+# causal, window_left, window_right, softcap (0 = off), has_q_lengths, has_kv_lengths, return_lse, paged); they become
+# the FFI attributes of the generated ffi/attention_attrs.h.
 attention_p = Primitive("jax_flash_attention")
 attention_p.multiple_results = True
 # The same call on one device's shard: what the FFI custom call computes. attention_p lowers to it through
@@ -38,8 +39,8 @@ attention_local_p = Primitive("jax_flash_attention_local")
 attention_local_p.multiple_results = True
 
 
-def _abstract_eval(q, k, v, q_lengths, kv_lengths, **params):
-    del k, v, q_lengths, kv_lengths, params
+def _abstract_eval(q, k, v, q_lengths, kv_lengths, page_table, **params):
+    del k, v, q_lengths, kv_lengths, page_table, params
     batch, seq_q, heads_q, _ = q.shape
     return ShapedArray(q.shape, q.dtype), ShapedArray((batch, heads_q, seq_q), np.float32)
 
@@ -74,17 +75,22 @@ def _static_dims(*avals) -> bool:
     return all(isinstance(n, int) for aval in avals for n in aval.shape)
 
 
-def _tuned(platform: str, q_aval, k_aval, params) -> KernelConfig | None:
+def _seq_k(k_aval, page_table_aval, params):
+    """The logical key length: seq_k, or pages_per_seq x page_size when paged."""
+    return page_table_aval.shape[1] * k_aval.shape[1] if params["paged"] else k_aval.shape[1]
+
+
+def _tuned(platform: str, q_aval, seq_k, params) -> KernelConfig | None:
     """The autotune cache's winner for this call (jax_flash/autotune_cache.py), or None (also for symbolic shapes,
-    which have no shape bucket)."""
-    if not _static_dims(q_aval, k_aval):
+    which have no shape bucket, and for paged calls)."""
+    if not _static_dims(q_aval) or not isinstance(seq_k, int) or params["paged"]:
         return None
     try:
         device_kind = jax.devices(platform)[0].device_kind
     except RuntimeError:  # lowering for a platform this process has no device of
         return None
     window = (params["window_left"], params["window_right"])
-    key = autotune_cache.cache_key(device_kind, q_aval.shape[1], k_aval.shape[1], q_aval.dtype, q_aval.shape[3],
+    key = autotune_cache.cache_key(device_kind, q_aval.shape[1], seq_k, q_aval.dtype, q_aval.shape[3],
                                    causal=params["causal"], window=None if window == (-1, -1) else window,
                                    softcap=params["softcap"] or None)
     return autotune_cache.lookup(key)
@@ -94,19 +100,27 @@ def _lower_cpu(ctx, *args, cfg, **params):
     if native.OPENBLAS_CORE is None:
         raise RuntimeError(f"jax_flash's CPU path needs OpenBLAS from the scipy-openblas32 package (a dependency: "
                            f"`pip install scipy-openblas32`), and it could not be loaded: {native.OPENBLAS_ERROR}")
+    q_aval, k_aval = ctx.avals_in[0], ctx.avals_in[1]
     if cfg is None:
-        cfg = _tuned("cpu", ctx.avals_in[0], ctx.avals_in[1], params)
-    attrs = _attrs(cfg, params) if cfg is not None else {**_attrs(CPU_BASE, params),
-                                                         **{k: np.int64(v) for k, v in CPU_TILES.items()}}
+        cfg = _tuned("cpu", q_aval, _seq_k(k_aval, ctx.avals_in[5], params), params)
+    group = q_aval.shape[2] // k_aval.shape[2] if k_aval.shape[2] else 1
+    if cfg is not None:
+        attrs = _attrs(resolve_cpu_pack(cfg, q_aval.shape[1], group, cfg.block_q), params)
+    else:
+        base = resolve_cpu_pack(CPU_BASE, q_aval.shape[1], group, CPU_TILES["block_q"])
+        attrs = {**_attrs(base, params), **{k: np.int64(v) for k, v in CPU_TILES.items()}}
     return jax.ffi.ffi_lowering(native.TARGET_NAME)(ctx, *args, **attrs)
 
 
 def _lower_cuda(ctx, *args, cfg, **params):
-    q_aval = ctx.avals_in[0]
-    tuned = _tuned("cuda", q_aval, ctx.avals_in[1], params) if cfg is None else None
+    q_aval, k_aval = ctx.avals_in[0], ctx.avals_in[1]
+    seq_k = _seq_k(k_aval, ctx.avals_in[5], params)
+    tuned = _tuned("cuda", q_aval, seq_k, params) if cfg is None else None
     right_bounded = bool(params["causal"]) or params["window_right"] >= 0
-    seq_k = ctx.avals_in[1].shape[1] if _static_dims(ctx.avals_in[1]) else 0
-    cfg = resolve_gpu_config(cfg, q_aval.dtype, q_aval.shape[3], tuned, right_bounded, seq_k)
+    shape = CallShape(seq_q=q_aval.shape[1] if _static_dims(q_aval) else None,
+                      seq_k=seq_k if isinstance(seq_k, int) else 0,
+                      group=q_aval.shape[2] // k_aval.shape[2] if k_aval.shape[2] else 1, paged=params["paged"])
+    cfg = resolve_gpu_config(cfg, q_aval.dtype, q_aval.shape[3], tuned, right_bounded, shape)
     return jax.ffi.ffi_lowering(native.TARGET_NAME)(ctx, *args, **_attrs(cfg, params))
 
 
@@ -114,8 +128,8 @@ mlir.register_lowering(attention_local_p, _lower_cpu, platform="cpu")
 mlir.register_lowering(attention_local_p, _lower_cuda, platform="cuda")
 
 
-def _bind_local(q, k, v, q_lengths, kv_lengths, params):
-    return tuple(attention_local_p.bind(q, k, v, q_lengths, kv_lengths, **dict(params)))
+def _bind_local(q, k, v, q_lengths, kv_lengths, page_table, params):
+    return tuple(attention_local_p.bind(q, k, v, q_lengths, kv_lengths, page_table, **dict(params)))
 
 
 _partitioned_attention = make_partitioned(_bind_local)
@@ -136,12 +150,31 @@ _dispatch.prim_requires_devices_during_lowering.add(attention_p)
 def _batch_rule(args, dims, **params):
     size = next(x.shape[d] for x, d in zip(args, dims) if d is not None)
 
-    def fold(x, d):
-        x = jnp.broadcast_to(x, (size, *x.shape)) if d is None else jnp.moveaxis(x, d, 0)
+    def moved(x, d):
+        return jnp.broadcast_to(x, (size, *x.shape)) if d is None else jnp.moveaxis(x, d, 0)
+
+    def fold(x):
         return x.reshape((size * x.shape[1], *x.shape[2:]))  # (size * B, ...): the mapped axis joins the batch
 
-    batch = next((x.shape[0] if d is None else jnp.moveaxis(x, d, 0).shape[1]) for x, d in zip(args, dims))
-    out, lse = attention_p.bind(*(fold(x, d) for x, d in zip(args, dims)), **params)
+    q, k, v, q_lengths, kv_lengths, page_table = args
+    q_dim, k_dim, v_dim, *rest_dims = dims
+    batch = q.shape[0] if q_dim is None else jnp.moveaxis(q, q_dim, 0).shape[1]
+    batch_like = [fold(moved(x, d)) for x, d in zip((q, q_lengths, kv_lengths, page_table), (q_dim, *rest_dims))]
+    if not params["paged"]:
+        k, v = fold(moved(k, k_dim)), fold(moved(v, v_dim))
+    elif k_dim is not None or v_dim is not None:
+        # Pages of each mapped instance: instance i's pages follow the i - 1 before it, and its table entries move
+        # with them (ids outside [0, num_pages) stay outside, as -1).
+        k, v = moved(k, k_dim), moved(v, v_dim)
+        num_pages = k.shape[1]
+        pages_per_seq = batch_like[3].shape[1]
+        table = batch_like[3].reshape((size, batch, pages_per_seq))
+        offset = (jnp.arange(size, dtype=jnp.int32) * num_pages)[:, None, None]
+        table = jnp.where((table >= 0) & (table < num_pages), table + offset, -1)
+        batch_like[3] = table.reshape((size * batch, pages_per_seq))
+        k, v = fold(k), fold(v)
+    q, q_lengths, kv_lengths, page_table = batch_like
+    out, lse = attention_p.bind(q, k, v, q_lengths, kv_lengths, page_table, **params)
     # (explicit shapes, not -1: a zero-size mapped axis or batch leaves -1 undetermined)
     return (out.reshape((size, batch, *out.shape[1:])), lse.reshape((size, batch, *lse.shape[1:]))), (0, 0)
 

@@ -4,7 +4,8 @@ The public primitive (jax_flash/_primitive.py) lowers through `partitioned_atten
 around the per-device primitive. Under jax.jit with sharded inputs, XLA's partitioner asks `_partition` how to split
 the call; each device then runs the FFI kernel on its own shard:
 
-  q (B, Sq, Hq, D), k/v (B, Sk, Hk, D), q_lengths/kv_lengths (B)  ->  out (B, Sq, Hq, D), lse (B, Hq, Sq)
+  q (B, Sq, Hq, D), k/v (B, Sk, Hk, D), q_lengths/kv_lengths (B), page_table (B, P)  ->  out (B, Sq, Hq, D),
+  lse (B, Hq, Sq)
 
 - batch: split freely (every operand and result carries it);
 - heads: q heads and kv heads split by the same mesh axes (GQA-consistent: query head h reads kv head h // group,
@@ -12,6 +13,8 @@ the call; each device then runs the FFI kernel on its own shard:
   heads only and gives every device the one kv head;
 - sequence and head_dim: never split. An operand sharded along them is gathered (replicated) along that axis first,
   with a one-time warning, because every query row needs every key, and every score needs the whole head_dim.
+- paged K/V, (num_pages, page_size, Hk, D): the pages are shared by the whole batch, so they are split over heads
+  only (replicated along the batch axes); the page table splits with the batch.
 
 Inside shard_map (all mesh axes manual) the call lowers straight to the per-device kernel: shard_map already handed
 it local shards. On one device custom_partitioning is a no-op.
@@ -35,24 +38,24 @@ def _warn_once(key: str, message: str) -> None:
 
 
 def make_partitioned(local_attention):
-    """custom_partitioning around `local_attention(q, k, v, q_lengths, kv_lengths, params)`; params (a hashable
-    tuple of the primitive's parameters) is static."""
+    """custom_partitioning around `local_attention(q, k, v, q_lengths, kv_lengths, page_table, params)`; params (a
+    hashable tuple of the primitive's parameters) is static."""
 
-    def partitioned_attention(q, k, v, q_lengths, kv_lengths, params):
-        return local_attention(q, k, v, q_lengths, kv_lengths, params)
+    def partitioned_attention(q, k, v, q_lengths, kv_lengths, page_table, params):
+        return local_attention(q, k, v, q_lengths, kv_lengths, page_table, params)
 
-    partitioned_attention = custom_partitioning(partitioned_attention, static_argnums=(5,))
+    partitioned_attention = custom_partitioning(partitioned_attention, static_argnums=(6,))
 
     def partition(params, mesh, arg_shapes, result_shape):
-        arg_shardings, out_shardings = _decide(mesh, arg_shapes)
+        arg_shardings, out_shardings = _decide(mesh, arg_shapes, dict(params)["paged"])
 
-        def lower_fn(q, k, v, q_lengths, kv_lengths):
-            return local_attention(q, k, v, q_lengths, kv_lengths, params)
+        def lower_fn(q, k, v, q_lengths, kv_lengths, page_table):
+            return local_attention(q, k, v, q_lengths, kv_lengths, page_table, params)
 
         return mesh, lower_fn, out_shardings, arg_shardings
 
     def infer_sharding_from_operands(params, mesh, arg_shapes, result_shape):  # GSPMD (non-Shardy) propagation
-        return _decide(mesh, arg_shapes)[1]
+        return _decide(mesh, arg_shapes, dict(params)["paged"])[1]
 
     partitioned_attention.def_partition(
         partition=partition,
@@ -64,15 +67,19 @@ def make_partitioned(local_attention):
 
 def _shardy_rule(params, mesh, value_types, result_types):
     """The Shardy rule: batch `b` everywhere; the query heads are the compound factor (hk g) of the kv heads hk and
-    the group g = Hq // Hk, so Shardy propagates a head split to q, k, v, out and lse together."""
+    the group g = Hq // Hk, so Shardy propagates a head split to q, k, v, out and lse together. Paged K/V's page
+    axes (p, r) and the table's pages (t) are never split."""
     heads_q = value_types[0].shape[2]
     heads_k = value_types[1].shape[2]
+    paged = dict(params)["paged"]
+    kv = "p r" if paged else "b sk"
+    extra = {"need_replication_factors": ("p", "r", "t")} if paged else {"need_replication_factors": ("t",)}
     if heads_k == heads_q:  # MHA: one head factor (Shardy forbids size-1 parts of a compound factor)
-        return "b sq h d, b sk h d, b sk h d, b, b -> b sq h d, b h sq", {}
+        return f"b sq h d, {kv} h d, {kv} h d, b, b, b t -> b sq h d, b h sq", extra
     if heads_k <= 1 or heads_q % heads_k:  # MQA (the one kv head cannot split) or empty heads
-        return "b sq hq d, b sk hk d, b sk hk d, b, b -> b sq hq d, b hq sq", {}
-    return ("b sq (hk g) d, b sk hk d, b sk hk d, b, b -> b sq (hk g) d, b (hk g) sq",
-            {"g": heads_q // heads_k})
+        return f"b sq hq d, {kv} hk d, {kv} hk d, b, b, b t -> b sq hq d, b hq sq", extra
+    return (f"b sq (hk g) d, {kv} hk d, {kv} hk d, b, b, b t -> b sq (hk g) d, b (hk g) sq",
+            {"g": heads_q // heads_k, **extra})
 
 
 def _spec(sharding, ndim: int) -> tuple:
@@ -94,15 +101,15 @@ def _entry(axes: tuple[str, ...]):
     return None if not axes else axes[0] if len(axes) == 1 else axes
 
 
-def _decide(mesh, arg_shapes):
+def _decide(mesh, arg_shapes, paged: bool = False):
     """The shardings the per-device kernel runs on: (operand shardings, (out, lse) shardings)."""
     q, k = arg_shapes[0], arg_shapes[1]
     q_spec, k_spec, v_spec = (_spec(a.sharding, 4) for a in arg_shapes[:3])
     batch, _, heads_q, _ = q.shape
     heads_k = k.shape[2]
 
-    # Batch axes come from q (else from k); dropped when they do not divide the batch evenly.
-    batch_axes = _axes(q_spec[0]) or _axes(k_spec[0])
+    # Batch axes come from q (else from k, unless k is a page pool); dropped when they do not divide the batch evenly.
+    batch_axes = _axes(q_spec[0]) or (() if paged else _axes(k_spec[0]))
     if batch_axes and batch % _split(mesh, batch_axes):
         _warn_once("batch", f"jax_flash.attention: batch {batch} does not divide evenly over mesh axes {batch_axes} "
                             f"(size {_split(mesh, batch_axes)}); the batch is replicated, which repeats the work on "
@@ -127,6 +134,9 @@ def _decide(mesh, arg_shapes):
     used = set(batch_axes) | set(head_axes)
     gathered = [name for name, spec in (("q", q_spec), ("k", k_spec), ("v", v_spec))
                 if any(a not in used for entry in (spec[1], spec[3]) for a in _axes(entry))]
+    if paged:  # the page axes (0 and 1) are replicated: every batch row may read any page
+        gathered += [name for name, spec in (("k", k_spec), ("v", v_spec))
+                     if _axes(spec[0]) and name not in gathered]
     if gathered:
         _warn_once("sequence", f"jax_flash.attention: {', '.join(gathered)} sharded along the sequence or head_dim "
                                f"axis; it is gathered (replicated along that axis) before the kernel runs, because "
@@ -136,8 +146,9 @@ def _decide(mesh, arg_shapes):
 
     b, h = _entry(batch_axes), _entry(head_axes)
     q_sharding = NamedSharding(mesh, PartitionSpec(b, None, h, None))
-    kv_sharding = NamedSharding(mesh, PartitionSpec(b, None, h if shard_kv_heads else None, None))
+    kv_sharding = NamedSharding(mesh, PartitionSpec(None if paged else b, None, h if shard_kv_heads else None, None))
     lengths_sharding = NamedSharding(mesh, PartitionSpec(b))
+    table_sharding = NamedSharding(mesh, PartitionSpec(b, None))
     lse_sharding = NamedSharding(mesh, PartitionSpec(b, h, None))
-    arg_shardings = (q_sharding, kv_sharding, kv_sharding, lengths_sharding, lengths_sharding)
+    arg_shardings = (q_sharding, kv_sharding, kv_sharding, lengths_sharding, lengths_sharding, table_sharding)
     return arg_shardings, (q_sharding, lse_sharding)

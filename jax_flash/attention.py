@@ -25,13 +25,14 @@ except AttributeError:  # moved out of the public jax.core in newer releases
 
 def attention(q, k, v, cfg: KernelConfig | None = None, *, causal: bool = False, softmax_scale: float | None = None,
               window: tuple[int, int] | None = None, softcap: float | None = None, q_lengths=None, kv_lengths=None,
-              return_lse: bool = False):
+              page_table=None, return_lse: bool = False):
     """FlashAttention forward: softmax(scale * q k^T, masked) v, computed blockwise without the (Sq, Sk) matrix.
 
     Args:
       q: (batch, seq_q, heads_q, head_dim), float16 or bfloat16 (float32 also on CPU).
       k, v: (batch, seq_k, heads_k, head_dim), q's dtype; heads_q must be a multiple of heads_k (GQA/MQA: query head
-        h reads kv head h // (heads_q // heads_k)). Any seq_q, seq_k >= 0.
+        h reads kv head h // (heads_q // heads_k)). Any seq_q, seq_k >= 0. With page_table: a paged KV cache,
+        (num_pages, page_size, heads_k, head_dim), page_size a multiple of 8.
       cfg: a KernelConfig compiled into this build (see supported_configs()), or None for the default of the
         device, dtype and head dim (jax_flash/selection.py).
       causal: query row i sees key j only when j <= i + (seq_k - seq_q): aligned to the bottom-right corner
@@ -47,6 +48,10 @@ def attention(q, k, v, cfg: KernelConfig | None = None, *, causal: bool = False,
       q_lengths, kv_lengths: int32 (batch,) actual lengths (traced: changing them does not recompile). Keys at or
         past kv_lengths[b] are invisible; query rows at or past q_lengths[b] give zeros; causal and window
         alignment use these lengths. Values are clamped to [0, seq].
+      page_table: int32 (batch, pages_per_seq) (traced): logical key j of batch row b is row j % page_size of page
+        page_table[b, j // page_size] of k and v; seq_k = pages_per_seq * page_size. Entries of keys at or past
+        kv_lengths[b] are never read and may hold anything (-1 included). A page id outside [0, num_pages) for a key
+        some row sees raises on CPU and reads as zeros on GPU.
       return_lse: also return the float32 (batch, heads_q, seq_q) natural log-sum-exp of the scaled scores.
 
     Returns:
@@ -65,7 +70,10 @@ def attention(q, k, v, cfg: KernelConfig | None = None, *, causal: bool = False,
         raise TypeError(f"q, k and v must share one dtype; got q {q.dtype}, k {k.dtype}, v {v.dtype}")
     if k.shape != v.shape:
         raise ValueError(f"k has shape {tuple(k.shape)} but v has shape {tuple(v.shape)}; they must be equal")
-    if k.shape[0] != q.shape[0]:
+    paged = page_table is not None
+    if paged:
+        page_table = _check_page_table(page_table, q.shape[0], k.shape)
+    elif k.shape[0] != q.shape[0]:
         raise ValueError(f"k has batch {k.shape[0]} but q has batch {q.shape[0]}; they must be equal")
     if k.shape[3] != q.shape[3]:
         raise ValueError(f"k has head_dim {k.shape[3]} but q has head_dim {q.shape[3]}; they must be equal")
@@ -106,12 +114,35 @@ def attention(q, k, v, cfg: KernelConfig | None = None, *, causal: bool = False,
     batch = q.shape[0]
     lengths = [_check_lengths(x, name, batch) for x, name in ((q_lengths, "q_lengths"), (kv_lengths, "kv_lengths"))]
     q_len_arr = lengths[0] if lengths[0] is not None else jnp.full((batch,), q.shape[1], jnp.int32)
-    kv_len_arr = lengths[1] if lengths[1] is not None else jnp.full((batch,), k.shape[1], jnp.int32)
+    seq_k = page_table.shape[1] * k.shape[1] if paged else k.shape[1]
+    kv_len_arr = lengths[1] if lengths[1] is not None else jnp.full((batch,), seq_k, jnp.int32)
+    if not paged:
+        page_table = jnp.zeros((batch, 0), jnp.int32)
     out, lse = attention_p.bind(
-        q, k, v, q_len_arr, kv_len_arr, cfg=cfg, softmax_scale=float(softmax_scale), causal=bool(causal),
+        q, k, v, q_len_arr, kv_len_arr, page_table, cfg=cfg, softmax_scale=float(softmax_scale), causal=bool(causal),
         window_left=window_left, window_right=window_right, softcap=float(softcap or 0.0),
-        has_q_lengths=lengths[0] is not None, has_kv_lengths=lengths[1] is not None, return_lse=bool(return_lse))
+        has_q_lengths=lengths[0] is not None, has_kv_lengths=lengths[1] is not None, return_lse=bool(return_lse),
+        paged=paged)
     return (out, lse) if return_lse else out
+
+
+def _check_page_table(page_table, batch, kv_shape):
+    """page_table int32 (batch, pages_per_seq) over pages (num_pages, page_size, heads_k, head_dim), page_size a
+    multiple of 8: the sm90 family copies a K/V block as TMA boxes of gcd(page_size, block_kv) rows, and its
+    128-byte swizzle repeats every 8 rows."""
+    page_table = _as_array(page_table, "page_table")
+    if page_table.ndim != 2 or jnp.dtype(page_table.dtype) != jnp.int32 or page_table.shape[0] != batch:
+        raise ValueError(f"page_table must be an int32 array of shape (batch, pages_per_seq) with batch = {batch}; "
+                         f"got {jnp.dtype(page_table.dtype).name}{tuple(page_table.shape)}")
+    page_size = kv_shape[1]
+    if isinstance(page_size, int) and (page_size <= 0 or page_size % 8):
+        raise ValueError(f"with page_table, k and v are (num_pages, page_size, heads_k, head_dim) pages; page_size "
+                         f"(k.shape[1]) must be a positive multiple of 8 (16, 32, 64, 128, 256, ...), got {page_size}")
+    pages = page_table.shape[1]
+    if isinstance(pages, int) and isinstance(page_size, int) and pages * page_size > _MAX_DIM:
+        raise ValueError(f"page_table has {pages} pages per sequence of {page_size} keys: {pages * page_size} keys "
+                         f"exceed 2^31 - 1")
+    return page_table
 
 
 def _static_hint(name: str) -> str:

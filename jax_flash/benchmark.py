@@ -4,6 +4,7 @@
     python -m jax_flash.benchmark --configs progression  # replay the seed's optimisation steps (D=128)
     python -m jax_flash.benchmark --json out.json --plot out.png
     python -m jax_flash.benchmark --order sequential     # all repetitions of one implementation, then the next
+    python -m jax_flash.benchmark --suite decode         # decoding against a KV cache (jax_flash/benchmark_decode.py)
 
 Sizes as in docs/PERFORMANCE.md: batch * seq = --tokens (16384), heads * head_dim = --hidden (2048).
 FLOPs = 4 * B * H * S * S * D (halved for causal: --causal on|both). On a CPU-only machine it compares the CPU path
@@ -23,7 +24,7 @@ import jax
 import jax.numpy as jnp
 
 import jax_flash
-from jax_flash import benchmark_cpu
+from jax_flash import benchmark_cpu, benchmark_decode
 from jax_flash import config as config_module
 from jax_flash.selection import cuda_arch, resolve_gpu_config
 from jax_flash.timing import time_interleaved_ms, time_loop_ms
@@ -205,6 +206,18 @@ def plot(rows: list[dict], path: str) -> None:
 def main(argv=None) -> int:
     on_gpu = jax.default_backend() == "gpu"
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--suite", choices=["prefill", "decode"], default="prefill",
+                        help="prefill: the standard grid (TFLOP/s); decode: a few query rows against a KV cache, "
+                             "contiguous and paged (us, K/V GB/s, % of copy bandwidth)")
+    parser.add_argument("--page-sizes", type=lambda s: [int(x) for x in s.split(",") if x], default=[16, 64, 256],
+                        help="--suite decode: the paged caches timed beside the contiguous one")
+    parser.add_argument("--decode-heads", type=lambda s: [tuple(int(n) for n in x.split("/")) for x in s.split(",")],
+                        default=list(benchmark_decode.HEADS), help="--suite decode: query/kv heads, e.g. 32/8,32/1")
+    parser.add_argument("--decode-seq-q", type=lambda s: [int(x) for x in s.split(",")],
+                        default=list(benchmark_decode.SEQ_Q), help="--suite decode: query rows per sequence")
+    parser.add_argument("--decode-cache", type=lambda s: [tuple(int(n) for n in x.split("x")) for x in s.split(",")],
+                        default=list(benchmark_decode.BATCH_KEYS),
+                        help="--suite decode: batch x cache length, e.g. 1x131072,8x16384")
     parser.add_argument("--dtypes", type=_dtype_list, default=["bf16", "fp16"] if on_gpu else ["fp32", "bf16"])
     parser.add_argument("--head-dims", type=lambda s: [int(x) for x in s.split(",")], default=[64, 128])
     parser.add_argument("--seqs", type=lambda s: [int(x) for x in s.split(",")],
@@ -230,6 +243,8 @@ def main(argv=None) -> int:
     parser.add_argument("--json", help="write the rows as JSON here")
     parser.add_argument("--plot", help="write a PNG of TFLOP/s against sequence length here")
     args = parser.parse_args(argv)
+    if args.suite == "decode":
+        return _main_decode(args)
     matmul = None if on_gpu else benchmark_cpu.matmul_gflops()
     rows = run(args)
     if args.json:
@@ -245,6 +260,20 @@ def main(argv=None) -> int:
         print_table(rows)
     else:
         print_cpu_table(rows, matmul)
+    return 0
+
+
+def _main_decode(args) -> int:
+    rows, copy_gbs = benchmark_decode.run(args)
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"suite": "decode", "date": str(datetime.date.today()), "jax": jax.__version__,
+                       "platform": jax.default_backend(), "device": _device_name(jax.devices()[0]),
+                       "copy_gbs": copy_gbs, "timing": {"iters": args.iters, "reps": args.reps,
+                                                        "min_rep_ms": args.min_rep_ms}, "rows": rows}, f, indent=1)
+    if args.plot and rows:
+        benchmark_decode.plot(rows, args.plot)
+    benchmark_decode.print_table(rows, copy_gbs)
     return 0
 
 

@@ -15,9 +15,9 @@ from typing import Iterator
 GPU_DTYPES = {"float16": 0, "bfloat16": 1}
 GPU_HEAD_DIMS = (64, 128, 256)
 
-_BLOCK_Q = (64, 128)
+_BLOCK_Q = (16, 64, 128)
 _BLOCK_KV = (32, 64, 128)
-_NUM_WARPS = (4, 8)
+_NUM_WARPS = (1, 4, 8)
 _MMA_K = 16  # k extent of one mma.sync.m16n8k16 fragment
 _MAX_REGISTERS = 255  # per thread, sm_80 and sm_90
 _MAX_SMEM_BYTES = 227 * 1024  # opt-in dynamic shared memory per block on sm_90 (sm_80: 163 KB)
@@ -31,11 +31,16 @@ _SM90_CONSUMERS = (2, 3)
 
 
 _SM80, _SM90, _BOTH = ("sm80",), ("sm90",), ("sm80", "sm90")
+# The most key ranges a tile's keys may be split into (KernelConfig.num_splits): the combine step reads one partial
+# per split, and more than 128 leaves splits of a few key blocks even at 131072 keys.
+MAX_SPLITS = 128
 
 
-def _field(default, families: tuple[str, ...]):
-    """A KernelConfig field and the kernel families that read it (the others leave it at its default)."""
-    return dataclasses.field(default=default, metadata={"families": families})
+def _field(default, families: tuple[str, ...], *, launch: bool = False):
+    """A KernelConfig field and the kernel families that read it (the others leave it at its default). A launch field
+    is decided per call, not compiled: it travels as an FFI attribute but is no part of the kernel's identity
+    (KernelKey, the registry, the instantiations)."""
+    return dataclasses.field(default=default, metadata={"families": families, "launch": launch})
 
 
 @dataclasses.dataclass(frozen=True)
@@ -64,6 +69,13 @@ class KernelConfig:
         one's exponentials run while the other's products occupy the tensor cores.
     overlap: intra-warpgroup overlap (sm90 only): issue the next key block's Q K^T together with this block's P V and
         run the softmax under the product; False waits for each product at once (cuDNN's schedule).
+    num_splits (launch, both families): how many key ranges each tile's keys are cut into, each run by its own thread
+        block and merged by the log-sum-exp afterwards (split-KV, Flash-Decoding). 0 = chosen per call from the grid,
+        the SM count and the key length (csrc/common/split_plan.h); n forces n (at most MAX_SPLITS). On CPU it forces
+        the CPU path's key splits the same way.
+    pack_gqa (launch, both families): pack the query heads that share a kv head into the rows of one tile, so each
+        K/V block is read once per kv head (row r of a packed tile is query position r // group of head
+        kv_head * group + r % group). None = decided per call by tile efficiency (jax_flash.selection.should_pack_gqa).
     The sm80-only knobs stay at their defaults in an sm90 config, and the sm90-only knobs in an sm80 config.
 
     Data type and head dim come from the inputs. On CPU, block_q and block_kv are the tile sizes of the CPU path
@@ -87,6 +99,8 @@ class KernelConfig:
     consumer_warpgroups: int = _field(2, _SM90)
     pingpong: bool = _field(True, _SM90)
     overlap: bool = _field(True, _SM90)
+    num_splits: int = _field(0, _BOTH, launch=True)
+    pack_gqa: bool | None = _field(None, _BOTH, launch=True)
 
     def __post_init__(self):
         _require(self.family in FAMILIES, f"KernelConfig.family={self.family!r} is not allowed; choose one of "
@@ -97,6 +111,12 @@ class KernelConfig:
                 raise TypeError(f"KernelConfig.{f.name} must be an int, got {value!r} of type {type(value).__name__}")
             if f.type == "bool" and not isinstance(value, bool):
                 raise TypeError(f"KernelConfig.{f.name} must be a bool, got {value!r} of type {type(value).__name__}")
+            if f.type == "bool | None" and value is not None and not isinstance(value, bool):
+                raise TypeError(f"KernelConfig.{f.name} must be True, False or None (decided per call), got {value!r} "
+                                f"of type {type(value).__name__}")
+        _require(0 <= self.num_splits <= MAX_SPLITS,
+                 f"KernelConfig.num_splits={self.num_splits} is not allowed; choose 0 (decided per call) or 1 to "
+                 f"{MAX_SPLITS}")
         self._require_defaults_outside(self.family)
         if self.family == "sm90":
             self._validate_sm90()
@@ -151,6 +171,10 @@ class KernelConfig:
         return KernelConfig(family="sm90", block_q=64 * consumer_warpgroups, block_kv=block_kv,
                             num_warps=4 * (consumer_warpgroups + 1), stages=stages,
                             consumer_warpgroups=consumer_warpgroups, pingpong=pingpong, overlap=overlap)
+
+    def kernel(self) -> "KernelConfig":
+        """The compiled kernel this config runs: the launch fields (num_splits, pack_gqa) at their defaults."""
+        return dataclasses.replace(self, **{f.name: f.default for f in dataclasses.fields(self) if f.metadata["launch"]})
 
     # ---- derived numbers shared by the validator, the generator and the docs -------------------------------------
     def rows_per_warp(self) -> int:
@@ -266,21 +290,27 @@ class KernelConfig:
 
     def to_attrs(self) -> dict[str, int]:
         """The FFI attributes (all int64) under the field names (ffi/attention_attrs.h, generated); family as
-        FAMILIES' number."""
+        FAMILIES' number, pack_gqa None / False / True as -1 / 0 / 1."""
         attrs = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
         attrs["family"] = FAMILIES[self.family]
+        attrs["pack_gqa"] = -1 if self.pack_gqa is None else int(self.pack_gqa)
         return {name: int(value) for name, value in attrs.items()}
 
     @classmethod
     def from_attrs(cls, attrs: dict) -> "KernelConfig":
-        """The config whose to_attrs() is `attrs` (extra keys are ignored), as the compiled registry reports it."""
+        """The config whose to_attrs() is `attrs` (extra keys are ignored; absent launch fields take their
+        defaults), as the compiled registry reports it."""
         values = {}
         for f in dataclasses.fields(cls):
+            if f.metadata["launch"] and f.name not in attrs:
+                continue
             value = attrs[f.name]
             if f.name == "family":
                 value = {number: name for name, number in FAMILIES.items()}[int(value)]
             elif f.type == "bool":
                 value = bool(value)
+            elif f.type == "bool | None":
+                value = None if int(value) < 0 else bool(value)
             else:
                 value = int(value)
             values[f.name] = value
@@ -302,8 +332,16 @@ _CPP_TYPES = {"int": "int", "bool": "bool", "str": "int"}
 
 
 def config_schema() -> list[tuple[str, str, tuple[str, ...]]]:
-    """(name, C++ type, families) of every KernelConfig field, in declaration order."""
-    return [(f.name, _CPP_TYPES[f.type], f.metadata["families"]) for f in dataclasses.fields(KernelConfig)]
+    """(name, C++ type, families) of every compiled KernelConfig field (the KernelKey), in declaration order."""
+    return [(f.name, _CPP_TYPES[f.type], f.metadata["families"]) for f in dataclasses.fields(KernelConfig)
+            if not f.metadata["launch"]]
+
+
+def launch_schema() -> list[tuple[str, str]]:
+    """(name, meaning) of the launch fields of KernelConfig: FFI attributes (int64) outside the KernelKey."""
+    meanings = {"num_splits": "0 = chosen per call; n forces n key ranges per tile",
+                "pack_gqa": "-1 = decided per call, 0 = off, 1 = the query heads of a kv head share a tile"}
+    return [(f.name, meanings[f.name]) for f in dataclasses.fields(KernelConfig) if f.metadata["launch"]]
 
 
 # The call's own FFI attributes beside the config (the primitive's parameters): name, type, meaning. float travels
@@ -317,6 +355,7 @@ CALL_ATTRIBUTES: tuple[tuple[str, str, str], ...] = (
     ("has_q_lengths", "bool", "read the q_lengths operand (else every row is valid)"),
     ("has_kv_lengths", "bool", "read the kv_lengths operand (else every key is valid)"),
     ("return_lse", "bool", "write the lse result"),
+    ("paged", "bool", "k and v are (num_pages, page_size, Hk, D) pages named by the page_table operand"),
 )
 
 
@@ -357,6 +396,21 @@ TUNED_CONFIGS: dict[int, tuple[KernelConfig, ...]] = {
 }
 
 
+# The sm80 family's decode tiles (few query rows per kv head: decoding against a KV cache, packed GQA heads), on
+# every GPU: one warp of 16 rows (rows <= 16) or four (rows <= 64), 64-key blocks (32 at head dim 256, where O takes
+# 128 registers). Small tiles leave room for several thread blocks per SM, whose K/V copies keep HBM busy; the
+# split-KV plan counts them (csrc/common/split_plan.h). jax_flash/selection.py picks them by rows per tile.
+DECODE_CONFIGS: dict[int, tuple[KernelConfig, ...]] = {
+    64: (KernelConfig(block_q=16, block_kv=64, num_warps=1, q_mma_load_k_fragments=0),
+         KernelConfig(block_q=64, block_kv=64, num_warps=4, q_mma_load_k_fragments=0)),
+    128: (KernelConfig(block_q=16, block_kv=64, num_warps=1, q_mma_load_k_fragments=0),
+          KernelConfig(block_q=64, block_kv=64, num_warps=4, q_mma_load_k_fragments=0)),
+    256: (KernelConfig(block_q=16, block_kv=32, num_warps=1, q_mma_load_k_fragments=2, mma_double_buffer_loads=False),
+          KernelConfig(block_q=64, block_kv=32, num_warps=4, q_mma_load_k_fragments=2, k_mma_load_k_fragments=1,
+                       v_mma_load_k_fragments=1, mma_double_buffer_loads=False)),
+}
+
+
 # The Hopper family (csrc/sm90/): built for every dtype at these head dims; cfg=None picks among them on sm_90
 # (jax_flash/selection.py). Head dim 64: three consumer warpgroups (192 x 128 tiles; the two-consumer 128- and
 # 192-key configs stay as alternatives). Head dims 128 and 256: pingpong without a right bound, none with one (it is
@@ -375,7 +429,7 @@ def shipped_kernels() -> Iterator[tuple[str, int, KernelConfig]]:
     seen = set()
     for dtype in GPU_DTYPES:
         for head_dim in GPU_HEAD_DIMS:
-            candidates = list(TUNED_CONFIGS[head_dim])
+            candidates = list(TUNED_CONFIGS[head_dim]) + list(DECODE_CONFIGS[head_dim])
             if head_dim == 128 and dtype == "bfloat16":  # the progression exists to be benchmarked: one dtype
                 candidates += list(PROGRESSION_CONFIGS)
             candidates += list(SM90_CONFIGS.get(head_dim, ()))

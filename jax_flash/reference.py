@@ -61,3 +61,15 @@ def attention_reference(q, k, v, *, causal=False, softmax_scale=None, window=Non
     lse = jnp.where(row_sum[..., 0] > 0, safe_max[..., 0].astype(jnp.float32) +
                     jnp.log(row_sum[..., 0].astype(jnp.float32)), -jnp.inf)
     return out, lse
+
+
+def gather_pages(pages, page_table):
+    """Paged K or V, (num_pages, page_size, heads, head_dim) with an int32 (batch, pages_per_seq) page table, as the
+    contiguous (batch, pages_per_seq * page_size, heads, head_dim) tensor it stands for. Ids outside
+    [0, num_pages) give zeros (the GPU kernels' reading of them)."""
+    num_pages, page_size = pages.shape[0], pages.shape[1]
+    valid = (page_table >= 0) & (page_table < num_pages)
+    gathered = jnp.take(pages, jnp.where(valid, page_table, 0), axis=0)  # (B, P, page_size, H, D)
+    gathered = jnp.where(valid[:, :, None, None, None], gathered, 0)
+    batch, pages_per_seq = page_table.shape
+    return gathered.reshape((batch, pages_per_seq * page_size, *pages.shape[2:]))

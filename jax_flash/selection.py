@@ -1,22 +1,25 @@
 """Which compiled config a call runs: the defaults table per (GPU architecture, dtype, head dim), its refinement by
-mask on Hopper, and the checks that turn an impossible request into a clear error.
+mask on Hopper, the decode tiles, packed GQA, and the checks that turn an impossible request into a clear error.
 
-Rule (cfg=None): the autotune cache's entry for the call if it is compiled; on sm_90 the SM90_BY_SHAPE entry for
-(head dim, right bound); else DEFAULTS for (arch, dtype, head dim), falling back to the nearest older architecture in
-the table; else the first compiled config for (dtype, head dim) in registry order. On CPU cfg=None uses the CPU path's
-own tiles, CPU_TILES; a given cfg's block_q and block_kv are the CPU tiles. The measurements behind each entry:
-docs/PERFORMANCE.md.
+Rule (cfg=None): a decode-shaped call (at most 64 rows per kv head once the group's query heads are packed) or a
+paged one runs the sm80 family's decode or tuned tiles on every GPU; otherwise the autotune cache's entry for the
+call if it is compiled; on sm_90 the SM90_BY_SHAPE entry for (head dim, right bound); else DEFAULTS for (arch, dtype,
+head dim), falling back to the nearest older architecture in the table; else the first compiled config for (dtype,
+head dim) in registry order. pack_gqa=None becomes should_pack_gqa's answer for the chosen tile. On CPU cfg=None uses
+the CPU path's own tiles, CPU_TILES; a given cfg's block_q and block_kv are the CPU tiles. The measurements behind
+each entry: docs/PERFORMANCE.md.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 
 import jax
 import jax.numpy as jnp
 
 from jax_flash import native
-from jax_flash.config import SM90_CONFIGS, TUNED_CONFIGS, KernelConfig
+from jax_flash.config import DECODE_CONFIGS, SM90_CONFIGS, TUNED_CONFIGS, KernelConfig
 
 # cfg=None on CPU: 256 query rows x 512 keys per OpenBLAS product (the fastest of 64-256 x 64-1024 on AVX2, up to 25%
 # over 64 x 64; a 512 KiB score tile per worker). Larger than any GPU block, so these are FFI attribute values, not a
@@ -51,6 +54,63 @@ SM90_BY_SHAPE: dict[tuple[int, bool], tuple[tuple[int, KernelConfig], ...]] = {
 }
 
 
+@dataclasses.dataclass(frozen=True)
+class CallShape:
+    """What of a call's shape picks its tile: seq_q (None: symbolic), the logical key length, the GQA group
+    (heads_q // heads_k), whether K/V are paged."""
+
+    seq_q: int | None = None
+    seq_k: int = 0
+    group: int = 1
+    paged: bool = False
+
+
+_MAX_ROWS = 2**31 - 1  # the kernels number a unit's rows (seq_q x group when packed) in 32 bits
+
+
+def should_pack_gqa(seq_q: int | None, group: int, block_q: int) -> bool:
+    """Whether packing the group's query heads into one tile's rows fills the tiles better: FlashAttention-3's rule
+    (hopper/heuristics.h, should_pack_gqa), pack when the unpacked tiles are less than 90% as full as packed ones."""
+    if group <= 1 or seq_q is None or seq_q * group > _MAX_ROWS:
+        return False
+
+    def fill(rows: int) -> float:
+        return rows / (-(-rows // block_q) * block_q) if rows else 1.0
+
+    return fill(seq_q) < 0.9 * fill(seq_q * group)
+
+
+def resolve_cpu_pack(cfg: KernelConfig, seq_q: int | None, group: int, block_q: int) -> KernelConfig:
+    """cfg with pack_gqa decided for the CPU path: packed when a tile of block_q rows holds more than one query
+    position's worth of the group, so the group's heads share each converted K/V tile (pack_gqa=None), or as given."""
+    if cfg.pack_gqa is not None:
+        if cfg.pack_gqa and seq_q is not None and seq_q * group > _MAX_ROWS:
+            raise ValueError(f"pack_gqa=True packs seq_q x group = {seq_q * group} rows per kv head, more than 2^31 - 1")
+        return cfg
+    return dataclasses.replace(cfg, pack_gqa=group > 1 and seq_q is not None and seq_q < block_q
+                               and seq_q * group <= _MAX_ROWS)
+
+
+def decode_gpu_config(dtype: str, head_dim: int, shape: CallShape, compiled: list[KernelConfig]) -> KernelConfig | None:
+    """The sm80 family's tile for a decode-shaped or paged call (cfg=None), packed where the group fills it better;
+    None for other calls. Rows per kv head: seq_q x group packed, else seq_q; at most 16: one warp; at most 64: four
+    warps; paged and more: the tuned prefill tile. The sm90 family reads contiguous K/V per query head only."""
+    if shape.seq_q is None:
+        return None
+    rows = shape.seq_q * shape.group if shape.group > 1 else shape.seq_q
+    if rows <= 64:
+        candidates = [c for c in DECODE_CONFIGS.get(head_dim, ()) if c.block_q >= min(rows, 64) and c in compiled]
+        choice = min(candidates, key=lambda c: c.block_q) if candidates else None
+    else:
+        choice = None
+    if choice is None and shape.paged:
+        choice = next((c for c in TUNED_CONFIGS.get(head_dim, ()) if c in compiled), None)
+    if choice is None:
+        return None
+    pack = shape.group > 1 and (rows <= 64 or should_pack_gqa(shape.seq_q, shape.group, choice.block_q))
+    return dataclasses.replace(choice, pack_gqa=pack)
+
+
 def default_gpu_config(arch: int, dtype: str, head_dim: int, compiled: list[KernelConfig], right_bounded: bool = False,
                        seq_k: int = 0) -> KernelConfig | None:
     """The config cfg=None runs on a GPU of compute capability `arch` (e.g. 90); None when nothing is compiled.
@@ -77,10 +137,10 @@ def cuda_arch() -> int:
 
 
 def resolve_gpu_config(cfg: KernelConfig | None, dtype, head_dim: int, tuned: KernelConfig | None = None,
-                       right_bounded: bool = False, seq_k: int = 0) -> KernelConfig:
-    """The compiled kernel config a GPU call runs, or a clear error saying what is compiled. `tuned`: the autotune
-    cache's entry for the call (jax_flash/autotune_cache.py); right_bounded (causal, or a window with a right bound)
-    and seq_k refine cfg=None's choice on sm_90."""
+                       right_bounded: bool = False, shape: CallShape = CallShape()) -> KernelConfig:
+    """The compiled kernel config a GPU call runs, with pack_gqa decided, or a clear error saying what is compiled.
+    `tuned`: the autotune cache's entry for the call (jax_flash/autotune_cache.py); right_bounded (causal, or a window
+    with a right bound) and the call's shape refine cfg=None's choice."""
     dtype_name = jnp.dtype(dtype).name
     if not native.BUILT_WITH_CUDA:
         raise RuntimeError("jax_flash was built without CUDA (no CUDA compiler at build time), so it cannot run on a "
@@ -98,12 +158,32 @@ def resolve_gpu_config(cfg: KernelConfig | None, dtype, head_dim: int, tuned: Ke
         raise ValueError(f"cfg={cfg!r} is a family='sm90' (Hopper: wgmma, TMA) config; this GPU is sm_{arch}. "
                          f"Use a family='sm80' config or cfg=None")
     if cfg is None:
-        if tuned is not None and tuned in compiled:  # the autotune cache first, then the table
-            return tuned
-        return default_gpu_config(arch, dtype_name, head_dim, compiled, right_bounded, seq_k)
-    if cfg not in compiled:
+        decode = decode_gpu_config(dtype_name, head_dim, shape, compiled)
+        if decode is not None:
+            return decode
+        if tuned is not None and tuned.kernel() in compiled:  # the autotune cache first, then the table
+            cfg = tuned
+        else:
+            cfg = default_gpu_config(arch, dtype_name, head_dim, compiled, right_bounded, shape.seq_k)
+    elif cfg.kernel() not in compiled:
         listing = "\n  ".join(repr(c) for c in compiled)
         raise ValueError(f"cfg={cfg!r} is not compiled into this build for {dtype_name} head_dim={head_dim}. "
                          f"Compiled configs:\n  {listing}\n(build with -DJAX_FLASH_CONFIG_SET=all for the whole "
-                         f"tuning space)")
+                         f"tuning space; num_splits and pack_gqa are chosen per call and need no build)")
+    if cfg.family == "sm90":
+        if shape.paged:
+            raise ValueError(f"cfg={cfg!r}: a paged KV cache runs on family='sm80' configs (cfg=None picks one); the "
+                             f"sm90 family reads contiguous K/V")
+        if cfg.pack_gqa:
+            raise ValueError(f"cfg={cfg!r}: pack_gqa=True runs on family='sm80' configs; the sm90 family's tiles hold "
+                             f"one query head")
+        if cfg.num_splits > 1:
+            raise ValueError(f"cfg={cfg!r}: num_splits > 1 runs on family='sm80' configs; the sm90 family balances "
+                             f"its last wave with its split tail")
+        return dataclasses.replace(cfg, pack_gqa=False)
+    if cfg.pack_gqa is None:
+        return dataclasses.replace(cfg, pack_gqa=should_pack_gqa(shape.seq_q, shape.group, cfg.block_q))
+    if cfg.pack_gqa and shape.seq_q is not None and shape.seq_q * shape.group > _MAX_ROWS:
+        raise ValueError(f"pack_gqa=True packs seq_q x group = {shape.seq_q * shape.group} rows per kv head, more "
+                         f"than 2^31 - 1")
     return cfg

@@ -60,9 +60,9 @@ def test_not_an_array():
 
 
 @pytest.mark.parametrize("kwargs,error,message", [
-    ({"block_q": 96}, ValueError, r"KernelConfig.block_q=96 is not allowed; choose one of \(64, 128\)"),
+    ({"block_q": 96}, ValueError, r"KernelConfig.block_q=96 is not allowed; choose one of \(16, 64, 128\)"),
     ({"block_kv": 48}, ValueError, r"KernelConfig.block_kv=48 is not allowed; choose one of \(32, 64, 128\)"),
-    ({"num_warps": 2}, ValueError, r"KernelConfig.num_warps=2 is not allowed; choose one of \(4, 8\)"),
+    ({"num_warps": 2}, ValueError, r"KernelConfig.num_warps=2 is not allowed; choose one of \(1, 4, 8\)"),
     ({"block_q": 64, "num_warps": 8}, ValueError, "gives 8 rows per warp; each warp needs a multiple of 16"),
     ({"async_copy": False}, ValueError, "eager_load_blocks=True needs async_copy=True"),
     ({"swizzled": 1}, TypeError, "KernelConfig.swizzled must be a bool, got 1"),
@@ -116,12 +116,17 @@ needs_cuda_build = pytest.mark.skipif(not jax_flash.native.BUILT_WITH_CUDA, reas
 
 @needs_cuda_build
 def test_cuda_lowering_uses_default_config():
-    text = lower_for_cuda(*qkv(dtype=jnp.bfloat16))
+    text = lower_for_cuda(*qkv((2, 256, 4, 64), dtype=jnp.bfloat16))
     assert "stablehlo.custom_call @jax_flash_attention" in text
     # (cross-lowering assumes sm_90: head dim 64 takes the three-consumer sm90 config, 192-row tiles)
     assert "block_q = 192 : i64" in text and "consumer_warpgroups = 3 : i64" in text
-    text = lower_for_cuda(*qkv((2, 16, 4, 128), dtype=jnp.bfloat16))
+    text = lower_for_cuda(*qkv((2, 256, 4, 128), dtype=jnp.bfloat16))
     assert "block_q = 128 : i64" in text and "consumer_warpgroups = 2 : i64" in text
+    # decode shapes (at most 64 rows per kv head, the group's heads packed) take the sm80 family's decode tiles
+    text = lower_for_cuda(*qkv((2, 1, 32, 128), (2, 4096, 8, 128), dtype=jnp.bfloat16))
+    assert "block_q = 16 : i64" in text and "family = 80 : i64" in text and "pack_gqa = 1 : i64" in text
+    text = lower_for_cuda(*qkv((2, 8, 32, 128), (2, 4096, 8, 128), dtype=jnp.bfloat16))
+    assert "block_q = 64 : i64" in text and "num_warps = 4 : i64" in text and "pack_gqa = 1 : i64" in text
 
 
 @needs_cuda_build
@@ -236,15 +241,21 @@ def test_sm90_family_is_refused_below_sm90_at_lowering(monkeypatch):
     assert selection.resolve_gpu_config(None, jnp.float16, 128).family == "sm80"
     monkeypatch.setattr(selection, "cuda_arch", lambda: 90)  # on Hopper cfg=None picks the sm90 family
     sm90 = jax_flash.config.SM90_CONFIGS
-    assert selection.resolve_gpu_config(None, jnp.float16, 128) == sm90[128][0]
-    assert selection.resolve_gpu_config(None, jnp.float16, 128, right_bounded=True) == sm90[128][1]  # no pingpong
+
+    def resolve(dtype, head_dim, right_bounded=False, seq_k=0):
+        cfg = selection.resolve_gpu_config(None, dtype, head_dim, None, right_bounded, selection.CallShape(seq_k=seq_k))
+        assert cfg.pack_gqa is False  # decided, never None
+        return cfg.kernel()
+
+    assert resolve(jnp.float16, 128) == sm90[128][0]
+    assert resolve(jnp.float16, 128, right_bounded=True) == sm90[128][1]  # no pingpong
     # head dim 64: three consumer warpgroups, causal too
-    assert selection.resolve_gpu_config(None, jnp.float16, 64, seq_k=512) == sm90[64][2]
-    assert selection.resolve_gpu_config(None, jnp.float16, 64, seq_k=16384) == sm90[64][2]
-    assert selection.resolve_gpu_config(None, jnp.float16, 64, right_bounded=True, seq_k=512) == sm90[64][2]
-    assert selection.resolve_gpu_config(None, jnp.float16, 64, right_bounded=True, seq_k=2048) == sm90[64][2]
-    assert selection.resolve_gpu_config(None, jnp.bfloat16, 256) == sm90[256][0]
-    assert selection.resolve_gpu_config(None, jnp.bfloat16, 256, right_bounded=True) == sm90[256][1]
+    assert resolve(jnp.float16, 64, seq_k=512) == sm90[64][2]
+    assert resolve(jnp.float16, 64, seq_k=16384) == sm90[64][2]
+    assert resolve(jnp.float16, 64, right_bounded=True, seq_k=512) == sm90[64][2]
+    assert resolve(jnp.float16, 64, right_bounded=True, seq_k=2048) == sm90[64][2]
+    assert resolve(jnp.bfloat16, 256) == sm90[256][0]
+    assert resolve(jnp.bfloat16, 256, right_bounded=True) == sm90[256][1]
 
 
 def test_generated_instantiations_are_fresh():

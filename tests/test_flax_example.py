@@ -34,3 +34,27 @@ def test_flax_decoder_matches_default_attention():
     assert result["relative_max_diff"] < 3e-2, result
     assert len(calls) == 2 and all(c["causal"] and c["window"] == (32, -1) for c in calls)  # 2 layers, traced once
     assert set(result["ms"]) == {"jax_flash", "flax default"}
+
+
+DECODE_EXAMPLE = EXAMPLE.parent / "04_decode.py"
+
+
+def test_decode_example_greedy_tokens_match_flax_default():
+    """examples/04_decode.py: the jitted generation loop over a contiguous and a paged cache gives the same greedy
+    tokens with jax_flash as with Flax's default attention."""
+    spec = importlib.util.spec_from_file_location("decode_example", DECODE_EXAMPLE)
+    example = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(example)
+    calls = []
+
+    def counting_attention(*args, **kwargs):
+        calls.append(kwargs.get("page_table") is not None)
+        return jax_flash.attention(*args, **kwargs)
+
+    example.jax_flash = types.SimpleNamespace(attention=counting_attention, reference=jax_flash.reference)
+    with jax.default_device(jax.devices("cpu")[0]):
+        for page_size in (None, 16):
+            result = example.run(small=True, page_size=page_size)
+            assert (result["jax_flash"]["tokens"] == result["flax"]["tokens"]).all(), page_size
+            assert result["jax_flash"]["tokens"].shape == (2, 20)
+    assert calls and any(calls) and not all(calls)  # both layouts ran through jax_flash.attention

@@ -67,10 +67,11 @@ def test_nan_stays_in_the_rows_that_see_it(device):  # row 13
 def test_handler_errors_reach_python_and_the_next_call_works(device):  # rows 1 (handler side), 25
     q, k, v = random_qkv(5, 1, 16, 16, 2, 2, 64, jnp.float16, device)
     lengths = jax.device_put(jnp.full((1,), 16, jnp.int32), device)
+    table = jax.device_put(jnp.zeros((1, 0), jnp.int32), device)
     bad = dict(cfg=None, softmax_scale=0.125, causal=False, window_left=-7, window_right=-1, softcap=0.0,
-               has_q_lengths=False, has_kv_lengths=False, return_lse=False)
+               has_q_lengths=False, has_kv_lengths=False, return_lse=False, paged=False)
     with pytest.raises(Exception, match=r"jax_flash: window sizes must be >= -1 \(-1 = unbounded\), got \(-7, -1\)"):
-        jax.block_until_ready(jax.jit(lambda *a: attention_p.bind(*a, **bad))(q, k, v, lengths, lengths))
+        jax.block_until_ready(jax.jit(lambda *a: attention_p.bind(*a, **bad))(q, k, v, lengths, lengths, table))
     assert_flash_close(jax_flash.attention(q, k, v), q, k, v)
 
 

@@ -58,4 +58,25 @@ __device__ __forceinline__ void mask_key_block(float (&acc_s)[kMTiles][kSTiles][
   });
 }
 
+// mask_key_block for packed GQA tiles (common/params.h, pack_gqa): a tile row is a query position of one of the
+// group's heads, so the bounds apply to the positions, no longer linear in the row. pos[m][h]: the position of this
+// lane's row 16m + lane/4 + 8h of the warp; first_pos / last_pos: those of the tile's first and last valid rows.
+template <int kBlockKV, int kMTiles, int kSTiles>
+__device__ __forceinline__ void mask_key_block_packed(float (&acc_s)[kMTiles][kSTiles][4], int kv0, int first_pos,
+                                                      int last_pos, const int (&pos)[kMTiles][2], int lane,
+                                                      int lo_off, int hi_off, int kv_len) {
+  if (kv0 >= last_pos + lo_off && kv0 + kBlockKV - 1 <= first_pos + hi_off && kv0 + kBlockKV <= kv_len) return;
+  const int col0 = kv0 + 2 * (lane % 4);
+#pragma unroll
+  for (int m = 0; m < kMTiles; ++m)
+#pragma unroll
+    for (int n = 0; n < kSTiles; ++n)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int col = col0 + n * 8 + (e % 2);
+        const int diag = col - pos[m][e / 2];
+        if (diag < lo_off || diag > hi_off || col >= kv_len) acc_s[m][n][e] = -INFINITY;
+      }
+}
+
 }  // namespace jax_flash

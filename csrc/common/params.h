@@ -50,8 +50,29 @@ struct AttentionParams {
   float* lse;
   int64_t lse_batch_stride, lse_head_stride;
 
+  // Paged K/V (page_table != nullptr): k and v are (num_pages, page_size, Hk, D), their batch stride steps one page,
+  // and logical key j of batch row b is row j % page_size of page page_table[b * page_table_stride + j / page_size];
+  // seqlen_k = pages_per_seq * page_size. The entries of keys at or past kv_len are never read. A page id outside
+  // [0, num_pages) reads as a page of zeros on the GPU; the CPU handler refuses it before computing.
+  const int* page_table;
+  int64_t page_table_stride;
+  int page_size, num_pages;
+
+  // Packed GQA: rows per query position in a tile. 1: a tile holds one query head's rows. q_heads_per_kv_head (the
+  // group): a tile belongs to a kv head, and its row r is query position r / group of query head
+  // kv_head * group + r % group, so each K/V block is read once for the whole group.
+  int pack_gqa;
+
+  // Split-KV: each tile's visible key blocks are cut into num_splits ranges, one thread block each (1: not split).
+  // With more than one, each range leaves its normalised O and its lse in partial_o (num_splits, B, Hq, Sq, D) and
+  // partial_lse (num_splits, B, Hq, Sq), float32 scratch from the caller, and the combine step
+  // (common/split_combine.cuh) merges them into o and lse. A range that sees no key writes lse = -inf only.
+  int num_splits;
+  float* partial_o;
+  float* partial_lse;
+
   // Derived by the launcher for the chosen tile size (key blocks come from the visible span, common/visibility.h).
-  int num_q_blocks;  // ceil(seqlen_q / block_q)
+  int num_q_blocks;  // ceil(seqlen_q * pack_gqa / block_q)
 
   // sm90 family, dynamic tile scheduler: 8 bytes of device memory the launcher zeroes on the stream before the
   // launch (thread blocks draw their next tile from it with atomicAdd); nullptr = a static stride of the grid.
@@ -85,7 +106,16 @@ inline constexpr int kUnbounded = 1 << 30;  // a window side with no bound (|off
 // sm90 launcher's static stride and split tail, and the FFI handler's scratch for the latter).
 inline bool has_equal_cost_tiles(const AttentionParams& p) {
   return p.window_left >= kUnbounded && p.window_right >= kUnbounded && p.q_lengths == nullptr &&
-         p.kv_lengths == nullptr;
+         p.kv_lengths == nullptr && p.page_table == nullptr && p.num_splits == 1;
+}
+
+// Sets the paged-K/V fields: k and v of shape (num_pages, page_size, Hk, D), page_table (B, pages_per_seq) int32.
+inline void set_pages(AttentionParams& p, const int* page_table, int pages_per_seq, int page_size, int num_pages) {
+  p.page_table = page_table;
+  p.page_table_stride = pages_per_seq;
+  p.page_size = page_size;
+  p.num_pages = num_pages;
+  p.seqlen_k = pages_per_seq * page_size;
 }
 
 // Fills strides for contiguous [B, S, H, D] tensors and the derived scale; no masking, no softcap, no LSE.
@@ -114,6 +144,8 @@ inline AttentionParams make_contiguous_params(const void* q, const void* k, cons
   p.window_left = p.window_right = kUnbounded;
   p.lse_head_stride = seqlen_q;
   p.lse_batch_stride = static_cast<int64_t>(heads_q) * seqlen_q;
+  p.pack_gqa = 1;
+  p.num_splits = 1;
   return p;
 }
 

@@ -14,9 +14,13 @@ namespace jax_flash {
 // Runs one attention forward on `stream`. Returns "" on success, else what failed (a launch or attribute error).
 using RunFn = std::string (*)(const AttentionParams&, cudaStream_t);
 
+// Thread blocks of the kernel one SM of the current device holds at once (split-KV plans in these units).
+using ResidentBlocksFn = int (*)();
+
 struct RegistryEntry {
   KernelKey key;
   RunFn run;
+  ResidentBlocksFn resident_blocks;
   int smem_bytes;  // dynamic shared memory per block
   // Scratch memory per SM the kernel's split tail can use (sm90/split_tail.cuh; 0: it never splits): the caller passes
   // num_sms times this in AttentionParams::split_workspace, or nothing, and the launcher decides per call.

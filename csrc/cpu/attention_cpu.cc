@@ -93,30 +93,39 @@ class TileWorker {
   }
 
  private:
-  const T* q_at(const Unit& u) const {
-    return static_cast<const T*>(p_.q) + u.batch * p_.q_batch_stride + u.head * p_.q_head_stride +
-           u.row0 * p_.q_seq_stride;
+  const T* q_row(const Unit& u, int r) const {
+    return static_cast<const T*>(p_.q) + u.batch * p_.q_batch_stride + u.head_of(r) * p_.q_head_stride +
+           u.position(r) * p_.q_seq_stride;
   }
-  const T* k_at(const Unit& u, int key) const {
-    return static_cast<const T*>(p_.k) + u.batch * p_.k_batch_stride + u.kv_head * p_.k_head_stride +
-           key * p_.k_seq_stride;
+  // Logical key `key` of u's kv head in k (or v): contiguous, or through the page table (the handler has checked
+  // the ids of every page a unit may read: check_page_table).
+  const T* kv_row(const void* base, int64_t batch_stride, int64_t seq_stride, int64_t head_stride, const Unit& u,
+                  int64_t key) const {
+    const T* kv = static_cast<const T*>(base) + u.kv_head * head_stride;
+    if (p_.page_table == nullptr) return kv + u.batch * batch_stride + key * seq_stride;
+    const int64_t page = p_.page_table[u.batch * p_.page_table_stride + key / p_.page_size];
+    return kv + page * batch_stride + (key % p_.page_size) * seq_stride;
   }
-  const T* v_at(const Unit& u, int key) const {
-    return static_cast<const T*>(p_.v) + u.batch * p_.v_batch_stride + u.kv_head * p_.v_head_stride +
-           key * p_.v_seq_stride;
+  const T* k_row(const Unit& u, int64_t key) const {
+    return kv_row(p_.k, p_.k_batch_stride, p_.k_seq_stride, p_.k_head_stride, u, key);
+  }
+  const T* v_row(const Unit& u, int64_t key) const {
+    return kv_row(p_.v, p_.v_batch_stride, p_.v_seq_stride, p_.v_head_stride, u, key);
   }
 
-  // rows x D fp32 operand of a GEMM: the input itself for fp32 (unless its row stride exceeds BLAS's 32-bit
-  // leading dimension), else converted into `scratch`, (block_q | block_kv) x D, allocated on first use.
-  const float* operand(const T* src, int64_t seq_stride, int rows, std::vector<float>& scratch, int& ld) {
+  // rows x D fp32 operand of a GEMM whose row i is row_at(i): the input itself for fp32 rows at one stride (`stride`
+  // > 0, at most BLAS's 32-bit leading dimension), else converted into `scratch`, (block_q | block_kv) x D,
+  // allocated on first use.
+  template <class RowAt>
+  const float* operand(RowAt row_at, int64_t stride, int rows, std::vector<float>& scratch, int& ld) {
     if constexpr (Element<E>::kDirect) {
-      if (seq_stride <= std::numeric_limits<int>::max()) {
-        ld = static_cast<int>(seq_stride);
-        return src;
+      if (stride > 0 && stride <= std::numeric_limits<int>::max()) {
+        ld = static_cast<int>(stride);
+        return row_at(0);
       }
     }
     if (scratch.empty()) scratch.resize(static_cast<size_t>(std::max(plan_.block_q(), plan_.block_kv())) * D_);
-    for (int r = 0; r < rows; ++r) Element<E>::widen(src + r * seq_stride, scratch.data() + r * D_, D_);
+    for (int r = 0; r < rows; ++r) Element<E>::widen(row_at(r), scratch.data() + r * D_, D_);
     ld = D_;
     return scratch.data();
   }
@@ -128,17 +137,22 @@ class TileWorker {
     std::fill(l_.begin(), l_.begin() + rows, 0.0f);
     std::fill(o_.begin(), o_.begin() + static_cast<size_t>(rows) * D_, 0.0f);
     if (keys.begin >= keys.end) return;
-    for (int r = 0; r < rows; ++r) row_keys_[r] = visible_keys(p_, u.len, u.row0 + r);
+    for (int r = 0; r < rows; ++r) row_keys_[r] = visible_keys(p_, u.len, u.position(r));
     const bool softcap = p_.softcap > 0.0f;
     const float alpha = softcap ? p_.softcap_scale : p_.scale;  // softcap: s = c tanh(q.k * scale / c)
+    // Packed rows step through the group's heads, then the positions: no single stride.
+    const int64_t q_stride = u.pack == 1 ? p_.q_seq_stride : 0;
+    const int64_t kv_stride = p_.page_table == nullptr ? 1 : 0;  // paged keys: no single stride either
     int ldq = 0;
-    const float* q = D_ > 0 ? operand(q_at(u), p_.q_seq_stride, rows, q_, ldq) : nullptr;
+    const float* q =
+        D_ > 0 ? operand([&](int r) { return q_row(u, r); }, q_stride, rows, q_, ldq) : nullptr;
 
     for (int col0 = keys.begin; col0 < keys.end; col0 += bkv) {
       const int cols = std::min(bkv, keys.end - col0);
       int ldk = 0, ldv = 0;
       if (D_ > 0) {
-        const float* k = operand(k_at(u, col0), p_.k_seq_stride, cols, k_, ldk);
+        const float* k = operand([&](int r) { return k_row(u, col0 + r); }, kv_stride * p_.k_seq_stride, cols, k_,
+                                 ldk);
         rt_.sgemm(cpu::kRowMajor, cpu::kNoTrans, cpu::kTrans, rows, cols, D_, alpha, q, ldq, k, ldk, 0.0f,
                   s_.data(), bkv);
       } else {
@@ -147,7 +161,8 @@ class TileWorker {
       bool any_visible = false;
       for (int r = 0; r < rows; ++r) any_visible |= softmax_row(r, col0, cols, softcap);
       if (any_visible && D_ > 0) {
-        const float* v = operand(v_at(u, col0), p_.v_seq_stride, cols, v_, ldv);
+        const float* v = operand([&](int r) { return v_row(u, col0 + r); }, kv_stride * p_.v_seq_stride, cols, v_,
+                                 ldv);
         rt_.sgemm(cpu::kRowMajor, cpu::kNoTrans, cpu::kNoTrans, rows, D_, cols, 1.0f, s_.data(), bkv, v, ldv, 1.0f,
                   o_.data(), D_);
       }
@@ -209,14 +224,16 @@ class TileWorker {
   }
 
   void write_output(const Unit& u) {
-    T* out = static_cast<T*>(p_.o) + u.batch * p_.o_batch_stride + u.head * p_.o_head_stride;
+    T* out = static_cast<T*>(p_.o) + u.batch * p_.o_batch_stride;
     for (int r = 0; r < u.rows; ++r) {
       // A row that saw no key (l = 0): zeros and lse = -inf. A NaN l (a NaN or +inf score) stays NaN in O and lse.
       const bool seen = l_[r] != 0.0f;
       const float inv = seen ? 1.0f / l_[r] : 0.0f;
-      Element<E>::narrow(o_.data() + static_cast<size_t>(r) * D_, out + (u.row0 + r) * p_.o_seq_stride, D_, inv);
+      const int64_t head = u.head_of(r), position = u.position(r);
+      Element<E>::narrow(o_.data() + static_cast<size_t>(r) * D_,
+                         out + head * p_.o_head_stride + position * p_.o_seq_stride, D_, inv);
       if (p_.lse != nullptr) {
-        p_.lse[u.batch * p_.lse_batch_stride + u.head * p_.lse_head_stride + u.row0 + r] =
+        p_.lse[u.batch * p_.lse_batch_stride + head * p_.lse_head_stride + position] =
             seen ? m_[r] + std::log(l_[r]) : kNegInf;
       }
     }

@@ -20,21 +20,23 @@ int clamp_block(int block, int seqlen, int head_dim) {
 
 WorkPlan::WorkPlan(const AttentionParams& p, int block_q, int block_kv, int workers)
     : p_(p),
-      block_q_(clamp_block(block_q, p.seqlen_q, p.head_dim)),
+      block_q_(clamp_block(block_q, static_cast<int>(std::min<int64_t>(int64_t{p.seqlen_q} * p.pack_gqa, 1 << 30)),
+                           p.head_dim)),
       block_kv_(clamp_block(block_kv, p.seqlen_k, p.head_dim)),
-      heads_(p.heads_q),
-      splits_(1) {
-  const int64_t q_blocks = (p.seqlen_q + block_q_ - 1) / block_q_;
+      heads_(p.pack_gqa > 1 ? p.heads_k : p.heads_q),
+      splits_(1),
+      rows_(int64_t{p.seqlen_q} * p.pack_gqa) {
+  const int64_t q_blocks = (rows_ + block_q_ - 1) / block_q_;
   // Work of a (batch, query block): its rows times the keys they may see (the same for every head).
   std::vector<int64_t> work(static_cast<size_t>(p.batch * q_blocks));
   int max_keys = 0;
   for (int64_t b = 0; b < p.batch; ++b) {
     const BatchLengths len = batch_lengths(p, b);
     for (int64_t qb = 0; qb < q_blocks; ++qb) {
-      const int64_t row0 = qb * block_q_;
-      const KeySpan keys = visible_keys_of_rows(p, len, row0, std::min<int64_t>(row0 + block_q_, p.seqlen_q));
+      const int64_t row0 = qb * block_q_, rows = std::min<int64_t>(block_q_, rows_ - row0);
+      const KeySpan keys = visible_keys_of_rows(p, len, row0 / p.pack_gqa, (row0 + rows - 1) / p.pack_gqa + 1);
       const int span = std::max(0, keys.end - keys.begin);
-      work[b * q_blocks + qb] = span * std::min<int64_t>(block_q_, p.seqlen_q - row0);
+      work[b * q_blocks + qb] = span * rows;
       max_keys = std::max(max_keys, span);
     }
   }
@@ -44,23 +46,27 @@ WorkPlan::WorkPlan(const AttentionParams& p, int block_q, int block_kv, int work
 
   const int64_t units = num_units();
   const int64_t wanted_items = 4 * static_cast<int64_t>(std::max(1, workers));
-  if (units > 0 && units < wanted_items) {
+  if (p.num_splits > 0) {
+    splits_ = p.num_splits;
+  } else if (units > 0 && units < wanted_items) {
     const int64_t by_keys = std::max<int64_t>(1, (max_keys + block_kv_ - 1) / block_kv_);  // >= one tile each
     splits_ = static_cast<int>(std::min<int64_t>((wanted_items + units - 1) / units, by_keys));
   }
 }
 
 Unit WorkPlan::unit(int64_t slot) const {
-  const int64_t q_blocks = (p_.seqlen_q + block_q_ - 1) / block_q_;
+  const int64_t q_blocks = (rows_ + block_q_ - 1) / block_q_;
   const int64_t batch_block = order_[slot / heads_];
+  const int pack = p_.pack_gqa;
   Unit u;
-  u.head = slot % heads_;
   u.batch = batch_block / q_blocks;
-  u.kv_head = u.head / p_.q_heads_per_kv_head;
-  u.row0 = static_cast<int>((batch_block % q_blocks) * block_q_);
-  u.rows = std::min(block_q_, p_.seqlen_q - u.row0);
+  u.kv_head = pack > 1 ? slot % heads_ : (slot % heads_) / p_.q_heads_per_kv_head;
+  u.head = pack > 1 ? u.kv_head * pack : slot % heads_;
+  u.row0 = (batch_block % q_blocks) * block_q_;
+  u.rows = static_cast<int>(std::min<int64_t>(block_q_, rows_ - u.row0));
+  u.pack = pack;
   u.len = batch_lengths(p_, u.batch);
-  u.keys = visible_keys_of_rows(p_, u.len, u.row0, u.row0 + u.rows);
+  u.keys = visible_keys_of_rows(p_, u.len, u.position(0), u.position(u.rows - 1) + 1);
   return u;
 }
 

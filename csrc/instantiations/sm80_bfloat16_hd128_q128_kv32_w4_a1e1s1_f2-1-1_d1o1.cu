@@ -3,4 +3,5 @@
 
 namespace jax_flash::sm80 {
 template std::string run_attention_sm80<KernelKey{.dtype = 1, .head_dim = 128, .block_q = 128, .block_kv = 32, .num_warps = 4, .async_copy = true, .eager_load_blocks = true, .swizzled = true, .q_mma_load_k_fragments = 2, .k_mma_load_k_fragments = 1, .v_mma_load_k_fragments = 1, .mma_double_buffer_loads = true, .optimized_softmax = true, .family = 80, .stages = 2, .consumer_warpgroups = 2, .pingpong = true, .overlap = true}>(const AttentionParams&, cudaStream_t);
+template int resident_blocks_sm80<KernelKey{.dtype = 1, .head_dim = 128, .block_q = 128, .block_kv = 32, .num_warps = 4, .async_copy = true, .eager_load_blocks = true, .swizzled = true, .q_mma_load_k_fragments = 2, .k_mma_load_k_fragments = 1, .v_mma_load_k_fragments = 1, .mma_double_buffer_loads = true, .optimized_softmax = true, .family = 80, .stages = 2, .consumer_warpgroups = 2, .pingpong = true, .overlap = true}>();
 }  // namespace jax_flash::sm80

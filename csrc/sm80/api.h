@@ -14,4 +14,8 @@ namespace jax_flash::sm80 {
 template <KernelKey kKey>
 std::string run_attention_sm80(const AttentionParams& params, cudaStream_t stream);
 
+// Thread blocks of the kernel that one SM of the current device holds at once (at least 1).
+template <KernelKey kKey>
+int resident_blocks_sm80();
+
 }  // namespace jax_flash::sm80

@@ -1,6 +1,7 @@
 // The sm80-family attention forward kernel (FlashAttention-2 structure on mma.sync, ldmatrix and cp.async).
-// One thread block = one (batch, query head, block of kBlockQ query rows); it streams K/V blocks of kBlockKV keys
-// through shared memory and keeps O, the row max and the row sum in registers.
+// One thread block = one tile (sm80/tile.cuh: batch, query head or packed kv head, block of kBlockQ rows, key range);
+// it streams K/V blocks of kBlockKV keys (contiguous or paged) through shared memory and keeps O, the row max and
+// the row sum in registers; the epilogue (sm80/epilogue.cuh) writes O and the lse, or a split range's partial.
 #pragma once
 
 #include <cstdint>
@@ -8,9 +9,11 @@
 #include "common/mask_fragment.cuh"
 #include "common/params.h"
 #include "common/visibility.h"
+#include "sm80/epilogue.cuh"
 #include "sm80/ptx.cuh"
 #include "sm80/smem_tile.cuh"
 #include "sm80/softmax.cuh"
+#include "sm80/tile.cuh"
 #include "sm80/traits.cuh"
 #include "sm80/warp_gemm.cuh"
 
@@ -29,50 +32,39 @@ __global__ void __launch_bounds__(T::kNumThreads) attention_kernel(const __grid_
   const int tid = threadIdx.x;
   const int warp = tid / kWarpSize;
   const int lane = tid % kWarpSize;
-
-  // Block index -> (batch, head, query block), query blocks innermost so neighbouring blocks share K/V in L2. With a
-  // right bound (causal) later query blocks see more keys: they go first so the last wave is the light blocks.
-  const int64_t block = blockIdx.x;
-  const int q_block_in_order = static_cast<int>(block % p.num_q_blocks);
-  const int q_block = p.window_right < kUnbounded ? p.num_q_blocks - 1 - q_block_in_order : q_block_in_order;
-  const int64_t batch_head = block / p.num_q_blocks;
-  const int64_t head = batch_head % p.heads_q;
-  const int64_t batch = batch_head / p.heads_q;
-  const int64_t kv_head = head / p.q_heads_per_kv_head;
-  const int row0 = q_block * T::kBlockQ;
-
-  const Element* gQ = static_cast<const Element*>(p.q) + batch * p.q_batch_stride + row0 * p.q_seq_stride +
-                      head * p.q_head_stride;  // (kBlockQ, D) rows of this block
-  const Element* gK = static_cast<const Element*>(p.k) + batch * p.k_batch_stride + kv_head * p.k_head_stride;
-  const Element* gV = static_cast<const Element*>(p.v) + batch * p.v_batch_stride + kv_head * p.v_head_stride;
-  Element* gO = static_cast<Element*>(p.o) + batch * p.o_batch_stride + row0 * p.o_seq_stride + head * p.o_head_stride;
-  const int q_rows = min(T::kBlockQ, p.seqlen_q - row0);  // rows this block writes
-  const BatchLengths len = batch_lengths(p, batch);
-  const int q_rows_valid = max(0, min(T::kBlockQ, len.q_len - row0));  // rows that compute; the rest write zeros
-  // Only key blocks some row of this block can see are visited (causal and windows skip the rest).
-  const KeySpan keys = visible_keys_of_rows(p, len, row0, row0 + q_rows_valid);
-  const int block_begin = keys.begin / T::kBlockKV;
-  const int block_end = (keys.end + T::kBlockKV - 1) / T::kBlockKV;
-  if (block_begin >= block_end) {  // no row sees a key: zeros and lse = -inf, no loads
-    float* gLse = p.lse ? p.lse + batch * p.lse_batch_stride + head * p.lse_head_stride + row0 : nullptr;
-    for (int i = tid; i < q_rows * T::kRowChunks; i += T::kNumThreads) {
-      *reinterpret_cast<uint4*>(gO + (i / T::kRowChunks) * p.o_seq_stride + (i % T::kRowChunks) * kChunkElems) =
-          make_uint4(0, 0, 0, 0);
-    }
-    if (gLse) {
-      for (int r = tid; r < q_rows; r += T::kNumThreads) gLse[r] = -INFINITY;
-    }
+  const Tile t = locate_tile<T>(p, blockIdx.x);
+  const Epilogue<T> epilogue{p, t};
+  if (t.block_begin >= t.block_end) {  // no row sees a key of this range: zeros and lse = -inf, no loads
+    epilogue.write_zero_rows(tid);
     return;
   }
 
-  auto load_k_block = [&](int j) {
+  // K / V rows of kv head t.kv_head: contiguous, or through the page table. Keys at or past kv_len are zeros and
+  // their table entries are never read; a page id out of [0, num_pages) reads as zeros.
+  const Element* gK = static_cast<const Element*>(p.k) + t.kv_head * p.k_head_stride;
+  const Element* gV = static_cast<const Element*>(p.v) + t.kv_head * p.v_head_stride;
+  const int* page_row = p.page_table != nullptr ? p.page_table + t.batch * p.page_table_stride : nullptr;
+  if (page_row == nullptr) {
+    gK += t.batch * p.k_batch_stride;
+    gV += t.batch * p.v_batch_stride;
+  }
+  auto load_kv_block = [&](Element* sTile, const Element* g, int64_t batch_stride, int64_t seq_stride, int j) {
     const int kv0 = j * T::kBlockKV;
-    copy_tile_to_smem<T, T::kBlockKV>(sK, gK + kv0 * p.k_seq_stride, p.k_seq_stride, p.seqlen_k - kv0, tid);
+    if (page_row == nullptr) {
+      copy_tile_to_smem<T, T::kBlockKV>(sTile, g + kv0 * seq_stride, seq_stride, t.len.kv_len - kv0, tid);
+    } else {
+      auto row_at = [&](int r) -> const Element* {
+        const int key = kv0 + r;
+        const int page = page_row[key / p.page_size];
+        if (page < 0 || page >= p.num_pages) return nullptr;
+        return g + page * batch_stride + (key % p.page_size) * seq_stride;
+      };
+      copy_rows_to_smem<T, T::kBlockKV>(sTile, row_at, t.len.kv_len - kv0, g, tid);
+    }
   };
-  auto load_v_block = [&](int j) {
-    const int kv0 = j * T::kBlockKV;
-    copy_tile_to_smem<T, T::kBlockKV>(sV, gV + kv0 * p.v_seq_stride, p.v_seq_stride, p.seqlen_k - kv0, tid);
-  };
+  auto load_k_block = [&](int j) { load_kv_block(sK, gK, p.k_batch_stride, p.k_seq_stride, j); };
+  auto load_v_block = [&](int j) { load_kv_block(sV, gV, p.v_batch_stride, p.v_seq_stride, j); };
+  const int block_begin = t.block_begin, block_end = t.block_end;
 
   // ---- fragment loaders (shared -> registers), lane addressing of ldmatrix.x4 -------------------------------
   const int warp_row0 = warp * T::kRowsPerWarp;
@@ -125,9 +117,10 @@ __global__ void __launch_bounds__(T::kNumThreads) attention_kernel(const __grid_
   OnlineSoftmax<T> softmax;
   const float max_growth = lazy_rescale_threshold(p.scale_log2);
 
-  // Key j is visible to row i when  i + lo_off <= j <= i + hi_off  and  j < kv_len  (common/visibility.h, with the
-  // unbounded sides mapped to +-kUnbounded). Two offsets per block keep the mask cheap in registers.
-  const int diag_offset = len.kv_len - len.q_len;
+  // Key j is visible to query position i when  i + lo_off <= j <= i + hi_off  and  j < kv_len
+  // (common/visibility.h, with the unbounded sides mapped to +-kUnbounded). Two offsets per block keep the mask
+  // cheap in registers.
+  const int diag_offset = t.len.kv_len - t.len.q_len;
   // Masking (common/mask_fragment.cuh) tests the tile's rows with three compares per score: the sm90 family's
   // per-warp test and one-compare diagonal measured no gain here (median -1.2% causal, H200), since mma.sync and
   // ldmatrix bound this family, not the mask.
@@ -135,8 +128,23 @@ __global__ void __launch_bounds__(T::kNumThreads) attention_kernel(const __grid_
   const int lo_off = p.window_left >= kUnbounded ? -kUnbounded : diag_offset - p.window_left;
   const int hi_off = p.window_right >= kUnbounded ? kUnbounded : diag_offset + p.window_right;
 
+  // Packed GQA: the query position of each of this lane's rows (m, h), and the tile's first and last valid ones.
+  int positions[T::kMTiles][2];
+#pragma unroll
+  for (int m = 0; m < T::kMTiles; ++m)
+#pragma unroll
+    for (int h = 0; h < 2; ++h) positions[m][h] = t.position(warp_row0 + m * kMmaM + lane / 4 + 8 * h);
+  const int first_position = t.position(0), last_position = t.position(t.q_rows_valid - 1);
+
   // ---- prologue: Q (and with eager loading K_0, V_0 as two cp.async groups) ---------------------------------
-  copy_tile_to_smem<T, T::kBlockQ>(sQ, gQ, p.q_seq_stride, q_rows, tid);
+  const Element* gQ = static_cast<const Element*>(p.q) + t.batch * p.q_batch_stride;
+  if (t.pack == 1) {
+    copy_tile_to_smem<T, T::kBlockQ>(sQ, gQ + t.head0 * p.q_head_stride + int64_t{t.row0} * p.q_seq_stride,
+                                     p.q_seq_stride, t.q_rows, tid);
+  } else {
+    auto q_row = [&](int r) { return gQ + t.head(r) * p.q_head_stride + int64_t{t.position(r)} * p.q_seq_stride; };
+    copy_rows_to_smem<T, T::kBlockQ>(sQ, q_row, t.q_rows, gQ, tid);
+  }
   if constexpr (T::kEagerLoad) {
     load_k_block(block_begin);
     cp_async_commit();  // group: Q, K_first
@@ -194,8 +202,13 @@ __global__ void __launch_bounds__(T::kNumThreads) attention_kernel(const __grid_
           for (int e = 0; e < 4; ++e) acc_s[m][n][e] = p.softcap * tanhf(acc_s[m][n][e] * p.softcap_scale);
     }
     if constexpr (kMaskBlocks) {
-      mask_key_block<T::kBlockKV, kMaskOwnRows, kMaskRightOnly>(acc_s, j * T::kBlockKV, row0, q_rows_valid, warp_row0,
-                                                              lane, lo_off, hi_off, len.kv_len);
+      if (t.pack == 1) {
+        mask_key_block<T::kBlockKV, kMaskOwnRows, kMaskRightOnly>(acc_s, j * T::kBlockKV, t.row0, t.q_rows_valid,
+                                                                warp_row0, lane, lo_off, hi_off, t.len.kv_len);
+      } else {
+        mask_key_block_packed<T::kBlockKV>(acc_s, j * T::kBlockKV, first_position, last_position, positions, lane,
+                                           lo_off, hi_off, t.len.kv_len);
+      }
     }
     softmax.update(acc_s, acc_o, p.scale, p.scale_log2, max_growth);
 
@@ -225,39 +238,7 @@ __global__ void __launch_bounds__(T::kNumThreads) attention_kernel(const __grid_
   if constexpr (T::kAsyncCopy) cp_async_wait<0>();  // no copy may land in smem after the epilogue reuses it
 
   softmax.finalize(acc_o);
-  if (p.lse != nullptr && lane % 4 == 0) {  // one lane of each quad owns the row
-    float* gLse = p.lse + batch * p.lse_batch_stride + head * p.lse_head_stride + row0;  // (q_rows)
-#pragma unroll
-    for (int m = 0; m < T::kMTiles; ++m)
-#pragma unroll
-      for (int h = 0; h < 2; ++h) {
-        const int row = warp_row0 + m * kMmaM + lane / 4 + 8 * h;
-        if (row < q_rows) gLse[row] = row < q_rows_valid ? softmax.lse(m, h, p.scale) : -INFINITY;
-      }
-  }
-
-  // ---- epilogue: O -> this warp's rows of sQ (only this warp read them) -> 16-byte coalesced global stores ----
-#pragma unroll
-  for (int m = 0; m < T::kMTiles; ++m)
-#pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      const int row = warp_row0 + m * kMmaM + lane / 4 + 8 * h;
-#pragma unroll
-      for (int n = 0; n < T::kOTiles; ++n) {
-        *reinterpret_cast<uint32_t*>(sQ + tile_offset<T>(row, n) + 2 * (lane % 4)) =
-            pack2<Element>(acc_o[m][n][2 * h], acc_o[m][n][2 * h + 1]);
-      }
-    }
-  __syncwarp();
-  constexpr int kWarpChunks = T::kRowsPerWarp * T::kRowChunks;
-#pragma unroll
-  for (int i = lane; i < kWarpChunks; i += kWarpSize) {
-    const int row = warp_row0 + i / T::kRowChunks, chunk = i % T::kRowChunks;
-    if (row < q_rows) {  // rows past q_lengths[b] are zeros
-      *reinterpret_cast<uint4*>(gO + row * p.o_seq_stride + chunk * kChunkElems) =
-          row < q_rows_valid ? *reinterpret_cast<const uint4*>(sQ + tile_offset<T>(row, chunk)) : make_uint4(0, 0, 0, 0);
-    }
-  }
+  epilogue.store(softmax, acc_o, sQ, warp_row0, lane);
 }
 
 }  // namespace jax_flash::sm80

@@ -84,3 +84,43 @@ __device__ __forceinline__ void copy_tile_to_smem(typename T::Element* sTile, co
 }
 
 }  // namespace jax_flash::sm80
+
+namespace jax_flash::sm80 {
+
+// copy_tile_to_smem for tiles whose rows have no single stride (packed GQA query rows, paged keys): row r of the
+// tile starts at row_at(r), or is zeros where row_at gives nullptr (a page id out of range) or r >= rows_valid.
+// `fallback`: any valid global address, the source operand of a zero-filling cp.async.
+template <class T, int kRows, class RowAt>
+__device__ __forceinline__ void copy_rows_to_smem(typename T::Element* sTile, RowAt row_at, int rows_valid,
+                                                  const typename T::Element* fallback, int tid) {
+  using Element = typename T::Element;
+  static_assert(T::kNumThreads % T::kRowChunks == 0, "threads must cover whole rows");
+  constexpr int kRowsPerStep = T::kNumThreads / T::kRowChunks;
+  static_assert(kRows % kRowsPerStep == 0, "tile rows must split evenly over the threads");
+  constexpr int kSteps = kRows / kRowsPerStep;
+  const int row = tid / T::kRowChunks, chunk = tid % T::kRowChunks;
+  auto src = [&](int i) -> const Element* {
+    const int r = row + i * kRowsPerStep;
+    const Element* start = r < rows_valid ? row_at(r) : nullptr;
+    return start != nullptr ? start + chunk * kChunkElems : nullptr;
+  };
+  auto dst = [&](int i) { return sTile + tile_offset<T>(row + i * kRowsPerStep, chunk); };
+  if constexpr (T::kAsyncCopy) {
+#pragma unroll
+    for (int i = 0; i < kSteps; ++i) {
+      const Element* from = src(i);
+      cp_async_16(dst(i), from != nullptr ? from : fallback, from != nullptr);
+    }
+  } else {
+    uint4 staged[kSteps];
+#pragma unroll
+    for (int i = 0; i < kSteps; ++i) {
+      const Element* from = src(i);
+      staged[i] = from != nullptr ? *reinterpret_cast<const uint4*>(from) : make_uint4(0, 0, 0, 0);
+    }
+#pragma unroll
+    for (int i = 0; i < kSteps; ++i) *reinterpret_cast<uint4*>(dst(i)) = staged[i];
+  }
+}
+
+}  // namespace jax_flash::sm80

@@ -14,4 +14,10 @@ namespace jax_flash::sm90 {
 template <KernelKey kKey>
 std::string run_attention_sm90(const AttentionParams& params, cudaStream_t stream);
 
+// Thread blocks one SM holds at once: the persistent kernel's shared memory allows one.
+template <KernelKey kKey>
+int resident_blocks_sm90() {
+  return 1;
+}
+
 }  // namespace jax_flash::sm90

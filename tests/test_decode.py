@@ -1,0 +1,238 @@
+"""Decoding against a KV cache: split-KV (forced and planned split counts, merged by the log-sum-exp), packed GQA
+heads and paged K/V, against the fp32 reference, on CPU always and on the GPU when one is visible."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import jax_flash
+from conftest import GPU_DEVICES, assert_flash_close, random_qkv, requires_gpu
+from jax_flash.reference import gather_pages
+
+KernelConfig = jax_flash.KernelConfig
+
+
+def _decode_cfg(device, head_dim, **launch):
+    """The launch fields on the device's decode tile: the CPU path's 64 x 64 tiles, or the sm80 family's one-warp
+    tile for head_dim (compiled for every head dim)."""
+    if device.platform == "cpu":
+        return KernelConfig(block_q=64, block_kv=64, **launch)
+    tile = next(c for c in jax_flash.config.DECODE_CONFIGS[head_dim] if c.block_q == 16)
+    return dataclasses.replace(tile, **launch)
+
+
+def paged_cache(k, v, page_size, seed, spare_pages=3):
+    """k, v (B, S, Hk, D) as shuffled pages (num_pages, page_size, Hk, D) and an int32 (B, ceil(S / page_size))
+    page table; the pages past the data hold NaN, unused entries -1 never appear (every page is used)."""
+    batch, seq = k.shape[0], k.shape[1]
+    per_seq = -(-seq // page_size)
+    pad = ((0, 0), (0, per_seq * page_size - seq), (0, 0), (0, 0))
+    rng = np.random.RandomState(seed)
+    num_pages = batch * per_seq + spare_pages
+    table = rng.permutation(num_pages)[:batch * per_seq].reshape(batch, per_seq).astype(np.int32)
+
+    def pages(x):
+        blocks = jnp.pad(x, pad).reshape((batch * per_seq, page_size, *x.shape[2:]))
+        pool = jnp.full((num_pages, page_size, *x.shape[2:]), jnp.nan, x.dtype)
+        return pool.at[table.reshape(-1)].set(blocks)
+
+    return pages(k), pages(v), jnp.asarray(table)
+
+
+# ---- split-KV and packed GQA ----------------------------------------------------------------------------------------
+@pytest.mark.parametrize("seq_q", [1, 2, 7, 8, 16])
+@pytest.mark.parametrize("heads_q,heads_k", [(4, 4), (8, 2), (8, 1), (32, 4)])
+def test_decode_grid(device, seq_q, heads_q, heads_k):
+    """Planned splits and packing (cfg=None), causal (speculative decoding's few rows at the end of the cache)."""
+    seq_k = 1000 if device.platform == "cpu" else 4097
+    q, k, v = random_qkv(seq_q * 13 + heads_k, 2, seq_q, seq_k, heads_q, heads_k, 64, jnp.bfloat16, device)
+    lengths = jnp.array([seq_k, seq_k // 3], jnp.int32)
+    out, lse = jax.jit(lambda q, k, v, n: jax_flash.attention(q, k, v, causal=True, kv_lengths=n, return_lse=True))(
+        q, k, v, lengths)
+    assert_flash_close(out, q, k, v, causal=True, kv_lengths=lengths)
+    _, ref_lse = jax_flash.attention_reference(q, k, v, causal=True, kv_lengths=lengths, return_lse=True)
+    np.testing.assert_allclose(np.asarray(lse), np.asarray(ref_lse), atol=2e-2, rtol=0)
+
+
+@pytest.mark.parametrize("num_splits", [1, 2, 3, 7, 16])
+@pytest.mark.parametrize("pack_gqa", [False, True])
+def test_every_split_count_gives_the_unsplit_result(device, num_splits, pack_gqa):
+    """Forced split counts, packed or not, with causal, a window, softcap and both lengths: equal within tolerance,
+    and the merged lse equals the unsplit lse."""
+    q, k, v = random_qkv(num_splits, 2, 5, 777, 8, 2, 128, jnp.float16, device)
+    kwargs = dict(causal=True, window=(500, -1), softcap=30.0, q_lengths=jnp.array([5, 3], jnp.int32),
+                  kv_lengths=jnp.array([777, 400], jnp.int32))
+    cfg = _decode_cfg(device, 128, num_splits=num_splits, pack_gqa=pack_gqa)
+    out, lse = jax_flash.attention(q, k, v, cfg, return_lse=True, **kwargs)
+    assert_flash_close(out, q, k, v, **kwargs)
+    _, lse_one = jax_flash.attention(q, k, v, _decode_cfg(device, 128, num_splits=1), return_lse=True, **kwargs)
+    lse, lse_one = np.asarray(lse), np.asarray(lse_one)
+    np.testing.assert_array_equal(np.isneginf(lse), np.isneginf(lse_one))  # padded rows: -inf in both
+    finite = np.isfinite(lse_one)
+    np.testing.assert_allclose(lse[finite], lse_one[finite], atol=1e-3, rtol=0)
+
+
+def test_fixed_split_count_is_bitwise_deterministic(device):
+    q, k, v = random_qkv(11, 3, 1, 3000, 16, 2, 64, jnp.bfloat16, device)
+    fn = jax.jit(lambda q, k, v: jax_flash.attention(q, k, v, _decode_cfg(device, 64, num_splits=5), return_lse=True))
+    first = [np.asarray(x) for x in fn(q, k, v)]
+    for _ in range(3):
+        again = [np.asarray(x) for x in fn(q, k, v)]
+        for a, b in zip(first, again):
+            np.testing.assert_array_equal(a, b)
+
+
+@pytest.mark.parametrize("group", [1, 4, 8, 32])
+def test_gqa_ratios_packed(device, group):
+    heads_k = 2 if group < 32 else 1
+    q, k, v = random_qkv(group, 2, 3, 513, group * heads_k, heads_k, 64, jnp.float16, device)
+    for pack in (False, True):
+        out = jax_flash.attention(q, k, v, _decode_cfg(device, 64, pack_gqa=pack), causal=True)
+        assert_flash_close(out, q, k, v, causal=True)
+
+
+def test_short_and_long_sequences_in_one_batch(device):
+    """Lengths 1 and 131072 (GPU; 65536 on CPU) in one batch, and a zero-length sequence: zeros and lse -inf."""
+    seq_k = 131072 if device.platform == "gpu" else 65536
+    q, k, v = random_qkv(5, 3, 1, seq_k, 8, 1, 64, jnp.bfloat16, device)
+    lengths = jnp.array([1, seq_k, 0], jnp.int32)
+    out, lse = jax.jit(lambda q, k, v, n: jax_flash.attention(q, k, v, kv_lengths=n, return_lse=True))(q, k, v, lengths)
+    out, lse = np.asarray(out.astype(jnp.float32)), np.asarray(lse)
+    assert (out[2] == 0).all() and np.isneginf(lse[2]).all()
+    assert_flash_close(out[:2], q[:2], k[:2], v[:2], kv_lengths=lengths[:2])
+    ref = np.asarray(jax.device_get(v[0, 0]).astype(np.float32))  # one key: the output is that key's value
+    np.testing.assert_allclose(out[0, 0], np.broadcast_to(ref, out[0, 0].shape), atol=1e-2)
+
+
+def test_split_merge_keeps_nan_and_infinite_rows(device):
+    """A NaN in one range's keys makes its rows NaN after the merge (never a silently finite row)."""
+    q, k, v = random_qkv(2, 1, 1, 2048, 4, 1, 64, jnp.float16, device)
+    k = k.at[0, 1500, 0, 3].set(jnp.nan)
+    out, lse = jax_flash.attention(q, k, v, _decode_cfg(device, 64, num_splits=4), return_lse=True)
+    assert np.isnan(np.asarray(out.astype(jnp.float32))).all() and np.isnan(np.asarray(lse)).all()
+
+
+# ---- paged KV cache -------------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("page_size", [8, 16, 64, 256])
+def test_paged_equals_contiguous(device, page_size):
+    """Shuffled pages (the unused ones NaN), table entries past each length set to -1, every feature at once."""
+    q, k, v = random_qkv(page_size, 3, 4, 600, 8, 2, 64, jnp.bfloat16, device)
+    k_pages, v_pages, table = paged_cache(k, v, page_size, seed=page_size)
+    lengths = jnp.array([600, 333, 1], jnp.int32)
+    needed = -(-lengths // page_size)
+    table = jnp.where(jnp.arange(table.shape[1])[None, :] < needed[:, None], table, -1)
+    kwargs = dict(causal=True, window=(300, -1), softcap=20.0, kv_lengths=lengths, q_lengths=jnp.array([4, 2, 1],
+                                                                                                        jnp.int32))
+    out, lse = jax.jit(lambda *a: jax_flash.attention(a[0], a[1], a[2], page_table=a[3], return_lse=True, **kwargs))(
+        q, k_pages, v_pages, table)
+    k_flat, v_flat = (x[:, :600] for x in (gather_pages(k_pages, table), gather_pages(v_pages, table)))
+    expected, expected_lse = jax_flash.attention(q, k_flat, v_flat, return_lse=True, **kwargs)
+    assert_flash_close(out, q, k, v, **kwargs)
+    np.testing.assert_allclose(np.asarray(out.astype(jnp.float32)), np.asarray(expected.astype(jnp.float32)),
+                               atol=2e-2, rtol=0)
+    np.testing.assert_allclose(np.asarray(lse), np.asarray(expected_lse), atol=1e-3, rtol=0)
+
+
+@pytest.mark.parametrize("num_splits,pack_gqa", [(1, False), (3, True), (8, True)])
+def test_paged_with_splits_and_packing(device, num_splits, pack_gqa):
+    q, k, v = random_qkv(num_splits, 2, 2, 1000, 16, 4, 128, jnp.float16, device)
+    k_pages, v_pages, table = paged_cache(k, v, 64, seed=num_splits)
+    cfg = _decode_cfg(device, 128, num_splits=num_splits, pack_gqa=pack_gqa)
+    lengths = jnp.array([1000, 999], jnp.int32)
+    out = jax_flash.attention(q, k_pages, v_pages, cfg, page_table=table, kv_lengths=lengths)
+    assert_flash_close(out, q, k, v, kv_lengths=lengths)
+
+
+def test_new_page_table_does_not_recompile(device):
+    q, k, v = random_qkv(3, 2, 1, 256, 4, 2, 64, jnp.float16, device)
+    k_pages, v_pages, table = paged_cache(k, v, 32, seed=0)
+    traces = []
+
+    @jax.jit
+    def step(q, k_pages, v_pages, table, lengths):
+        traces.append(1)
+        return jax_flash.attention(q, k_pages, v_pages, page_table=table, kv_lengths=lengths)
+
+    for i in range(3):
+        rolled = jnp.roll(table, i, axis=0)
+        out = step(q, k_pages, v_pages, rolled, jnp.array([256, 100 + i], jnp.int32))
+        assert_flash_close(out, q, gather_pages(k_pages, rolled)[:, :256], gather_pages(v_pages, rolled)[:, :256],
+                           kv_lengths=jnp.array([256, 100 + i], jnp.int32))
+    assert len(traces) == 1
+
+
+def test_vmap_over_paged_calls(device):
+    q, k, v = random_qkv(9, 2, 1, 96, 4, 2, 64, jnp.float16, device)
+    k_pages, v_pages, table = paged_cache(k, v, 16, seed=1)
+    qs = jnp.stack([q, q * 0.5])
+    shared = jax.vmap(lambda q: jax_flash.attention(q, k_pages, v_pages, page_table=table))(qs)
+    for i in range(2):
+        np.testing.assert_array_equal(np.asarray(shared[i]),
+                                      np.asarray(jax_flash.attention(qs[i], k_pages, v_pages, page_table=table)))
+    pools = (jnp.stack([k_pages, -k_pages]), jnp.stack([v_pages, v_pages * 2]))
+    mapped = jax.vmap(lambda k, v: jax_flash.attention(q, k, v, page_table=table))(*pools)
+    for i in range(2):
+        np.testing.assert_array_equal(np.asarray(mapped[i]), np.asarray(
+            jax_flash.attention(q, pools[0][i], pools[1][i], page_table=table)))
+
+
+def test_out_of_range_page_id_is_a_clear_error_on_cpu():
+    q, k, v = random_qkv(4, 2, 1, 64, 2, 1, 64, jnp.float32, jax.devices("cpu")[0])
+    k_pages, v_pages, table = paged_cache(k, v, 16, seed=2)
+    with pytest.raises(Exception, match=r"page_table\[1, 2\] = 99 names no page"):
+        jax_flash.attention(q, k_pages, v_pages, page_table=table.at[1, 2].set(99)).block_until_ready()
+    # ... but an entry past the sequence's length is never read
+    out = jax_flash.attention(q, k_pages, v_pages, page_table=table.at[1, 2:].set(99),
+                              kv_lengths=jnp.array([64, 32], jnp.int32))
+    assert np.isfinite(np.asarray(out)).all()
+
+
+@requires_gpu
+def test_out_of_range_page_id_reads_zeros_on_gpu():
+    gpu = GPU_DEVICES[0]
+    q, k, v = random_qkv(4, 1, 1, 64, 2, 1, 64, jnp.float16, gpu)
+    k_pages, v_pages, table = paged_cache(k, v, 16, seed=2)
+    bad = table.at[0, 1].set(12345)
+    out = jax_flash.attention(q, k_pages, v_pages, page_table=bad)
+    zeroed = gather_pages(k_pages, bad), gather_pages(v_pages, bad)
+    assert_flash_close(out, q, *zeroed)
+
+
+@pytest.mark.parametrize("table,message", [
+    (np.zeros((2, 4), np.int64), "int32 array of shape"),
+    (np.zeros((2, 4, 1), np.int32), "int32 array of shape"),
+    (np.zeros((3, 4), np.int32), "batch = 2"),
+    ([[0, 1]], "must be a jax or numpy array"),
+])
+def test_bad_page_tables(table, message):
+    q, k, v = random_qkv(1, 2, 1, 64, 2, 1, 64, jnp.float32)
+    with pytest.raises((ValueError, TypeError), match=message):
+        jax_flash.attention(q, k, v, page_table=table)
+
+
+def test_page_size_must_be_a_multiple_of_8():
+    q = jnp.ones((1, 1, 2, 64), jnp.float32)
+    pages = jnp.ones((4, 12, 1, 64), jnp.float32)
+    with pytest.raises(ValueError, match="page_size .* must be a positive multiple of 8.* got 12"):
+        jax_flash.attention(q, pages, pages, page_table=jnp.zeros((1, 2), jnp.int32))
+
+
+def test_launch_fields_are_checked():
+    with pytest.raises(ValueError, match="num_splits=129 is not allowed"):
+        KernelConfig(num_splits=129)
+    with pytest.raises(TypeError, match="pack_gqa must be True, False or None"):
+        KernelConfig(pack_gqa=1)
+    assert KernelConfig(num_splits=4, pack_gqa=True).kernel() == KernelConfig()
+
+
+@requires_gpu
+def test_gpu_decode_routes_to_the_packed_decode_tile():
+    """cfg=None on a decode shape lowers to the sm80 family's one-warp tile with pack_gqa (in the FFI attributes)."""
+    q, k, v = random_qkv(1, 2, 1, 1024, 32, 8, 128, jnp.bfloat16, GPU_DEVICES[0])
+    text = jax.jit(jax_flash.attention).lower(q, k, v).as_text()
+    assert "block_q = 16" in text and "pack_gqa = 1" in text, text[-2000:]
