@@ -35,7 +35,7 @@ awk 'NR > 1 && $NF > 0' "$OUT/sass.txt" | head -5
 cd /tmp
 start=$(date +%s)
 TEST_PATHS=$(for f in ${PYTEST_FILES:-tests}; do echo "$REPO/$f"; done)
-timeout ${PYTEST_TIMEOUT:-420} python3 -m pytest -q --maxfail=20 -p no:cacheprovider ${K_EXPR:+-k "$K_EXPR"} $TEST_PATHS > "$OUT/pytest.log" 2>&1
+timeout ${PYTEST_TIMEOUT:-420} python3 -m pytest -q -rfE --tb=short --maxfail=20 -p no:cacheprovider ${K_EXPR:+-k "$K_EXPR"} $TEST_PATHS > "$OUT/pytest.log" 2>&1
 echo "pytest: exit $? in $(( $(date +%s) - start )) s"
 grep -E "^(FAILED|ERROR)" "$OUT/pytest.log" | head -20
 tail -3 "$OUT/pytest.log"

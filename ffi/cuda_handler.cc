@@ -16,6 +16,10 @@
 namespace jax_flash {
 namespace {
 
+// The alignment asked of XLA's scratch allocator: XLA refuses more than 16 bytes ("Unsupported alignment"), and
+// 16 covers every vector access of the scratch users (float4 partials, float2 split-KV partials, the counter).
+constexpr size_t kScratchAlignment = 16;
+
 ffi::Error cuda_error(const std::string& what, cudaError_t err) {
   return ffi::Error(ffi::ErrorCode::kInternal, "jax_flash: " + what + " failed: " + cudaGetErrorName(err) + " (" +
                                                    cudaGetErrorString(err) + ")");
@@ -87,8 +91,8 @@ ffi::Error plan_splits(AttentionParams& params, const RegistryEntry& entry, cons
   }
   if (splits <= 1) return ffi::Error::Success();
   const size_t row_count = static_cast<size_t>(params.batch) * params.heads_q * params.seqlen_q * splits;
-  std::optional<void*> partial_o = scratch.Allocate(row_count * params.head_dim * sizeof(float), 256);
-  std::optional<void*> partial_lse = scratch.Allocate(row_count * sizeof(float), 256);
+  std::optional<void*> partial_o = scratch.Allocate(row_count * params.head_dim * sizeof(float), kScratchAlignment);
+  std::optional<void*> partial_lse = scratch.Allocate(row_count * sizeof(float), kScratchAlignment);
   if (!partial_o.has_value() || !partial_lse.has_value()) {
     if (forced <= 0) return ffi::Error::Success();
     return ffi::Error(ffi::ErrorCode::kResourceExhausted,
@@ -157,7 +161,7 @@ ffi::Error attention_cuda_impl(cudaStream_t stream, ffi::ScratchAllocator scratc
   AttentionParams params = params_from_buffers(q, k, v, q_lengths, kv_lengths, page_table, *o, *lse, attrs);
   if (ffi::Error err = plan_splits(params, *entry, limits, attrs.num_splits, scratch); err.failure()) return err;
   if (key.family == 90) {  // the dynamic tile scheduler's counter: XLA scratch memory, ordered on this stream
-    std::optional<void*> counter = scratch.Allocate(sizeof(unsigned long long), alignof(unsigned long long));
+    std::optional<void*> counter = scratch.Allocate(sizeof(unsigned long long), kScratchAlignment);
     if (!counter.has_value()) {
       return ffi::Error(ffi::ErrorCode::kResourceExhausted,
                         "jax_flash: could not allocate the 8-byte tile counter from XLA's scratch memory");
@@ -168,7 +172,7 @@ ffi::Error attention_cuda_impl(cudaStream_t stream, ffi::ScratchAllocator scratc
   // all cost the same (no window, no lengths), the ones the launcher may split. Without it the kernel runs unsplit.
   if (entry->split_bytes_per_sm > 0 && has_equal_cost_tiles(params)) {
     const size_t bytes = static_cast<size_t>(limits.num_sms) * entry->split_bytes_per_sm;
-    if (std::optional<void*> workspace = scratch.Allocate(bytes, 256); workspace.has_value()) {
+    if (std::optional<void*> workspace = scratch.Allocate(bytes, kScratchAlignment); workspace.has_value()) {
       params.split_workspace = *workspace;
       params.split_workspace_bytes = static_cast<int64_t>(bytes);
     }

@@ -398,12 +398,12 @@ TUNED_CONFIGS: dict[int, tuple[KernelConfig, ...]] = {
 
 # The sm80 family's decode tiles (few query rows per kv head: decoding against a KV cache, packed GQA heads), on
 # every GPU: one warp of 16 rows (rows <= 16) or four (rows <= 64), 64-key blocks (32 at head dim 256, where O takes
-# 128 registers). Small tiles leave room for several thread blocks per SM, whose K/V copies keep HBM busy; the
+# 128 registers); at head dim 128 the one-warp tile reads Q from shared memory (in registers it left 4 bytes spilled). Small tiles leave room for several thread blocks per SM, whose K/V copies keep HBM busy; the
 # split-KV plan counts them (csrc/common/split_plan.h). jax_flash/selection.py picks them by rows per tile.
 DECODE_CONFIGS: dict[int, tuple[KernelConfig, ...]] = {
     64: (KernelConfig(block_q=16, block_kv=64, num_warps=1, q_mma_load_k_fragments=0),
          KernelConfig(block_q=64, block_kv=64, num_warps=4, q_mma_load_k_fragments=0)),
-    128: (KernelConfig(block_q=16, block_kv=64, num_warps=1, q_mma_load_k_fragments=0),
+    128: (KernelConfig(block_q=16, block_kv=64, num_warps=1, q_mma_load_k_fragments=2),
           KernelConfig(block_q=64, block_kv=64, num_warps=4, q_mma_load_k_fragments=0)),
     256: (KernelConfig(block_q=16, block_kv=32, num_warps=1, q_mma_load_k_fragments=2, mma_double_buffer_loads=False),
           KernelConfig(block_q=64, block_kv=32, num_warps=4, q_mma_load_k_fragments=2, k_mma_load_k_fragments=1,

@@ -92,23 +92,26 @@ def resolve_cpu_pack(cfg: KernelConfig, seq_q: int | None, group: int, block_q: 
 
 
 def decode_gpu_config(dtype: str, head_dim: int, shape: CallShape, compiled: list[KernelConfig]) -> KernelConfig | None:
-    """The sm80 family's tile for a decode-shaped or paged call (cfg=None), packed where the group fills it better;
-    None for other calls. Rows per kv head: seq_q x group packed, else seq_q; at most 16: one warp; at most 64: four
-    warps; paged and more: the tuned prefill tile. The sm90 family reads contiguous K/V per query head only."""
+    """The sm80 family's tile for a decode-shaped, packed or paged call (cfg=None); None for other calls. Rows per kv
+    head: seq_q x group packed, else seq_q. At most 16: the one-warp decode tile; at most 64: the four-warp one; more,
+    where packing fills 128-row tiles better than one head's rows do (MQA with a few rows per sequence), or paged: the
+    tuned prefill tile. The sm90 family reads contiguous K/V per query head only: for MQA at 8 rows x 32 heads the
+    packed sm80 tile ran 2.2x faster than the sm90 kernel's 32 tiles of 8 rows (H100)."""
     if shape.seq_q is None:
         return None
-    rows = shape.seq_q * shape.group if shape.group > 1 else shape.seq_q
+    rows = shape.seq_q * shape.group
+    packs_better = should_pack_gqa(shape.seq_q, shape.group, 128)
     if rows <= 64:
         candidates = [c for c in DECODE_CONFIGS.get(head_dim, ()) if c.block_q >= min(rows, 64) and c in compiled]
         choice = min(candidates, key=lambda c: c.block_q) if candidates else None
-    else:
-        choice = None
-    if choice is None and shape.paged:
-        choice = next((c for c in TUNED_CONFIGS.get(head_dim, ()) if c in compiled), None)
+        if choice is not None:
+            return dataclasses.replace(choice, pack_gqa=shape.group > 1)
+    if not (packs_better or shape.paged):
+        return None
+    choice = next((c for c in TUNED_CONFIGS.get(head_dim, ()) if c in compiled), None)
     if choice is None:
         return None
-    pack = shape.group > 1 and (rows <= 64 or should_pack_gqa(shape.seq_q, shape.group, choice.block_q))
-    return dataclasses.replace(choice, pack_gqa=pack)
+    return dataclasses.replace(choice, pack_gqa=should_pack_gqa(shape.seq_q, shape.group, choice.block_q))
 
 
 def default_gpu_config(arch: int, dtype: str, head_dim: int, compiled: list[KernelConfig], right_bounded: bool = False,

@@ -48,19 +48,31 @@ __global__ void __launch_bounds__(T::kNumThreads) attention_kernel(const __grid_
     gK += t.batch * p.k_batch_stride;
     gV += t.batch * p.v_batch_stride;
   }
+  // Paged: lane i of every warp holds the id of page kv0 / page_size + i of the block being loaded (at most
+  // kBlockKV / 8 + 1 pages: page sizes are multiples of 8), read once for K and V; each row takes its page by a
+  // shuffle. (A global load per row between the cp.async issues, whose memory clobber keeps them in order, made every
+  // row wait for its page id.)
+  static_assert(T::kBlockKV / 8 + 1 <= kWarpSize, "a block's pages must fit one per lane");
+  int paged_block = -1, lane_page = -1;
   auto load_kv_block = [&](Element* sTile, const Element* g, int64_t batch_stride, int64_t seq_stride, int j) {
     const int kv0 = j * T::kBlockKV;
     if (page_row == nullptr) {
       copy_tile_to_smem<T, T::kBlockKV>(sTile, g + kv0 * seq_stride, seq_stride, t.len.kv_len - kv0, tid);
-    } else {
-      auto row_at = [&](int r) -> const Element* {
-        const int key = kv0 + r;
-        const int page = page_row[key / p.page_size];
-        if (page < 0 || page >= p.num_pages) return nullptr;
-        return g + page * batch_stride + (key % p.page_size) * seq_stride;
-      };
-      copy_rows_to_smem<T, T::kBlockKV>(sTile, row_at, t.len.kv_len - kv0, g, tid);
+      return;
     }
+    const int first_page = kv0 / p.page_size;
+    if (paged_block != j) {  // entries of pages at or past kv_len are never read
+      const int page_index = first_page + lane;
+      lane_page = int64_t{page_index} * p.page_size < t.len.kv_len ? page_row[page_index] : -1;
+      paged_block = j;
+    }
+    auto row_at = [&](int r) -> const Element* {
+      const int key = kv0 + r;
+      const int page = __shfl_sync(0xffffffffu, lane_page, key / p.page_size - first_page);
+      if (page < 0 || page >= p.num_pages) return nullptr;
+      return g + page * batch_stride + (key % p.page_size) * seq_stride;
+    };
+    copy_rows_to_smem<T, T::kBlockKV>(sTile, row_at, t.len.kv_len - kv0, g, tid);
   };
   auto load_k_block = [&](int j) { load_kv_block(sK, gK, p.k_batch_stride, p.k_seq_stride, j); };
   auto load_v_block = [&](int j) { load_kv_block(sV, gV, p.v_batch_stride, p.v_seq_stride, j); };
