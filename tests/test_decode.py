@@ -223,8 +223,8 @@ def test_page_size_must_be_a_multiple_of_8():
 
 
 def test_launch_fields_are_checked():
-    with pytest.raises(ValueError, match="num_splits=257 is not allowed"):
-        KernelConfig(num_splits=257)
+    with pytest.raises(ValueError, match="num_splits=129 is not allowed"):
+        KernelConfig(num_splits=129)
     with pytest.raises(TypeError, match="pack_gqa must be True, False or None"):
         KernelConfig(pack_gqa=1)
     assert KernelConfig(num_splits=4, pack_gqa=True).kernel() == KernelConfig()

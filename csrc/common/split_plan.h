@@ -10,15 +10,14 @@
 namespace jax_flash {
 
 // The most ranges per tile (jax_flash/config.py MAX_SPLITS): the combine step reads one partial per range.
-inline constexpr int kMaxSplits = 256;
+inline constexpr int kMaxSplits = 128;
 
 // The split count for a grid of `tiles` thread blocks on a GPU that runs `slots` of them at once (SMs x blocks per
 // SM), whose longest tile visits `key_blocks` key blocks. FlashAttention-3's rule (hopper/heuristics.h), with the
 // resident blocks as the unit: among 1 .. max the smallest count whose wave efficiency
-// (tiles x splits / slots) / ceil(tiles x splits / slots) is within 95% of the best (FA3 takes 85%: decoding reads
-// K/V at a rate that grows with the resident blocks, so 86% of the slots read 87% of the copy bandwidth, H100). No
-// split with four waves or more (the last wave's idle slots cost under 25%), or when a range would hold fewer than
-// 4 key blocks: each range costs a prologue, an epilogue and a partial O to write and merge.
+// (tiles x splits / slots) / ceil(tiles x splits / slots) is within 85% of the best. No split with four waves or
+// more (the last wave's idle slots cost under 25%), or when a range would hold fewer than 4 key blocks: each range
+// costs a prologue, an epilogue and a partial O to write and merge.
 inline int choose_num_splits(int64_t tiles, int64_t slots, int64_t key_blocks) {
   if (tiles <= 0 || slots <= 0 || tiles >= 4 * slots) return 1;
   const int64_t most = std::min<int64_t>({kMaxSplits, key_blocks / 4, 4 * slots / tiles + 1});
@@ -30,7 +29,7 @@ inline int choose_num_splits(int64_t tiles, int64_t slots, int64_t key_blocks) {
   double best = 0.0;
   for (int64_t s = 1; s <= most; ++s) best = std::max(best, efficiency(s));
   for (int64_t s = 1; s <= most; ++s) {
-    if (efficiency(s) >= 0.95 * best) return static_cast<int>(s);
+    if (efficiency(s) >= 0.85 * best) return static_cast<int>(s);
   }
   return 1;
 }

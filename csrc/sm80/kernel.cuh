@@ -48,40 +48,34 @@ __global__ void __launch_bounds__(T::kNumThreads) attention_kernel(const __grid_
     gK += t.batch * p.k_batch_stride;
     gV += t.batch * p.v_batch_stride;
   }
-  // Paged: the page ids of a key block wait in shared memory (sPages, a slot per block parity, entry i = page
-  // kv0 / page_size + i: at most kBlockKV / 8 + 1 pages, page sizes being multiples of 8). Block j + 1's ids are
-  // copied by cp.async in block j's K group, so they have landed when block j + 1 is issued; the first block's before
-  // the prologue. (Read per row between the cp.async issues, whose memory clobber keeps them in order, every row
-  // waited for its id: paged decode ran 1.4x slower, H100.) Without cp.async each row reads the table.
-  static_assert(T::kBlockKV / 8 + 1 <= kWarpSize, "a block's pages must fit one slot");
-  int* sPages = reinterpret_cast<int*>(sV + T::kSmemKVElems);  // [2][32]
-  auto copy_page_ids = [&](int j) {  // block j's ids into slot j & 1, in the current cp.async group
-    if (tid < kWarpSize) {
-      const int64_t index = int64_t{j} * T::kBlockKV / p.page_size + tid;
-      const bool valid = index * p.page_size < t.len.kv_len;  // entries at or past kv_len are never read
-      cp_async_4(sPages + (j & 1) * kWarpSize + tid, valid ? page_row + index : page_row, valid);
-    }
-  };
-  auto load_kv_block = [&](Element* sTile, const Element* g, int64_t batch_stride, int64_t seq_stride, int j,
-                           bool with_next_ids) {
+  // Paged: lane i of every warp holds the id of page kv0 / page_size + i of the block being loaded (at most
+  // kBlockKV / 8 + 1 pages: page sizes are multiples of 8), read once for K and V; each row takes its page by a
+  // shuffle. (A global load per row between the cp.async issues, whose memory clobber keeps them in order, made every
+  // row wait for its page id.)
+  static_assert(T::kBlockKV / 8 + 1 <= kWarpSize, "a block's pages must fit one per lane");
+  int paged_block = -1, lane_page = -1;
+  auto load_kv_block = [&](Element* sTile, const Element* g, int64_t batch_stride, int64_t seq_stride, int j) {
     const int kv0 = j * T::kBlockKV;
     if (page_row == nullptr) {
       copy_tile_to_smem<T, T::kBlockKV>(sTile, g + kv0 * seq_stride, seq_stride, t.len.kv_len - kv0, tid);
       return;
     }
     const int first_page = kv0 / p.page_size;
-    const int* ids = sPages + (j & 1) * kWarpSize;
+    if (paged_block != j) {  // entries of pages at or past kv_len are never read
+      const int page_index = first_page + lane;
+      lane_page = int64_t{page_index} * p.page_size < t.len.kv_len ? page_row[page_index] : -1;
+      paged_block = j;
+    }
     auto row_at = [&](int r) -> const Element* {
       const int key = kv0 + r;
-      const int page = T::kAsyncCopy ? ids[key / p.page_size - first_page] : page_row[key / p.page_size];
+      const int page = __shfl_sync(0xffffffffu, lane_page, key / p.page_size - first_page);
       if (page < 0 || page >= p.num_pages) return nullptr;
       return g + page * batch_stride + (key % p.page_size) * seq_stride;
     };
-    if (T::kAsyncCopy && with_next_ids) copy_page_ids(j + 1);
     copy_rows_to_smem<T, T::kBlockKV>(sTile, row_at, t.len.kv_len - kv0, g, tid);
   };
-  auto load_k_block = [&](int j) { load_kv_block(sK, gK, p.k_batch_stride, p.k_seq_stride, j, true); };
-  auto load_v_block = [&](int j) { load_kv_block(sV, gV, p.v_batch_stride, p.v_seq_stride, j, false); };
+  auto load_k_block = [&](int j) { load_kv_block(sK, gK, p.k_batch_stride, p.k_seq_stride, j); };
+  auto load_v_block = [&](int j) { load_kv_block(sV, gV, p.v_batch_stride, p.v_seq_stride, j); };
   const int block_begin = t.block_begin, block_end = t.block_end;
 
   // ---- fragment loaders (shared -> registers), lane addressing of ldmatrix.x4 -------------------------------
@@ -155,12 +149,6 @@ __global__ void __launch_bounds__(T::kNumThreads) attention_kernel(const __grid_
   const int first_position = t.position(0), last_position = t.position(t.q_rows_valid - 1);
 
   // ---- prologue: Q (and with eager loading K_0, V_0 as two cp.async groups) ---------------------------------
-  if (T::kAsyncCopy && page_row != nullptr) {  // the first block's page ids, before its rows are issued
-    copy_page_ids(block_begin);
-    cp_async_commit();
-    cp_async_wait<0>();
-    __syncthreads();
-  }
   const Element* gQ = static_cast<const Element*>(p.q) + t.batch * p.q_batch_stride;
   if (t.pack == 1) {
     copy_tile_to_smem<T, T::kBlockQ>(sQ, gQ + t.head0 * p.q_head_stride + int64_t{t.row0} * p.q_seq_stride,

@@ -19,14 +19,6 @@ __device__ __forceinline__ void cp_async_16(void* smem_dst, const void* gmem_src
                : "memory");
 }
 
-// 4-byte global->shared copy (cp.async.ca: the cache-global form takes 16 bytes only); src_bytes = 0 writes zeros.
-__device__ __forceinline__ void cp_async_4(void* smem_dst, const void* gmem_src, bool valid) {
-  const int src_bytes = valid ? 4 : 0;
-  asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(smem_address(smem_dst)), "l"(gmem_src),
-               "r"(src_bytes)
-               : "memory");
-}
-
 __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
 
 template <int kPending>

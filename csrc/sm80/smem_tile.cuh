@@ -89,7 +89,8 @@ namespace jax_flash::sm80 {
 
 // copy_tile_to_smem for tiles whose rows have no single stride (packed GQA query rows, paged keys): row r of the
 // tile starts at row_at(r), or is zeros where row_at gives nullptr (a page id out of range) or r >= rows_valid.
-// `fallback`: any valid global address, the source operand of a zero-filling cp.async.
+// Every lane calls row_at for every step, valid row or not (it may shuffle within the warp). `fallback`: any valid
+// global address, the source operand of a zero-filling cp.async.
 template <class T, int kRows, class RowAt>
 __device__ __forceinline__ void copy_rows_to_smem(typename T::Element* sTile, RowAt row_at, int rows_valid,
                                                   const typename T::Element* fallback, int tid) {
@@ -101,8 +102,8 @@ __device__ __forceinline__ void copy_rows_to_smem(typename T::Element* sTile, Ro
   const int row = tid / T::kRowChunks, chunk = tid % T::kRowChunks;
   auto src = [&](int i) -> const Element* {
     const int r = row + i * kRowsPerStep;
-    const Element* start = r < rows_valid ? row_at(r) : nullptr;
-    return start != nullptr ? start + chunk * kChunkElems : nullptr;
+    const Element* start = row_at(r);
+    return start != nullptr && r < rows_valid ? start + chunk * kChunkElems : nullptr;
   };
   auto dst = [&](int i) { return sTile + tile_offset<T>(row + i * kRowsPerStep, chunk); };
   if constexpr (T::kAsyncCopy) {

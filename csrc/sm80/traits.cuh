@@ -45,14 +45,11 @@ struct Traits {
   static constexpr int kKChunk = kKey.k_mma_load_k_fragments == 0 ? kDSteps : kKey.k_mma_load_k_fragments;
   static constexpr int kVChunk = kKey.v_mma_load_k_fragments == 0 ? kKVSteps : kKey.v_mma_load_k_fragments;
 
-  // Shared memory: sQ (kBlockQ, D), sK (kBlockKV, D), sV (kBlockKV, D), rows of kRowChunks 16-byte chunks, then the
-  // page ids of two key blocks (paged K/V: kernel.cuh), 32 ints each.
+  // Shared memory: sQ (kBlockQ, D), sK (kBlockKV, D), sV (kBlockKV, D), rows of kRowChunks 16-byte chunks.
   static constexpr int kRowChunks = kHeadDim / kChunkElems;
   static constexpr int kSmemQElems = kBlockQ * kHeadDim;
   static constexpr int kSmemKVElems = kBlockKV * kHeadDim;
-  static constexpr int kPageIdSlots = 2 * 32;
-  static constexpr int kSmemBytes =
-      (kSmemQElems + 2 * kSmemKVElems) * static_cast<int>(sizeof(Element)) + kPageIdSlots * 4;
+  static constexpr int kSmemBytes = (kSmemQElems + 2 * kSmemKVElems) * static_cast<int>(sizeof(Element));
 
   static_assert(kBlockQ % (kNumWarps * kMmaM) == 0, "each warp needs a multiple of 16 query rows");
   static_assert(kBlockKV % kMmaK == 0, "block_kv must be a multiple of 16");
