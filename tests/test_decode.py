@@ -49,6 +49,8 @@ def paged_cache(k, v, page_size, seed, spare_pages=3):
 @pytest.mark.parametrize("heads_q,heads_k", [(4, 4), (8, 2), (8, 1), (32, 4)])
 def test_decode_grid(device, seq_q, heads_q, heads_k):
     """Planned splits and packing (cfg=None), causal (speculative decoding's few rows at the end of the cache)."""
+    if device.platform == "cpu" and seq_q in (2, 8):
+        pytest.skip("the CPU path's tiles do not depend on Sq below 16: Sq 1, 7 and 16 cover it (the GPU runs all)")
     seq_k = 1000 if device.platform == "cpu" else 4097
     q, k, v = random_qkv(seq_q * 13 + heads_k, 2, seq_q, seq_k, heads_q, heads_k, 64, jnp.bfloat16, device)
     lengths = jnp.array([seq_k, seq_k // 3], jnp.int32)

@@ -6,7 +6,8 @@
 
 A results file is `python -m jax_flash.benchmark --json` output (device, date, jax, timing, rows); each GPU table cell
 is jax_flash's TFLOP/s and, in brackets, its ratio to cuDNN in the same run; each CPU table cell (platform "cpu") its
-GFLOP/s and its speed-up over XLA:CPU in the same run.
+GFLOP/s and its speed-up over XLA:CPU in the same run; a decode file (suite "decode") gives microseconds, the percent
+of the device's copy bandwidth and the ratio to cuDNN, contiguous and paged.
 """
 
 from __future__ import annotations
@@ -72,10 +73,33 @@ def render_cpu(results: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
+def render_decode(results: dict) -> str:
+    rows = results["rows"]
+    pages = sorted({int(n[5:]) for r in rows for n in r["results"] if n.startswith("paged")})
+    head = (["dtype", "D", "heads", "Sq", "B", "Sk", "us", "% copy", "vs cuDNN"] + [f"paged {p} us" for p in pages] +
+            ["cuDNN us"])
+    lines = [f"**{results['device']}**, {results['date']}, jax {results['jax']}, decode: microseconds per call of "
+             f"`jax_flash.attention` (cfg=None) on a contiguous cache, its K/V read rate as a percent of the device's "
+             f"copy bandwidth in the same run ({results['copy_gbs']:.0f} GB/s), its speed-up over cuDNN, and on paged "
+             f"caches (shuffled pages)." + (f" {results['note']}." if results.get("note") else ""),
+             "", "| " + " | ".join(head) + " |", "| " + " | ".join("---" for _ in head) + " |"]
+    for r in rows:
+        mine, cudnn = r["results"].get("jax_flash"), r["results"].get("cudnn")
+        cells = [r["dtype"], str(r["head_dim"]), f"{r['heads_q']}/{r['heads_k']}", str(r["seq_q"]), str(r["batch"]),
+                 str(r["seq_k"]), f"{mine['us']:.0f}" if mine else "-", f"{mine['copy_pct']:.0f}%" if mine else "-",
+                 f"{cudnn['us'] / mine['us']:.2f}x" if mine and cudnn else "-"]
+        cells += [f"{r['results'][f'paged{p}']['us']:.0f}" if f"paged{p}" in r["results"] else "-" for p in pages]
+        cells.append(f"{cudnn['us']:.0f}" if cudnn else "-")
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
 def render() -> str:
     files = sorted((ROOT / "benchmarks" / "results").glob("*.json"))
     results = [json.loads(f.read_text()) for f in files]
-    return "\n".join(render_cpu(r) if r.get("platform") == "cpu" else render_device(r) for r in results)
+    renderers = {"cpu": render_cpu, "decode": render_decode}
+    return "\n".join(renderers.get("decode" if r.get("suite") == "decode" else r.get("platform"), render_device)(r)
+                     for r in results)
 
 
 def main() -> int:
