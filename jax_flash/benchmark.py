@@ -24,6 +24,7 @@ import jax
 import jax.numpy as jnp
 
 import jax_flash
+from jax_flash._plotting import pyplot
 from jax_flash import benchmark_cpu, benchmark_decode
 from jax_flash import config as config_module
 from jax_flash.selection import cuda_arch, resolve_gpu_config
@@ -177,13 +178,8 @@ def print_table(rows: list[dict]) -> None:
 
 
 def plot(rows: list[dict], path: str) -> None:
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        print("# matplotlib not installed: no plot (pip install '.[examples]')", file=sys.stderr)
+    plt = pyplot()
+    if plt is None:
         return
     groups = sorted({(r["dtype"], r["head_dim"], r["causal"]) for r in rows})
     fig, axes = plt.subplots(1, len(groups), figsize=(5 * len(groups), 4), squeeze=False)

@@ -21,6 +21,7 @@ import jax.numpy as jnp
 import numpy as np
 
 import jax_flash
+from jax_flash._plotting import pyplot
 from jax_flash.timing import time_interleaved_ms, time_loop_ms
 
 HEADS = ((32, 8), (32, 32), (32, 1))
@@ -147,13 +148,8 @@ def summarize(rows: list[dict]) -> None:
 
 
 def plot(rows: list[dict], path: str) -> None:
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        print("# matplotlib not installed: no plot (pip install '.[examples]')", file=sys.stderr)
+    plt = pyplot()
+    if plt is None:
         return
     groups = sorted({(r["dtype"], r["head_dim"], r["heads_q"], r["heads_k"]) for r in rows})
     fig, axes = plt.subplots(1, len(groups), figsize=(6 * len(groups), 4), squeeze=False)
