@@ -38,7 +38,7 @@ static ffi::Error attention_cpu_impl(ffi::ThreadPool thread_pool, ffi::AnyBuffer
                                      ffi::AnyBuffer v, ffi::AnyBuffer q_lengths, ffi::AnyBuffer kv_lengths,
                                      ffi::AnyBuffer page_table, ffi::Result<ffi::AnyBuffer> o,
                                      ffi::Result<ffi::AnyBuffer> lse, AttentionAttrs attrs) {
-  if (auto err = check_buffers(q, k, v, q_lengths, kv_lengths, page_table, *o, *lse, attrs)) {
+  if (auto err = check_buffers(q, k, v, q_lengths, kv_lengths, &page_table, *o, *lse, attrs)) {
     return std::move(*err);
   }
   CpuElement element;
@@ -61,7 +61,7 @@ static ffi::Error attention_cpu_impl(ffi::ThreadPool thread_pool, ffi::AnyBuffer
                       "jax_flash's CPU attention needs OpenBLAS from the scipy-openblas32 package, and it is not "
                       "loaded (importing jax_flash loads it; install it with `pip install scipy-openblas32`)");
   }
-  const AttentionParams params = params_from_buffers(q, k, v, q_lengths, kv_lengths, page_table, *o, *lse, attrs);
+  const AttentionParams params = params_from_buffers(q, k, v, q_lengths, kv_lengths, &page_table, *o, *lse, attrs);
   if (params.page_table != nullptr) {
     if (auto err = check_page_table(params)) return std::move(*err);
   }

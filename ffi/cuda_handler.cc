@@ -110,7 +110,7 @@ ffi::Error attention_cuda_impl(cudaStream_t stream, ffi::ScratchAllocator scratc
                                ffi::AnyBuffer k, ffi::AnyBuffer v, ffi::AnyBuffer q_lengths,
                                ffi::AnyBuffer kv_lengths, ffi::AnyBuffer page_table, ffi::Result<ffi::AnyBuffer> o,
                                ffi::Result<ffi::AnyBuffer> lse, AttentionAttrs attrs) {
-  if (auto err = check_buffers(q, k, v, q_lengths, kv_lengths, page_table, *o, *lse, attrs)) {
+  if (auto err = check_buffers(q, k, v, q_lengths, kv_lengths, &page_table, *o, *lse, attrs)) {
     return std::move(*err);
   }
   int dtype;
@@ -158,7 +158,7 @@ ffi::Error attention_cuda_impl(cudaStream_t stream, ffi::ScratchAllocator scratc
                           std::to_string(limits.max_smem_optin) + ". Choose a config with smaller blocks.");
   }
   // Every block writes all its rows (zeros and lse = -inf for rows that see no key), also when Sk = 0.
-  AttentionParams params = params_from_buffers(q, k, v, q_lengths, kv_lengths, page_table, *o, *lse, attrs);
+  AttentionParams params = params_from_buffers(q, k, v, q_lengths, kv_lengths, &page_table, *o, *lse, attrs);
   if (ffi::Error err = plan_splits(params, *entry, limits, attrs.num_splits, scratch); err.failure()) return err;
   if (key.family == 90) {  // the dynamic tile scheduler's counter: XLA scratch memory, ordered on this stream
     std::optional<void*> counter = scratch.Allocate(sizeof(unsigned long long), kScratchAlignment);

@@ -1,4 +1,5 @@
-// The FFI handler symbols the nanobind module hands to jax (one target name, one handler per platform).
+// The FFI handler symbols the nanobind module hands to jax: the forward ("jax_flash_attention", CPU and CUDA)
+// and the backward ("jax_flash_attention_bwd", CPU).
 #pragma once
 
 #include "xla/ffi/api/ffi.h"
@@ -6,6 +7,7 @@
 namespace jax_flash {
 
 XLA_FFI_DECLARE_HANDLER_SYMBOL(AttentionCpu);
+XLA_FFI_DECLARE_HANDLER_SYMBOL(AttentionBackwardCpu);
 #ifdef JAX_FLASH_WITH_CUDA
 XLA_FFI_DECLARE_HANDLER_SYMBOL(AttentionCuda);
 #endif

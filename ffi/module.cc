@@ -19,12 +19,16 @@ NB_MODULE(_jax_flash, m) {
   // kernels OpenBLAS chose for this processor. RuntimeError when it cannot be loaded.
   m.def("load_openblas", &jax_flash::cpu::load_openblas, nb::arg("path"));
 
+  // {target name: {platform: handler capsule}}: the forward on CPU and CUDA, the backward on CPU.
   m.def("registrations", []() {
-    nb::dict targets;
-    targets["cpu"] = nb::capsule(reinterpret_cast<void*>(jax_flash::AttentionCpu));
+    nb::dict forward, backward, targets;
+    forward["cpu"] = nb::capsule(reinterpret_cast<void*>(jax_flash::AttentionCpu));
 #ifdef JAX_FLASH_WITH_CUDA
-    targets["CUDA"] = nb::capsule(reinterpret_cast<void*>(jax_flash::AttentionCuda));
+    forward["CUDA"] = nb::capsule(reinterpret_cast<void*>(jax_flash::AttentionCuda));
 #endif
+    backward["cpu"] = nb::capsule(reinterpret_cast<void*>(jax_flash::AttentionBackwardCpu));
+    targets["jax_flash_attention"] = forward;
+    targets["jax_flash_attention_bwd"] = backward;
     return targets;
   });
 

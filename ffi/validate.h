@@ -31,7 +31,7 @@ inline ffi::Error invalid(const std::string& message) {
 // float32 (B, Hq, Sq); finite scale, softcap >= 0, windows >= -1; pack_gqa 0 or 1, num_splits in [0, 128].
 inline std::optional<ffi::Error> check_buffers(const ffi::AnyBuffer& q, const ffi::AnyBuffer& k,
                                                const ffi::AnyBuffer& v, const ffi::AnyBuffer& q_lengths,
-                                               const ffi::AnyBuffer& kv_lengths, const ffi::AnyBuffer& page_table,
+                                               const ffi::AnyBuffer& kv_lengths, const ffi::AnyBuffer* page_table,
                                                const ffi::AnyBuffer& o, const ffi::AnyBuffer& lse,
                                                const AttentionAttrs& attrs) {
   const float scale = attrs.softmax_scale;
@@ -58,9 +58,10 @@ inline std::optional<ffi::Error> check_buffers(const ffi::AnyBuffer& q, const ff
   for (int64_t n : {qd[0], qd[1], qd[2], qd[3], kd[0], kd[1], kd[2]}) {
     if (n > INT32_MAX) return invalid("a dimension above 2^31-1 is not supported: q " + dims_string(qd));
   }
-  const auto pd = page_table.dimensions();
+  if (attrs.paged && page_table == nullptr) return invalid("paged K/V have no backward pass");
   if (attrs.paged) {
-    if (page_table.element_type() != ffi::DataType::S32 || pd.size() != 2 || pd[0] != qd[0]) {
+    const auto pd = page_table->dimensions();
+    if (page_table->element_type() != ffi::DataType::S32 || pd.size() != 2 || pd[0] != qd[0]) {
       return invalid("page_table must be int32 of shape (batch, pages_per_seq) with batch = " +
                      std::to_string(qd[0]) + "; got " + dims_string(pd));
     }
@@ -102,11 +103,34 @@ inline std::optional<ffi::Error> check_buffers(const ffi::AnyBuffer& q, const ff
   return std::nullopt;
 }
 
+// The backward's buffers beyond the forward's (checked by check_buffers with out as o): d_out and dq like q,
+// d_lse float32 like lse, dk and dv like k; no paged K/V.
+inline std::optional<ffi::Error> check_backward_buffers(const ffi::AnyBuffer& q, const ffi::AnyBuffer& k,
+                                                        const ffi::AnyBuffer& d_out, const ffi::AnyBuffer& d_lse,
+                                                        const ffi::AnyBuffer& lse, const ffi::AnyBuffer& dq,
+                                                        const ffi::AnyBuffer& dk, const ffi::AnyBuffer& dv) {
+  auto same = [](const ffi::AnyBuffer& a, const ffi::AnyBuffer& b) {
+    if (a.element_type() != b.element_type() || a.dimensions().size() != b.dimensions().size()) return false;
+    for (size_t i = 0; i < a.dimensions().size(); ++i) {
+      if (a.dimensions()[i] != b.dimensions()[i]) return false;
+    }
+    return true;
+  };
+  if (!same(d_out, q) || !same(dq, q)) {
+    return invalid("d_out and dq must match q " + dims_string(q.dimensions()) + "; got " +
+                   dims_string(d_out.dimensions()) + " and " + dims_string(dq.dimensions()));
+  }
+  if (!same(dk, k) || !same(dv, k)) return invalid("dk and dv must match k " + dims_string(k.dimensions()));
+  if (!same(d_lse, lse)) return invalid("d_lse must match lse " + dims_string(lse.dimensions()));
+  return std::nullopt;
+}
+
 // The params of valid buffers; num_splits and pack_gqa as the attributes give them (the handlers resolve 0 / 1).
 inline AttentionParams params_from_buffers(const ffi::AnyBuffer& q, const ffi::AnyBuffer& k,
                                            const ffi::AnyBuffer& v, const ffi::AnyBuffer& q_lengths,
-                                           const ffi::AnyBuffer& kv_lengths, const ffi::AnyBuffer& page_table,
-                                           ffi::AnyBuffer& o, ffi::AnyBuffer& lse, const AttentionAttrs& attrs) {
+                                           const ffi::AnyBuffer& kv_lengths, const ffi::AnyBuffer* page_table,
+                                           const ffi::AnyBuffer& o, const ffi::AnyBuffer& lse,
+                                           const AttentionAttrs& attrs) {
   const auto qd = q.dimensions(), kd = k.dimensions();
   AttentionParams p = make_contiguous_params(
       q.untyped_data(), k.untyped_data(), v.untyped_data(), o.untyped_data(), static_cast<int>(qd[0]),
@@ -116,8 +140,8 @@ inline AttentionParams params_from_buffers(const ffi::AnyBuffer& q, const ffi::A
                attrs.has_q_lengths ? static_cast<const int*>(q_lengths.untyped_data()) : nullptr,
                attrs.has_kv_lengths ? static_cast<const int*>(kv_lengths.untyped_data()) : nullptr,
                attrs.return_lse ? static_cast<float*>(lse.untyped_data()) : nullptr);
-  if (attrs.paged) {  // k (num_pages, page_size, Hk, D): its "batch stride" is one page
-    set_pages(p, static_cast<const int*>(page_table.untyped_data()), static_cast<int>(page_table.dimensions()[1]),
+  if (attrs.paged && page_table != nullptr) {  // k (num_pages, page_size, Hk, D): its "batch stride" is one page
+    set_pages(p, static_cast<const int*>(page_table->untyped_data()), static_cast<int>(page_table->dimensions()[1]),
               static_cast<int>(kd[1]), static_cast<int>(kd[0]));
   }
   p.pack_gqa = attrs.pack_gqa == 1 ? p.q_heads_per_kv_head : 1;

@@ -1,7 +1,8 @@
-"""jax_flash: FlashAttention forward kernels (CUDA C++ and a native CPU path) as XLA FFI custom calls."""
+"""jax_flash: FlashAttention kernels (CUDA C++ and a native CPU path) as XLA FFI custom calls."""
 
 from jax_flash.native import CompiledKernel, supported_configs
 from jax_flash.attention import attention
+from jax_flash import _autodiff  # noqa: F401  (registers attention's differentiation rules)
 from jax_flash.autotune import autotune
 from jax_flash.config import KernelConfig
 from jax_flash.reference import attention_reference

@@ -1,6 +1,6 @@
-"""The JAX plumbing of attention: a primitive with abstract evaluation, a batching rule that folds vmapped axes into
-the batch and a clear error under differentiation; it lowers through custom_partitioning (jax_flash/_sharding.py)
-to a per-device primitive whose cpu and cuda lowerings emit the FFI custom call.
+"""The JAX plumbing of attention: a primitive with abstract evaluation and a batching rule that folds vmapped axes into
+the batch; it lowers through custom_partitioning (jax_flash/_sharding.py) to a per-device primitive whose cpu and
+cuda lowerings emit the FFI custom call. Its differentiation rules live in jax_flash/_autodiff.py.
 """
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from jax.extend.core import Primitive
-from jax.interpreters import ad, batching, mlir
+from jax.interpreters import batching, mlir
 
 from jax._src import dispatch as _dispatch  # no public spelling of prim_requires_devices_during_lowering
 
@@ -180,54 +180,3 @@ def _batch_rule(args, dims, **params):
 
 
 batching.primitive_batchers[attention_p] = _batch_rule
-
-
-# ---- differentiation: forward-only ---------------------------------------------------------------------------------
-# The JVP rule runs the forward and gives the output tangent as attention_tangent_p, a linear primitive in the input
-# tangents that nothing can evaluate or transpose: jax.grad and jax.jvp of a result that depends on attention's output
-# fail with a clear error, while one whose cotangent never reaches it (stop_gradient) needs neither and works.
-attention_tangent_p = Primitive("jax_flash_attention_tangent")
-attention_tangent_p.multiple_results = True
-_FORWARD_ONLY = ("jax_flash.attention is forward-only: it has no gradient (no backward pass). Use it for inference, "
-                 "apply jax.lax.stop_gradient to its output, or differentiate through jax.nn.dot_product_attention "
-                 "instead.")
-
-
-def _tangent_abstract_eval(q_dot, k_dot, v_dot, *, out_aval, lse_aval):
-    del q_dot, k_dot, v_dot
-    return out_aval, lse_aval
-
-
-def _no_tangent(*args, **params):
-    raise NotImplementedError(_FORWARD_ONLY)
-
-
-def _tangent_batch_rule(args, dims, *, out_aval, lse_aval):
-    size = next(x.shape[d] for x, d in zip(args, dims) if d is not None)
-    moved = [jnp.broadcast_to(x, (size, *x.shape)) if d is None else jnp.moveaxis(x, d, 0) for x, d in zip(args, dims)]
-    batched = [ShapedArray((size, *a.shape), a.dtype) for a in (out_aval, lse_aval)]
-    return attention_tangent_p.bind(*moved, out_aval=batched[0], lse_aval=batched[1]), (0, 0)
-
-
-attention_tangent_p.def_abstract_eval(_tangent_abstract_eval)
-batching.primitive_batchers[attention_tangent_p] = _tangent_batch_rule
-attention_tangent_p.def_impl(_no_tangent)
-mlir.register_lowering(attention_tangent_p, _no_tangent)
-def _tangent_transpose(cts, q_dot, k_dot, v_dot, **params):
-    if all(type(ct) is ad.Zero for ct in cts):  # the output's cotangent never reaches attention: no gradient
-        return [None, None, None]
-    raise NotImplementedError(_FORWARD_ONLY)
-
-
-ad.primitive_transposes[attention_tangent_p] = _tangent_transpose
-
-
-def _jvp(primals, tangents, **params):
-    out, lse = attention_p.bind(*primals, **params)
-    q_dot, k_dot, v_dot = (ad.instantiate_zeros(t) for t in tangents[:3])
-    out_dot, lse_dot = attention_tangent_p.bind(q_dot, k_dot, v_dot, out_aval=ShapedArray(out.shape, out.dtype),
-                                                lse_aval=ShapedArray(lse.shape, lse.dtype))
-    return (out, lse), (out_dot, lse_dot)
-
-
-ad.primitive_jvps[attention_p] = _jvp

@@ -65,6 +65,50 @@ def make_partitioned(local_attention):
     return partitioned_attention
 
 
+def make_partitioned_backward(local_backward):
+    """custom_partitioning around `local_backward(q, k, v, out, lse, d_out, d_lse, q_lengths, kv_lengths, params)`
+    -> (dq, dk, dv): split like the forward (batch, and heads where the kv heads split with the query heads); MQA's
+    one kv head is not split, so its gradient sums over every query head on one device."""
+
+    def partitioned_backward(q, k, v, out, lse, d_out, d_lse, q_lengths, kv_lengths, params):
+        return local_backward(q, k, v, out, lse, d_out, d_lse, q_lengths, kv_lengths, params)
+
+    partitioned_backward = custom_partitioning(partitioned_backward, static_argnums=(9,))
+
+    def shardings(mesh, arg_shapes):
+        (q_s, kv_s, _, len_s, _, _), (_, lse_s) = _decide(mesh, arg_shapes[:3] + arg_shapes[7:9] + arg_shapes[7:8],
+                                                          split_shared_kv=False)
+        return (q_s, kv_s, kv_s, q_s, lse_s, q_s, lse_s, len_s, len_s), (q_s, kv_s, kv_s)
+
+    def partition(params, mesh, arg_shapes, result_shape):
+        arg_shardings, out_shardings = shardings(mesh, arg_shapes)
+
+        def lower_fn(*args):
+            return local_backward(*args, params)
+
+        return mesh, lower_fn, out_shardings, arg_shardings
+
+    def infer_sharding_from_operands(params, mesh, arg_shapes, result_shape):
+        return shardings(mesh, arg_shapes)[1]
+
+    def shardy_rule(params, mesh, value_types, result_types):
+        heads_q, heads_k = value_types[0].shape[2], value_types[1].shape[2]
+        if heads_k == heads_q:
+            h = hk = "h"
+            extra = {}
+        elif heads_k <= 1 or heads_q % heads_k:
+            h, hk, extra = "hq", "hk", {}
+        else:
+            h, hk, extra = "(hk g)", "hk", {"g": heads_q // heads_k}
+        q, kv, lse = f"b sq {h} d", f"b sk {hk} d", f"b {h} sq"
+        return f"{q}, {kv}, {kv}, {q}, {lse}, {q}, {lse}, b, b -> {q}, {kv}, {kv}", extra
+
+    partitioned_backward.def_partition(partition=partition,
+                                       infer_sharding_from_operands=infer_sharding_from_operands,
+                                       sharding_rule=shardy_rule)
+    return partitioned_backward
+
+
 def _shardy_rule(params, mesh, value_types, result_types):
     """The Shardy rule: batch `b` everywhere; the query heads are the compound factor (hk g) of the kv heads hk and
     the group g = Hq // Hk, so Shardy propagates a head split to q, k, v, out and lse together. Paged K/V's page
@@ -101,8 +145,10 @@ def _entry(axes: tuple[str, ...]):
     return None if not axes else axes[0] if len(axes) == 1 else axes
 
 
-def _decide(mesh, arg_shapes, paged: bool = False):
-    """The shardings the per-device kernel runs on: (operand shardings, (out, lse) shardings)."""
+def _decide(mesh, arg_shapes, paged: bool = False, split_shared_kv: bool = True):
+    """The shardings the per-device kernel runs on: (operand shardings, (out, lse) shardings). split_shared_kv=False
+    keeps MQA's query heads whole rather than splitting them over one shared kv head (the backward, whose dk and dv
+    would otherwise be partial sums per device)."""
     q, k = arg_shapes[0], arg_shapes[1]
     q_spec, k_spec, v_spec = (_spec(a.sharding, 4) for a in arg_shapes[:3])
     batch, _, heads_q, _ = q.shape
@@ -123,8 +169,10 @@ def _decide(mesh, arg_shapes, paged: bool = False):
         n = _split(mesh, head_axes)
         if heads_q % n == 0 and heads_k % n == 0:
             pass
-        elif heads_q % n == 0 and heads_k == 1:  # MQA: every device reads the one kv head
+        elif heads_q % n == 0 and heads_k == 1 and split_shared_kv:  # MQA: every device reads the one kv head
             shard_kv_heads = False
+        elif heads_q % n == 0 and heads_k == 1:  # MQA backward: the heads stay whole (no partial dk, dv)
+            head_axes = ()
         else:
             _warn_once("heads", f"jax_flash.attention: {heads_q} query heads and {heads_k} kv heads cannot be split "
                                 f"consistently over mesh axes {head_axes} (size {n}; both must divide by it, or "

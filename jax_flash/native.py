@@ -18,10 +18,12 @@ except ImportError as error:  # the source tree shadows the installed package, o
         "`python -m pytest` in the repository root puts the unbuilt source first on sys.path).") from error
 from jax_flash.config import KernelConfig
 
-TARGET_NAME = "jax_flash_attention"
+TARGET_NAME = "jax_flash_attention"          # the forward custom call (CPU and CUDA)
+BACKWARD_TARGET_NAME = "jax_flash_attention_bwd"  # the backward custom call (CPU)
 
-for _platform, _capsule in _jax_flash.registrations().items():
-    jax.ffi.register_ffi_target(TARGET_NAME, _capsule, platform=_platform)
+for _target, _handlers in _jax_flash.registrations().items():
+    for _platform, _capsule in _handlers.items():
+        jax.ffi.register_ffi_target(_target, _capsule, platform=_platform)
 
 
 

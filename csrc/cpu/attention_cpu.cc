@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "common/visibility.h"
+#include "cpu/elements.h"
 #include "cpu/vector_ops.h"
 #include "cpu/work_plan.h"
 
@@ -26,29 +27,7 @@ using cpu::Unit;
 using cpu::WorkPlan;
 constexpr float kNegInf = -std::numeric_limits<float>::infinity();
 
-template <CpuElement E>
-struct Element;
-template <>
-struct Element<CpuElement::kFloat32> {
-  using Storage = float;
-  static constexpr bool kDirect = true;  // the GEMMs read q, k and v in place (leading dimension = seq stride)
-  static void widen(const float* src, float* dst, int64_t n) { cpu::widen_fp32(src, dst, n, 1.0f); }
-  static void narrow(const float* src, float* dst, int64_t n, float s) { cpu::narrow_fp32(src, dst, n, s); }
-};
-template <>
-struct Element<CpuElement::kFloat16> {
-  using Storage = uint16_t;
-  static constexpr bool kDirect = false;
-  static void widen(const uint16_t* src, float* dst, int64_t n) { cpu::widen_fp16(src, dst, n, 1.0f); }
-  static void narrow(const float* src, uint16_t* dst, int64_t n, float s) { cpu::narrow_fp16(src, dst, n, s); }
-};
-template <>
-struct Element<CpuElement::kBFloat16> {
-  using Storage = uint16_t;
-  static constexpr bool kDirect = false;
-  static void widen(const uint16_t* src, float* dst, int64_t n) { cpu::widen_bf16(src, dst, n, 1.0f); }
-  static void narrow(const float* src, uint16_t* dst, int64_t n, float s) { cpu::narrow_bf16(src, dst, n, s); }
-};
+using cpu::Element;
 
 // (m, l, O) of every split of every split unit: slot-major, then split, then rows of block_q.
 struct SplitPartials {

@@ -1,0 +1,204 @@
+"""Differentiation of attention by JAX's own rules, no custom_vjp:
+
+- attention_p's JVP runs the forward (with the lse, which the backward needs) and gives the tangents of (out, lse) as
+  attention_lin_p, a primitive linear in (q_dot, k_dot, v_dot) whose other operands are the saved q, k, v, out, lse;
+- attention_lin_p evaluates in plain jnp (forward mode: jax.jvp; O(Sq Sk) memory) and transposes to
+  attention_bwd_p, the backward custom call ("jax_flash_attention_bwd") returning (dq, dk, dv) in O(S) memory.
+
+With the scaled (soft-capped) scores s, P = exp(s - lse) on visible keys, and ds = d(s) in the tangents:
+  lse_dot = rowsum(P o ds),  out_dot = (P o (ds - lse_dot)) v + P v_dot;
+the transpose, given the cotangents dO and dlse, is the FlashAttention backward (csrc/cpu/attention_bwd_cpu.cc):
+  dV = P^T dO,  dS = P o (dO V^T - D),  D = rowsum(dO o O) - dlse,  dQ = dS' K,  dK = dS'^T Q  (dS' = dS o ds/d(q.k)).
+Lengths and page tables get no gradient. Paged K/V have no backward (a training step reads contiguous K/V).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.extend.core import Primitive
+from jax.interpreters import ad, batching, mlir
+
+from jax_flash import native
+from jax_flash._primitive import _attrs, attention_p
+from jax_flash._sharding import make_partitioned_backward
+from jax_flash.reference import gather_pages, visibility_mask
+from jax_flash.selection import CPU_BASE, CPU_TILES
+
+try:
+    from jax.core import ShapedArray
+except ImportError:  # moved out of the public jax.core in newer releases
+    from jax._src.core import ShapedArray
+
+# Operands: q_dot, k_dot, v_dot (linear), then q, k, v, out, lse, q_lengths, kv_lengths, page_table (attention_p's
+# operands and results); params: attention_p's. Results: out_dot, lse_dot.
+attention_lin_p = Primitive("jax_flash_attention_lin")
+attention_lin_p.multiple_results = True
+# Operands: q, k, v, out, lse, d_out, d_lse, q_lengths, kv_lengths; params: attention_p's. Results: dq, dk, dv.
+attention_bwd_p = Primitive("jax_flash_attention_bwd")
+attention_bwd_p.multiple_results = True
+attention_bwd_local_p = Primitive("jax_flash_attention_bwd_local")
+attention_bwd_local_p.multiple_results = True
+
+_PAGED = ("jax_flash.attention has no gradient for paged K/V (page_table): differentiate a call on contiguous k and v "
+          "instead (gather_pages in jax_flash.reference turns pages into them), or apply jax.lax.stop_gradient")
+
+
+# ---- the JVP of attention_p ----------------------------------------------------------------------------------------
+def _jvp(primals, tangents, **params):
+    fwd_params = dict(params, return_lse=True)  # the backward reads the lse even when the caller does not
+    out, lse = attention_p.bind(*primals, **fwd_params)
+    q_dot, k_dot, v_dot = (ad.instantiate_zeros(t) for t in tangents[:3])
+    out_dot, lse_dot = attention_lin_p.bind(q_dot, k_dot, v_dot, *primals[:3], out, lse, *primals[3:], **params)
+    return (out, lse), (out_dot, lse_dot)
+
+
+ad.primitive_jvps[attention_p] = _jvp
+
+
+# ---- attention_lin_p: forward mode in jnp, transposed to the backward custom call --------------------------------
+def _lin_abstract_eval(q_dot, k_dot, v_dot, q, k, v, out, lse, *rest, **params):
+    return ShapedArray(out.shape, out.dtype), ShapedArray(lse.shape, lse.dtype)
+
+
+def _scores(q, k, params):
+    """(s, ds/d(q.k)) in float32, (B, Hq, Sq, Sk): the scaled and soft-capped scores and their slope."""
+    group = q.shape[2] // k.shape[2] if k.shape[2] else 1
+    qk = jnp.einsum("bqhd,bkhd->bhqk", q.astype(jnp.float32), jnp.repeat(k, group, axis=2).astype(jnp.float32))
+    scale, cap = params["softmax_scale"], params["softcap"]
+    if not cap:
+        return scale * qk, jnp.full((), scale, jnp.float32)
+    t = jnp.tanh(qk * (scale / cap))
+    return cap * t, scale * (1 - t * t)
+
+
+def _lin_impl(q_dot, k_dot, v_dot, q, k, v, out, lse, q_lengths, kv_lengths, page_table, **params):
+    if params["paged"]:
+        k, v, k_dot, v_dot = (gather_pages(x, page_table) for x in (k, v, k_dot, v_dot))
+    batch, seq_q, heads_q, _ = q.shape
+    group = heads_q // k.shape[2] if k.shape[2] else 1
+    window = (params["window_left"], params["window_right"])
+    mask = visibility_mask(batch, seq_q, k.shape[1], causal=params["causal"], window=window,
+                           q_lengths=q_lengths if params["has_q_lengths"] else None,
+                           kv_lengths=kv_lengths if params["has_kv_lengths"] else None)
+    s, slope = _scores(q, k, params)
+    lse_b = lse[..., None]
+    p = jnp.where(mask & jnp.isfinite(lse_b), jnp.exp(s - jnp.where(jnp.isfinite(lse_b), lse_b, 0)), 0.0)
+    f32 = jnp.float32
+    qk_dot = (jnp.einsum("bqhd,bkhd->bhqk", q_dot.astype(f32), jnp.repeat(k, group, axis=2).astype(f32)) +
+              jnp.einsum("bqhd,bkhd->bhqk", q.astype(f32), jnp.repeat(k_dot, group, axis=2).astype(f32)))
+    ds = qk_dot * slope
+    lse_dot = jnp.sum(p * ds, axis=-1)
+    out_dot = (jnp.einsum("bhqk,bkhd->bqhd", p * (ds - lse_dot[..., None]), jnp.repeat(v, group, axis=2).astype(f32)) +
+               jnp.einsum("bhqk,bkhd->bqhd", p, jnp.repeat(v_dot, group, axis=2).astype(f32)))
+    return out_dot.astype(out.dtype), lse_dot.astype(lse.dtype)
+
+
+def _lin_transpose(cts, q_dot, k_dot, v_dot, q, k, v, out, lse, q_lengths, kv_lengths, page_table, **params):
+    ct_out, ct_lse = cts
+    residuals = [None] * 8
+    if type(ct_out) is ad.Zero and type(ct_lse) is ad.Zero:  # no cotangent reaches attention: no gradient
+        return [None, None, None, *residuals]
+    if params["paged"]:
+        raise NotImplementedError(_PAGED)
+    ct_out = jnp.zeros(out.shape, out.dtype) if type(ct_out) is ad.Zero else ct_out.astype(out.dtype)
+    ct_lse = jnp.zeros(lse.shape, lse.dtype) if type(ct_lse) is ad.Zero else ct_lse.astype(lse.dtype)
+    dq, dk, dv = attention_bwd_p.bind(q, k, v, out, lse, ct_out, ct_lse, q_lengths, kv_lengths, **params)
+    grads = [dq if ad.is_undefined_primal(q_dot) else None, dk if ad.is_undefined_primal(k_dot) else None,
+             dv if ad.is_undefined_primal(v_dot) else None]
+    return [*grads, *residuals]
+
+
+def _lin_batch_rule(args, dims, **params):
+    if params["paged"]:
+        raise NotImplementedError("jax.vmap of a forward-mode derivative of paged attention is not supported; "
+                                  + _PAGED)
+    folded, size, batch = _fold(args, dims)
+    out_dot, lse_dot = attention_lin_p.bind(*folded, **params)
+    return (_unfold(out_dot, size, batch), _unfold(lse_dot, size, batch)), (0, 0)
+
+
+attention_lin_p.def_abstract_eval(_lin_abstract_eval)
+attention_lin_p.def_impl(_lin_impl)
+mlir.register_lowering(attention_lin_p, mlir.lower_fun(_lin_impl, multiple_results=True))
+ad.primitive_transposes[attention_lin_p] = _lin_transpose
+batching.primitive_batchers[attention_lin_p] = _lin_batch_rule
+
+
+# ---- attention_bwd_p: the backward custom call -------------------------------------------------------------------
+def _bwd_abstract_eval(q, k, v, out, lse, d_out, d_lse, q_lengths, kv_lengths, **params):
+    return ShapedArray(q.shape, q.dtype), ShapedArray(k.shape, k.dtype), ShapedArray(v.shape, v.dtype)
+
+
+def _lower_bwd_cpu(ctx, *args, cfg, **params):
+    if native.OPENBLAS_CORE is None:
+        raise RuntimeError(f"jax_flash's CPU path needs OpenBLAS from the scipy-openblas32 package (a dependency: "
+                           f"`pip install scipy-openblas32`), and it could not be loaded: {native.OPENBLAS_ERROR}")
+    attrs = _attrs(dataclasses.replace((cfg or CPU_BASE).kernel(), pack_gqa=False), params)
+    if cfg is None:
+        attrs.update({name: np.int64(value) for name, value in CPU_TILES.items()})
+    return jax.ffi.ffi_lowering(native.BACKWARD_TARGET_NAME)(ctx, *args, **attrs)
+
+
+def _lower_bwd_cuda(ctx, *args, cfg, **params):
+    raise NotImplementedError(
+        "jax_flash's backward pass runs on CPU in this version: the GPU backward kernels (both families) are not "
+        "built yet, so jax.grad through jax_flash.attention on a GPU has no kernel. Differentiate on CPU, apply "
+        "jax.lax.stop_gradient to the output, or use jax.nn.dot_product_attention for the GPU training step.")
+
+
+def _bind_bwd_local(*args_and_params):
+    *args, params = args_and_params
+    return tuple(attention_bwd_local_p.bind(*args, **dict(params)))
+
+
+_partitioned_bwd = make_partitioned_backward(_bind_bwd_local)
+
+
+def _lower_bwd_partitioned(ctx, *args, **params):
+    return mlir.lower_fun(lambda *xs: _partitioned_bwd(*xs, tuple(sorted(params.items()))),
+                          multiple_results=True)(ctx, *args)
+
+
+@functools.cache
+def _jitted_bwd(params):
+    return jax.jit(lambda *args: attention_bwd_p.bind(*args, **dict(params)))
+
+
+def _bwd_batch_rule(args, dims, **params):
+    folded, size, batch = _fold(args, dims)
+    grads = attention_bwd_p.bind(*folded, **params)
+    return tuple(_unfold(g, size, batch) for g in grads), (0, 0, 0)
+
+
+attention_bwd_p.def_abstract_eval(_bwd_abstract_eval)
+attention_bwd_local_p.def_abstract_eval(_bwd_abstract_eval)
+attention_bwd_p.def_impl(lambda *args, **params: _jitted_bwd(tuple(sorted(params.items())))(*args))
+mlir.register_lowering(attention_bwd_p, _lower_bwd_partitioned)
+mlir.register_lowering(attention_bwd_local_p, _lower_bwd_cpu, platform="cpu")
+mlir.register_lowering(attention_bwd_local_p, _lower_bwd_cuda, platform="cuda")
+batching.primitive_batchers[attention_bwd_p] = _bwd_batch_rule
+
+from jax._src import dispatch as _dispatch  # noqa: E402  (no public spelling; see jax_flash/_primitive.py)
+
+_dispatch.prim_requires_devices_during_lowering.add(attention_bwd_p)
+
+
+# ---- vmap: every operand's axis 0 is the batch (contiguous K/V) -------------------------------------------------
+def _fold(args, dims):
+    """The operands with the mapped axis folded into their batch axis: (folded, mapped size, batch)."""
+    size = next(x.shape[d] for x, d in zip(args, dims) if d is not None)
+    batch = next((x.shape[0] if d is None else jnp.moveaxis(x, d, 0).shape[1]) for x, d in zip(args, dims))
+    folded = []
+    for x, d in zip(args, dims):
+        x = jnp.broadcast_to(x, (size, *x.shape)) if d is None else jnp.moveaxis(x, d, 0)
+        folded.append(x.reshape((size * x.shape[1], *x.shape[2:])))
+    return folded, size, batch
+
+
+def _unfold(x, size, batch):
+    return x.reshape((size, batch, *x.shape[1:]))
