@@ -1,4 +1,4 @@
-"""API contract: clear errors for bad inputs and configs, the custom call in the HLO, forward-only, the registry."""
+"""API contract: clear errors for bad inputs and configs, the custom call in the HLO, the registry."""
 
 from __future__ import annotations
 
@@ -99,10 +99,13 @@ def test_config_travels_as_ffi_attributes():
     assert "block_q = 64 : i64" in text and "block_kv = 32 : i64" in text and "num_warps = 4 : i64" in text
 
 
-def test_grad_is_a_clear_error():
-    q, k, v = (jax.device_put(x, jax.devices("cpu")[0]) for x in qkv(dtype=jnp.float32))
-    with pytest.raises(NotImplementedError, match="jax_flash.attention is forward-only"):
-        jax.grad(lambda q: jax_flash.attention(q, k, v).sum())(q)
+def test_gpu_grad_is_a_clear_error_until_its_kernels_exist():
+    if not jax_flash.native.BUILT_WITH_CUDA:
+        pytest.skip("CPU-only build: there is no GPU lowering to refuse")
+    q, k, v = qkv(dtype=jnp.bfloat16)
+    traced = jax.jit(jax.grad(lambda q, k, v: jax_flash.attention(q, k, v).astype(jnp.float32).sum())).trace(q, k, v)
+    with pytest.raises(NotImplementedError, match="backward pass runs on CPU in this version"):
+        traced.lower(lowering_platforms=("cuda",))
 
 
 # ---- the CUDA lowering, checked without a GPU by lowering for the cuda platform ---------------------------------

@@ -1,0 +1,169 @@
+"""The backward pass: jax.grad, jax.vjp, jax.jvp and friends through jax_flash.attention against the same
+derivatives of attention_reference, by the tolerance rule of the forward (twice the error of a plain low-precision
+implementation, plus atol). CPU (the GPU backward kernels are not built yet: a GPU call refuses clearly)."""
+
+from __future__ import annotations
+
+import re
+
+import jax
+import jax.numpy as jnp
+import jax.test_util
+import numpy as np
+import pytest
+from jax.sharding import Mesh, NamedSharding, PartitionSpec
+
+import jax_flash
+from conftest import GPU_DEVICES, random_qkv, requires_gpu
+
+CPU = jax.devices("cpu")[0]
+GRAD_ATOL = {jnp.dtype(jnp.float32): 1e-4, jnp.dtype(jnp.float16): 2e-3, jnp.dtype(jnp.bfloat16): 2e-2}
+
+
+def _loss(attention, weights, **kwargs):
+    """A weighted sum of the output (and of the finite lse entries, with lse=True): every gradient path is used."""
+    lse_weight = kwargs.pop("lse_weight", None)
+
+    def loss(q, k, v):
+        if lse_weight is None:
+            return (attention(q, k, v, **kwargs).astype(jnp.float32) * weights).sum()
+        out, lse = attention(q, k, v, return_lse=True, **kwargs)
+        return (out.astype(jnp.float32) * weights).sum() + jnp.where(jnp.isfinite(lse), lse * lse_weight, 0).sum()
+
+    return loss
+
+
+def assert_grads_close(q, k, v, seed=0, lse=False, **kwargs):
+    """jax.grad of a weighted sum through jax_flash.attention against the fp32 reference's, by the tolerance rule."""
+    weights = jax.random.normal(jax.random.PRNGKey(seed), q.shape, jnp.float32)
+    if lse:
+        kwargs["lse_weight"] = jax.random.normal(jax.random.PRNGKey(seed + 1), (q.shape[0], q.shape[2], q.shape[1]))
+    grads = jax.jit(jax.grad(_loss(jax_flash.attention, weights, **dict(kwargs)), argnums=(0, 1, 2)))(q, k, v)
+    f32 = [x.astype(jnp.float32) for x in (q, k, v)]
+    ref = jax.grad(_loss(jax_flash.attention_reference, weights, **dict(kwargs)), argnums=(0, 1, 2))(*f32)
+    lowp = jax.grad(_loss(lambda *a, **kw: jax_flash.attention_reference(*a, compute_dtype=q.dtype, **kw), weights,
+                          **dict(kwargs)), argnums=(0, 1, 2))(q, k, v)
+    for name, g, r, l, x in zip("qkv", grads, ref, lowp, (q, k, v)):
+        assert g.shape == x.shape and g.dtype == x.dtype, name
+        g, r, l = (np.asarray(a.astype(jnp.float32)) for a in (g, r, l))
+        assert np.isfinite(g).all(), f"d{name} has non-finite values"
+        err = np.abs(g - r).max(initial=0.0)
+        bound = 2 * np.abs(l - r).max(initial=0.0) + GRAD_ATOL[jnp.dtype(q.dtype)] * max(1.0, np.abs(r).max(initial=0))
+        assert err <= bound, f"d{name}: max error {err:.3g} exceeds 2 x low-precision error + atol = {bound:.3g}"
+
+
+FEATURES = {
+    "plain": {},
+    "causal": dict(causal=True),
+    "window": dict(causal=True, window=(37, -1)),
+    "softcap": dict(softcap=7.0, softmax_scale=0.3),
+    "lengths": dict(causal=True, q_lengths=np.array([50, 17], np.int32), kv_lengths=np.array([90, 33], np.int32)),
+    "lse": dict(causal=True, lse=True),
+}
+
+
+@pytest.mark.parametrize("feature", FEATURES)
+@pytest.mark.parametrize("heads_q,heads_k", [(4, 4), (4, 2), (4, 1)])
+@pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16], ids=lambda d: jnp.dtype(d).name)
+def test_grad_matches_reference(feature, heads_q, heads_k, dtype):
+    kwargs = {n: jnp.asarray(x) if isinstance(x, np.ndarray) else x for n, x in FEATURES[feature].items()}
+    q, k, v = random_qkv(heads_k, 2, 50, 90, heads_q, heads_k, 64, dtype, CPU)
+    assert_grads_close(q, k, v, **kwargs)
+
+
+@pytest.mark.parametrize("head_dim,dtype", [(128, jnp.float16), (256, jnp.bfloat16), (48, jnp.float32)],
+                         ids=["d128-fp16", "d256-bf16", "d48-fp32"])
+def test_grad_head_dims_and_dtypes(head_dim, dtype):
+    q, k, v = random_qkv(head_dim, 1, 33, 70, 2, 1, head_dim, dtype, CPU)
+    assert_grads_close(q, k, v, causal=True)
+
+
+@pytest.mark.parametrize("seq_q,seq_k", [(1, 1), (1, 300), (300, 1), (129, 257), (0, 5), (5, 0)])
+def test_grad_odd_and_empty_lengths(seq_q, seq_k):
+    q, k, v = random_qkv(seq_q + seq_k, 2, seq_q, seq_k, 2, 2, 32, jnp.float32, CPU)
+    assert_grads_close(q, k, v, causal=True)
+
+
+def test_rows_that_see_no_key_have_zero_gradients():
+    """Causal Sq > Sk leaves the first rows with no key; kv_lengths 0 hides every key: zeros, never NaN."""
+    q, k, v = random_qkv(3, 2, 40, 16, 2, 1, 32, jnp.float32, CPU)
+    lengths = jnp.array([0, 16], jnp.int32)
+    dq, dk, dv = jax.grad(lambda q, k, v: jax_flash.attention(q, k, v, causal=True, kv_lengths=lengths).sum(),
+                          argnums=(0, 1, 2))(q, k, v)
+    assert np.isfinite(np.asarray(dq)).all() and np.isfinite(np.asarray(dk)).all()
+    assert (np.asarray(dq)[0] == 0).all() and (np.asarray(dk)[0] == 0).all() and (np.asarray(dv)[0] == 0).all()
+    assert (np.asarray(dq)[1, :24] == 0).all()  # rows 0..23 see no key (bottom-right: row i sees keys <= i - 24)
+
+
+def test_check_grads_fp32():
+    """jax.test_util.check_grads: forward and reverse mode against finite differences, first and second order
+    forward (jvp of the jnp linearisation)."""
+    q, k, v = random_qkv(1, 1, 7, 9, 2, 1, 8, jnp.float32, CPU)
+    f = lambda q, k, v: jax_flash.attention(q, k, v, causal=True, softcap=3.0)  # noqa: E731
+    jax.test_util.check_grads(f, (q, k, v), order=1, modes=("fwd", "rev"), atol=2e-2, rtol=2e-2, eps=1e-2)
+
+
+def test_vjp_value_and_grad_checkpoint_and_vmap_agree():
+    q, k, v = random_qkv(4, 2, 20, 30, 4, 2, 32, jnp.float32, CPU)
+    loss = lambda q, k, v: (jax_flash.attention(q, k, v, causal=True) ** 2).sum()  # noqa: E731
+    grads = jax.grad(loss, argnums=(0, 1, 2))(q, k, v)
+    value, again = jax.value_and_grad(loss, argnums=(0, 1, 2))(q, k, v)
+    assert np.isclose(float(value), float(loss(q, k, v)))
+    remat = jax.grad(jax.checkpoint(loss), argnums=(0, 1, 2))(q, k, v)
+    out, vjp = jax.vjp(lambda q, k, v: jax_flash.attention(q, k, v, causal=True), q, k, v)
+    via_vjp = vjp(2 * out)
+    for a, b, c, d in zip(grads, again, remat, via_vjp):
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(c))
+        np.testing.assert_allclose(np.asarray(a), np.asarray(d), atol=1e-5)
+    batched = jax.vmap(jax.grad(loss), in_axes=(0, None, None))(jnp.stack([q, 2 * q]), k, v)
+    np.testing.assert_allclose(np.asarray(batched[0]), np.asarray(grads[0]), atol=1e-5)
+    np.testing.assert_allclose(np.asarray(batched[1]), np.asarray(jax.grad(loss)(2 * q, k, v)), atol=1e-5)
+
+
+def test_backward_is_bitwise_deterministic():
+    q, k, v = random_qkv(5, 1, 300, 700, 8, 1, 64, jnp.bfloat16, CPU)  # few items: the keys are split and merged
+    grad = jax.jit(jax.grad(lambda q, k, v: jax_flash.attention(q, k, v).astype(jnp.float32).sum(),
+                            argnums=(0, 1, 2)))
+    first = [np.asarray(x) for x in grad(q, k, v)]
+    for _ in range(3):
+        for a, b in zip(first, grad(q, k, v)):
+            np.testing.assert_array_equal(a, np.asarray(b))
+
+
+def test_hlo_has_the_backward_custom_call_and_no_score_matrix():
+    q, k, v = random_qkv(6, 2, 384, 512, 4, 2, 64, jnp.float32, CPU)
+    text = jax.jit(jax.grad(lambda q, k, v: jax_flash.attention(q, k, v, causal=True).sum(), argnums=(0, 1, 2))
+                   ).lower(q, k, v).compile().as_text()
+    assert "jax_flash_attention_bwd" in text and "jax_flash_attention" in text
+    assert not re.search(r"\[2,4,384,512\]|\[8,384,512\]", text), "a (Sq, Sk) buffer in the gradient's HLO"
+
+
+def test_grad_under_sharding_equals_one_device():
+    devices = jax.devices("cpu")
+    if len(devices) < 4:
+        pytest.skip("needs 4 virtual CPU devices (tests/conftest.py sets them)")
+    q, k, v = random_qkv(7, 4, 24, 40, 4, 2, 32, jnp.float32, CPU)
+    loss = lambda q, k, v: (jax_flash.attention(q, k, v, causal=True) ** 2).sum()  # noqa: E731
+    expected = jax.jit(jax.grad(loss, argnums=(0, 1, 2)))(q, k, v)
+    mesh = Mesh(np.array(devices[:4]).reshape(2, 2), ("b", "h"))
+    for spec in (PartitionSpec("b", None, "h", None), PartitionSpec("b", None, None, None)):
+        placed = [jax.device_put(x, NamedSharding(mesh, spec)) for x in (q, k, v)]
+        got = jax.jit(jax.grad(loss, argnums=(0, 1, 2)))(*placed)
+        for a, b in zip(got, expected):
+            np.testing.assert_allclose(np.asarray(a), np.asarray(b), atol=1e-5)
+
+
+def test_paged_gradient_is_a_clear_error():
+    q, k, v = random_qkv(8, 1, 1, 32, 2, 1, 32, jnp.float32, CPU)
+    pages = k.reshape(2, 16, 1, 32)
+    table = jnp.array([[0, 1]], jnp.int32)
+    with pytest.raises(NotImplementedError, match="no gradient for paged K/V"):
+        jax.grad(lambda q: jax_flash.attention(q, pages, pages, page_table=table).sum())(q)
+
+
+@requires_gpu
+def test_gpu_grad_refuses_clearly():
+    q, k, v = random_qkv(9, 1, 16, 16, 2, 2, 64, jnp.bfloat16, GPU_DEVICES[0])
+    with pytest.raises(NotImplementedError, match="backward pass runs on CPU in this version"):
+        jax.grad(lambda q: jax_flash.attention(q, k, v).astype(jnp.float32).sum())(q)
