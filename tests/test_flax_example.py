@@ -58,3 +58,19 @@ def test_decode_example_greedy_tokens_match_flax_default():
             assert (result["jax_flash"]["tokens"] == result["flax"]["tokens"]).all(), page_size
             assert result["jax_flash"]["tokens"].shape == (2, 20)
     assert calls and any(calls) and not all(calls)  # both layouts ran through jax_flash.attention
+
+
+TRAIN_EXAMPLE = EXAMPLE.parent / "05_train.py"
+
+
+def test_train_example_loss_curve_matches_flax_default():
+    """examples/05_train.py: the decoder trains (the loss falls) and its loss curve with jax_flash equals the one with
+    Flax's default attention from the same initial parameters."""
+    spec = importlib.util.spec_from_file_location("train_example", TRAIN_EXAMPLE)
+    example = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(example)
+    with jax.default_device(jax.devices("cpu")[0]):
+        flash = example.train("jax_flash", small=True, steps=200)
+        default = example.train("flax", small=True, steps=200)
+    assert flash["losses"][-1] < 0.1 * flash["losses"][0], flash["losses"][[0, -1]]
+    assert abs(flash["losses"] - default["losses"]).max() < 1e-3
