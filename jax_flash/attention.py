@@ -56,7 +56,8 @@ def attention(q, k, v, cfg: KernelConfig | None = None, *, causal: bool = False,
 
     Returns:
       out (batch, seq_q, heads_q, head_dim) in q's dtype, or (out, lse) with return_lse. A row that sees no key
-      gives zeros and lse -inf. Works eagerly and under jax.jit/vmap; forward-only.
+      gives zeros and lse -inf. Works eagerly and under jax.jit/vmap; differentiable (jax.grad, jax.jvp; the backward
+      runs on CPU in this version, jax_flash/_autodiff.py).
     """
     q, k, v = (_as_array(x, name) for x, name in ((q, "q"), (k, "k"), (v, "v")))
     for name, x in (("q", q), ("k", k), ("v", v)):

@@ -101,6 +101,34 @@ def _device_name(device) -> str:
     return device.device_kind
 
 
+# FLOPs of each pass in units of the forward's: the backward recomputes S and does four more products (dV, dP, dQ,
+# dK) against the forward's two: 2.5x (FlashAttention's convention); forward + backward 3.5x.
+_PASS_FLOPS = {"forward": 1.0, "backward": 2.5, "both": 3.5}
+
+
+def _with_backward(fn):
+    """fn's forward and backward as one q-shaped call: the gradient in q of sum(fn(q, k, v) * q), which runs the
+    forward and the backward of everything fn computes (its dk and dv too: q, k and v are all differentiated)."""
+
+    def step(q, k, v):
+        def loss(q, k, v):
+            return (fn(q, k, v).astype(jnp.float32) * jax.lax.stop_gradient(q).astype(jnp.float32)).sum()
+
+        dq, dk, dv = jax.grad(loss, argnums=(0, 1, 2))(q, k, v)
+        # (dk and dv folded in so that XLA keeps their computation; scaled to leave q's magnitude)
+        return (dq + 1e-3 * (dk.mean() + dv.mean())).astype(q.dtype)
+
+    return step
+
+
+def _pass_ms(pass_: str, forward_ms: float | None, both_ms: float | None) -> float | None:
+    if pass_ == "forward":
+        return forward_ms
+    if pass_ == "both":
+        return both_ms
+    return None if forward_ms is None or both_ms is None else both_ms - forward_ms
+
+
 def run(args) -> list[dict]:
     platform = jax.default_backend()
     device = jax.devices()[0]
@@ -113,7 +141,7 @@ def run(args) -> list[dict]:
         kq, kk, kv = jax.random.split(jax.random.PRNGKey(index), 3)
         q, k, v = (jax.random.normal(key, (batch, seq, heads, head_dim), jnp.float32).astype(dtype)
                    for key in (kq, kk, kv))
-        flops = 4.0 * batch * heads * seq * seq * head_dim / (2 if causal else 1)
+        flops = 4.0 * batch * heads * seq * seq * head_dim / (2 if causal else 1)  # the forward's
         print(f"[{index}/{len(cases)}] {dtype_name} D={head_dim} S={seq} B={batch} H={heads} causal={causal}",
               file=sys.stderr, flush=True)
         results = {}
@@ -121,22 +149,29 @@ def run(args) -> list[dict]:
                                                               args.family).items()
                  # (XLA materialises (S, S) scores: too slow and too large at long sequences)
                  if not (name == "xla" and seq > args.xla_max_seq)}
+        timed = {}
+        if args.pass_ in ("forward", "backward"):
+            timed.update(impls)
+        if args.pass_ in ("both", "backward"):
+            timed.update({f"{name}+bwd": _with_backward(fn) for name, fn in impls.items()})
         timing_args = dict(iters=args.iters, reps=args.reps, loop=args.loop, min_rep_ms=args.min_rep_ms)
         if args.order == "interleaved":
-            times, failures = time_interleaved_ms(impls, q, k, v, **timing_args)
+            times, failures = time_interleaved_ms(timed, q, k, v, **timing_args)
         else:
             times, failures = {}, {}
-            for name, fn in impls.items():
+            for name, fn in timed.items():
                 try:
                     times[name] = time_loop_ms(fn, q, k, v, **timing_args)
                 except Exception as error:
                     failures[name] = error
         for name in impls:
-            if name in times:
-                results[name] = {"ms": times[name], "tflops": flops / times[name] / 1e9}
-            elif name in failures:
-                error = failures[name]
-                print(f"#   {name} failed: {type(error).__name__}: {str(error)[:200]}", file=sys.stderr)
+            ms = _pass_ms(args.pass_, times.get(name), times.get(f"{name}+bwd"))
+            if ms is not None:
+                results[name] = {"ms": ms, "tflops": _PASS_FLOPS[args.pass_] * flops / ms / 1e9}
+            for failed in (name, f"{name}+bwd"):
+                if failed in failures:
+                    error = failures[failed]
+                    print(f"#   {failed} failed: {type(error).__name__}: {str(error)[:200]}", file=sys.stderr)
         rows.append({"dtype": dtype_name, "head_dim": head_dim, "seq": seq, "batch": batch, "heads": heads,
                      "causal": causal, "device": _device_name(device), "results": results})
     return rows
@@ -223,6 +258,9 @@ def main(argv=None) -> int:
     parser.add_argument("--hidden", type=int, default=2048 if on_gpu else 256)
     parser.add_argument("--configs", choices=["default", "progression", "compiled"], default="default")
     parser.add_argument("--causal", choices=["off", "on", "both"], default="off" if on_gpu else "both")
+    parser.add_argument("--pass", dest="pass_", choices=["forward", "backward", "both"], default="forward",
+                        help="time the forward, the backward (forward + backward minus forward, 2.5x the forward's "
+                             "FLOPs) or both (3.5x)")
     parser.add_argument("--family", choices=["all", "sm80", "sm90"], default="all",
                         help="with --configs compiled: time only this family's configs")
     parser.add_argument("--iters", type=int, default=10 if on_gpu else 2)
@@ -247,6 +285,7 @@ def main(argv=None) -> int:
         with open(args.json, "w") as f:
             json.dump({"date": str(datetime.date.today()), "jax": jax.__version__, "platform": jax.default_backend(),
                        "device": _device_name(jax.devices()[0]), "matmul_gflops": matmul,
+                       "pass": args.pass_,
                        "timing": {"iters": args.iters, "reps": args.reps, "loop": args.loop,
                                   "min_rep_ms": args.min_rep_ms, "order": args.order},
                        "rows": rows}, f, indent=1)
