@@ -1,6 +1,6 @@
 """Property-based tests (hypothesis) over shapes and flags: jax_flash.attention equals the reference by the tolerance
 rule on every drawn case; on CPU also edge cases drawn together (head dims 0-300, zero sizes, windows, lengths,
-softcap, any scale, a NaN in q, k or v). Profiles: "ci" (default: 40 fixed-seed examples per test), "gpu" (150) and
+softcap, any scale, a NaN in q, k or v). Profiles: "ci" (default: 25 fixed-seed examples per test), "gpu" (150) and
 "large" (1000), chosen with JAX_FLASH_HYPOTHESIS_PROFILE."""
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 import jax_flash
 from conftest import GPU_DEVICES, assert_flash_close, random_qkv
 
-settings.register_profile("ci", max_examples=40, derandomize=True, deadline=None,
+settings.register_profile("ci", max_examples=25, derandomize=True, deadline=None,
                           suppress_health_check=[HealthCheck.too_slow])
 settings.register_profile("gpu", max_examples=150, derandomize=False, deadline=None,
                           suppress_health_check=[HealthCheck.too_slow])
