@@ -23,6 +23,8 @@ import numpy as np
 from jax.extend.core import Primitive
 from jax.interpreters import ad, batching, mlir
 
+from jax._src import dispatch as _dispatch  # no public spelling of prim_requires_devices_during_lowering
+
 from jax_flash import native
 from jax_flash._primitive import _attrs, attention_p
 from jax_flash._sharding import make_partitioned_backward
@@ -182,9 +184,7 @@ mlir.register_lowering(attention_bwd_p, _lower_bwd_partitioned)
 mlir.register_lowering(attention_bwd_local_p, _lower_bwd_cpu, platform="cpu")
 mlir.register_lowering(attention_bwd_local_p, _lower_bwd_cuda, platform="cuda")
 batching.primitive_batchers[attention_bwd_p] = _bwd_batch_rule
-
-from jax._src import dispatch as _dispatch  # noqa: E402  (no public spelling; see jax_flash/_primitive.py)
-
+# (custom_partitioning needs the device assignment while lowering: jax_flash/_primitive.py says why)
 _dispatch.prim_requires_devices_during_lowering.add(attention_bwd_p)
 
 

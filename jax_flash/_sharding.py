@@ -76,6 +76,7 @@ def make_partitioned_backward(local_backward):
     partitioned_backward = custom_partitioning(partitioned_backward, static_argnums=(9,))
 
     def shardings(mesh, arg_shapes):
+        # (the forward's decision on q, k, v and the lengths; its sixth operand, the page table, has no part here)
         (q_s, kv_s, _, len_s, _, _), (_, lse_s) = _decide(mesh, arg_shapes[:3] + arg_shapes[7:9] + arg_shapes[7:8],
                                                           split_shared_kv=False)
         return (q_s, kv_s, kv_s, q_s, lse_s, q_s, lse_s, len_s, len_s), (q_s, kv_s, kv_s)
