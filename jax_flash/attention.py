@@ -129,8 +129,8 @@ def attention(q, k, v, cfg: KernelConfig | None = None, *, causal: bool = False,
 
 def _check_page_table(page_table, batch, kv_shape):
     """page_table int32 (batch, pages_per_seq) over pages (num_pages, page_size, heads_k, head_dim), page_size a
-    multiple of 8: the sm90 family copies a K/V block as TMA boxes of gcd(page_size, block_kv) rows, and its
-    128-byte swizzle repeats every 8 rows."""
+    multiple of 8: 8 rows are the period of the 128-byte shared-memory swizzle, so a TMA kernel can copy a K/V block
+    as boxes of gcd(page_size, block_kv) rows."""
     page_table = _as_array(page_table, "page_table")
     if page_table.ndim != 2 or jnp.dtype(page_table.dtype) != jnp.int32 or page_table.shape[0] != batch:
         raise ValueError(f"page_table must be an int32 array of shape (batch, pages_per_seq) with batch = {batch}; "
