@@ -8,6 +8,7 @@
 #include "common/visibility.h"
 #include "cpu/attention_cpu.h"
 #include "ffi/attention_attrs.h"
+#include "ffi/cpu_runtime.h"
 #include "ffi/handlers.h"
 #include "ffi/validate.h"
 
@@ -42,36 +43,15 @@ static ffi::Error attention_cpu_impl(ffi::ThreadPool thread_pool, ffi::AnyBuffer
     return std::move(*err);
   }
   CpuElement element;
-  switch (q.element_type()) {
-    case ffi::DataType::F16: element = CpuElement::kFloat16; break;
-    case ffi::DataType::BF16: element = CpuElement::kBFloat16; break;
-    case ffi::DataType::F32: element = CpuElement::kFloat32; break;
-    default: return invalid("the CPU handler supports float16, bfloat16 and float32 inputs");
-  }
-  if (attrs.block_q < 1 || attrs.block_kv < 1 || attrs.block_q > 4096 || attrs.block_kv > 4096) {
-    return invalid("block_q and block_kv must be in [1, 4096]; got " + std::to_string(attrs.block_q) + " and " +
-                   std::to_string(attrs.block_kv));
-  }
+  if (auto err = cpu_element(q, attrs, element)) return std::move(*err);
   // No query row: nothing to write. (Head dim 0 still has rows: their lse is log of the visible keys' count.)
   const auto qd = q.dimensions();
   if (qd[0] == 0 || qd[1] == 0 || qd[2] == 0) return ffi::Error::Success();
-  const cpu::SgemmFn sgemm = cpu::openblas_sgemm();
-  if (sgemm == nullptr) {
-    return ffi::Error(ffi::ErrorCode::kFailedPrecondition,
-                      "jax_flash's CPU attention needs OpenBLAS from the scipy-openblas32 package, and it is not "
-                      "loaded (importing jax_flash loads it; install it with `pip install scipy-openblas32`)");
-  }
+  CpuRuntime runtime;
+  if (auto err = cpu_runtime(thread_pool, runtime)) return std::move(*err);
   const AttentionParams params = params_from_buffers(q, k, v, q_lengths, kv_lengths, &page_table, *o, *lse, attrs);
   if (params.page_table != nullptr) {
     if (auto err = check_page_table(params)) return std::move(*err);
-  }
-  // The caller works too: XLA's pool threads take the other workers' tasks (or the caller runs them itself).
-  const int64_t pool_threads = thread_pool.num_threads();
-  CpuRuntime runtime;
-  runtime.sgemm = sgemm;
-  runtime.num_threads = static_cast<int>(std::clamp<int64_t>(pool_threads, 1, 1024));
-  if (pool_threads > 1) {
-    runtime.schedule = [&thread_pool](std::function<void()> task) { thread_pool.Schedule(std::move(task)); };
   }
   attention_cpu(params, element, static_cast<int>(attrs.block_q), static_cast<int>(attrs.block_kv), runtime);
   return ffi::Error::Success();
