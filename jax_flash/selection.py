@@ -91,7 +91,7 @@ def resolve_cpu_pack(cfg: KernelConfig, seq_q: int | None, group: int, block_q: 
                                and seq_q * group <= _MAX_ROWS)
 
 
-def decode_gpu_config(dtype: str, head_dim: int, shape: CallShape, compiled: list[KernelConfig]) -> KernelConfig | None:
+def decode_gpu_config(head_dim: int, shape: CallShape, compiled: list[KernelConfig]) -> KernelConfig | None:
     """The sm80 family's tile for a decode-shaped, packed or paged call (cfg=None); None for other calls. Rows per kv
     head: seq_q x group packed, else seq_q. At most 16: the one-warp decode tile; at most 64: the four-warp one; more,
     where packing fills 128-row tiles better than one head's rows do (MQA with a few rows per sequence), or paged: the
@@ -161,7 +161,7 @@ def resolve_gpu_config(cfg: KernelConfig | None, dtype, head_dim: int, tuned: Ke
         raise ValueError(f"cfg={cfg!r} is a family='sm90' (Hopper: wgmma, TMA) config; this GPU is sm_{arch}. "
                          f"Use a family='sm80' config or cfg=None")
     if cfg is None:
-        decode = decode_gpu_config(dtype_name, head_dim, shape, compiled)
+        decode = decode_gpu_config(head_dim, shape, compiled)
         if decode is not None:
             return decode
         if tuned is not None and tuned.kernel() in compiled:  # the autotune cache first, then the table
