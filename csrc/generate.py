@@ -61,10 +61,24 @@ def render(config_module, kernel_set: str) -> dict[str, str]:
         entries.append(f"    {{{key},\n     &{family}::run_attention_{family}<{key}>,\n"
                        f"     &{family}::resident_blocks_{family}<{key}>,\n"
                        f"     {family}::Traits<{key}>::kSmemBytes,\n     {split_bytes},\n     {registers}}},")
-    files["registry.cu"] = (HEADER + '#include "common/registry.h"\n#include "sm80/api.h"\n#include "sm80/traits.cuh"\n'
-                            '#include "sm90/api.h"\n#include "sm90/traits.cuh"\n\n'
+    # The backward: one sm80-family kernel per dtype and head dim (its tiles follow from the head dim,
+    # sm80/bwd_traits.cuh), run on both GPU generations.
+    backward = []
+    for dtype, dtype_value in config_module.GPU_DTYPES.items():
+        for head_dim in config_module.GPU_HEAD_DIMS:
+            args = f"{dtype_value}, {head_dim}"
+            files[f"sm80_bwd_{dtype}_hd{head_dim}.cu"] = (
+                HEADER + '#include "sm80/bwd_launch.cuh"\n\nnamespace jax_flash::sm80 {\n'
+                f"template std::string run_attention_bwd_sm80<{args}>(const BackwardParams&, cudaStream_t);\n"
+                f"template int bwd_smem_bytes_sm80<{args}>();\n}}  // namespace jax_flash::sm80\n")
+            backward.append(f"    {{{dtype_value}, {head_dim}, &sm80::run_attention_bwd_sm80<{args}>, "
+                            f"&sm80::bwd_smem_bytes_sm80<{args}>}},")
+    files["registry.cu"] = (HEADER + '#include "common/registry.h"\n#include "sm80/api.h"\n#include "sm80/bwd_api.h"\n'
+                            '#include "sm80/traits.cuh"\n#include "sm90/api.h"\n#include "sm90/traits.cuh"\n\n'
                             "namespace jax_flash {\n\nconst RegistryEntry kRegistry[] = {\n" + "\n".join(entries) +
                             "\n};\nconst int kRegistrySize = sizeof(kRegistry) / sizeof(kRegistry[0]);\n"
+                            "const BackwardEntry kBackwardRegistry[] = {\n" + "\n".join(backward) +
+                            "\n};\nconst int kBackwardRegistrySize = sizeof(kBackwardRegistry) / sizeof(kBackwardRegistry[0]);\n"
                             f'const char* const kKernelSet = "{kernel_set}";\n\n'
                             "}  // namespace jax_flash\n")
     return files

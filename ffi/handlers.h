@@ -1,5 +1,5 @@
 // The FFI handler symbols the nanobind module hands to jax: the forward ("jax_flash_attention", CPU and CUDA)
-// and the backward ("jax_flash_attention_bwd", CPU).
+// and the backward ("jax_flash_attention_bwd", CPU and CUDA).
 #pragma once
 
 #include "xla/ffi/api/ffi.h"
@@ -10,6 +10,7 @@ XLA_FFI_DECLARE_HANDLER_SYMBOL(AttentionCpu);
 XLA_FFI_DECLARE_HANDLER_SYMBOL(AttentionBackwardCpu);
 #ifdef JAX_FLASH_WITH_CUDA
 XLA_FFI_DECLARE_HANDLER_SYMBOL(AttentionCuda);
+XLA_FFI_DECLARE_HANDLER_SYMBOL(AttentionBackwardCuda);
 #endif
 
 }  // namespace jax_flash

@@ -19,7 +19,7 @@ NB_MODULE(_jax_flash, m) {
   // kernels OpenBLAS chose for this processor. RuntimeError when it cannot be loaded.
   m.def("load_openblas", &jax_flash::cpu::load_openblas, nb::arg("path"));
 
-  // {target name: {platform: handler capsule}}: the forward on CPU and CUDA, the backward on CPU.
+  // {target name: {platform: handler capsule}}: the forward and the backward, on CPU and CUDA.
   m.def("registrations", []() {
     nb::dict forward, backward, targets;
     forward["cpu"] = nb::capsule(reinterpret_cast<void*>(jax_flash::AttentionCpu));
@@ -27,6 +27,9 @@ NB_MODULE(_jax_flash, m) {
     forward["CUDA"] = nb::capsule(reinterpret_cast<void*>(jax_flash::AttentionCuda));
 #endif
     backward["cpu"] = nb::capsule(reinterpret_cast<void*>(jax_flash::AttentionBackwardCpu));
+#ifdef JAX_FLASH_WITH_CUDA
+    backward["CUDA"] = nb::capsule(reinterpret_cast<void*>(jax_flash::AttentionBackwardCuda));
+#endif
     targets["jax_flash_attention"] = forward;
     targets["jax_flash_attention_bwd"] = backward;
     return targets;

@@ -136,21 +136,28 @@ def _bwd_abstract_eval(q, k, v, out, lse, d_out, d_lse, q_lengths, kv_lengths, *
     return ShapedArray(q.shape, q.dtype), ShapedArray(k.shape, k.dtype), ShapedArray(v.shape, v.dtype)
 
 
+def _bwd_attrs(cfg, params):
+    # The backward's tiles are the handlers' own (CPU: CPU_TILES unless a cfg gives them; GPU: sm80/bwd_traits.cuh);
+    # the config fields travel because the attribute struct is the forward's.
+    attrs = _attrs(dataclasses.replace((cfg or CPU_BASE).kernel(), pack_gqa=False), params)
+    if cfg is None:
+        attrs.update({name: np.int64(value) for name, value in CPU_TILES.items()})
+    return attrs
+
+
 def _lower_bwd_cpu(ctx, *args, cfg, **params):
     if native.OPENBLAS_CORE is None:
         raise RuntimeError(f"jax_flash's CPU path needs OpenBLAS from the scipy-openblas32 package (a dependency: "
                            f"`pip install scipy-openblas32`), and it could not be loaded: {native.OPENBLAS_ERROR}")
-    attrs = _attrs(dataclasses.replace((cfg or CPU_BASE).kernel(), pack_gqa=False), params)
-    if cfg is None:
-        attrs.update({name: np.int64(value) for name, value in CPU_TILES.items()})
-    return jax.ffi.ffi_lowering(native.BACKWARD_TARGET_NAME)(ctx, *args, **attrs)
+    return jax.ffi.ffi_lowering(native.BACKWARD_TARGET_NAME)(ctx, *args, **_bwd_attrs(cfg, params))
 
 
 def _lower_bwd_cuda(ctx, *args, cfg, **params):
-    raise NotImplementedError(
-        "jax_flash's backward pass runs on CPU in this version: the GPU backward kernels (both families) are not "
-        "built yet, so jax.grad through jax_flash.attention on a GPU has no kernel. Differentiate on CPU, apply "
-        "jax.lax.stop_gradient to the output, or use jax.nn.dot_product_attention for the GPU training step.")
+    if not native.BUILT_WITH_CUDA:
+        raise RuntimeError("jax_flash was built without its CUDA kernels (no CUDA compiler at install time), so its "
+                           "backward cannot run on a GPU; reinstall on a machine with nvcc (README: Building on a GPU "
+                           "machine)")
+    return jax.ffi.ffi_lowering(native.BACKWARD_TARGET_NAME)(ctx, *args, **_bwd_attrs(cfg, params))
 
 
 def _bind_bwd_local(*args_and_params):

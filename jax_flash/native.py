@@ -19,7 +19,7 @@ except ImportError as error:  # the source tree shadows the installed package, o
 from jax_flash.config import KernelConfig
 
 TARGET_NAME = "jax_flash_attention"          # the forward custom call (CPU and CUDA)
-BACKWARD_TARGET_NAME = "jax_flash_attention_bwd"  # the backward custom call (CPU)
+BACKWARD_TARGET_NAME = "jax_flash_attention_bwd"  # the backward custom call (CPU and CUDA)
 
 for _target, _handlers in _jax_flash.registrations().items():
     for _platform, _capsule in _handlers.items():

@@ -99,13 +99,13 @@ def test_config_travels_as_ffi_attributes():
     assert "block_q = 64 : i64" in text and "block_kv = 32 : i64" in text and "num_warps = 4 : i64" in text
 
 
-def test_gpu_grad_is_a_clear_error_until_its_kernels_exist():
+def test_gpu_grad_lowers_to_the_backward_custom_call():
     if not jax_flash.native.BUILT_WITH_CUDA:
-        pytest.skip("CPU-only build: there is no GPU lowering to refuse")
+        pytest.skip("CPU-only build: there is no GPU lowering")
     q, k, v = qkv(dtype=jnp.bfloat16)
     traced = jax.jit(jax.grad(lambda q, k, v: jax_flash.attention(q, k, v).astype(jnp.float32).sum())).trace(q, k, v)
-    with pytest.raises(NotImplementedError, match="backward pass runs on CPU in this version"):
-        traced.lower(lowering_platforms=("cuda",))
+    text = traced.lower(lowering_platforms=("cuda",)).as_text()
+    assert "jax_flash_attention_bwd" in text and "jax_flash_attention" in text
 
 
 # ---- the CUDA lowering, checked without a GPU by lowering for the cuda platform ---------------------------------

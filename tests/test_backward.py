@@ -1,6 +1,6 @@
 """The backward pass: jax.grad, jax.vjp, jax.jvp and friends through jax_flash.attention against the same
 derivatives of attention_reference, by the tolerance rule of the forward (twice the error of a plain low-precision
-implementation, plus atol). CPU (the GPU backward kernels are not built yet: a GPU call refuses clearly)."""
+implementation, plus atol). CPU, and on a GPU the sm80-family backward kernels (run on sm80 and sm90 devices)."""
 
 from __future__ import annotations
 
@@ -162,8 +162,61 @@ def test_paged_gradient_is_a_clear_error():
         jax.grad(lambda q: jax_flash.attention(q, pages, pages, page_table=table).sum())(q)
 
 
+# ---- the GPU backward -------------------------------------------------------------------------------------------
+GPU_DTYPES = [jnp.bfloat16, jnp.float16]
+
+
 @requires_gpu
-def test_gpu_grad_refuses_clearly():
-    q, k, v = random_qkv(9, 1, 16, 16, 2, 2, 64, jnp.bfloat16, GPU_DEVICES[0])
-    with pytest.raises(NotImplementedError, match="backward pass runs on CPU in this version"):
-        jax.grad(lambda q: jax_flash.attention(q, k, v).astype(jnp.float32).sum())(q)
+@pytest.mark.parametrize("feature", FEATURES)
+@pytest.mark.parametrize("heads_q,heads_k", [(4, 4), (4, 2), (4, 1)])
+@pytest.mark.parametrize("dtype", GPU_DTYPES, ids=lambda d: jnp.dtype(d).name)
+def test_gpu_grad_matches_reference(feature, heads_q, heads_k, dtype):
+    kwargs = {n: jnp.asarray(x) if isinstance(x, np.ndarray) else x for n, x in FEATURES[feature].items()}
+    if feature == "lengths":  # lengths that cut the 64-row query blocks and the 128-key blocks inside
+        kwargs.update(q_lengths=jnp.array([150, 17], jnp.int32), kv_lengths=jnp.array([290, 33], jnp.int32))
+    q, k, v = random_qkv(heads_k + 10, 2, 200, 300, heads_q, heads_k, 64, dtype, GPU_DEVICES[0])
+    assert_grads_close(q, k, v, **kwargs)
+
+
+@requires_gpu
+@pytest.mark.parametrize("head_dim", [64, 128, 256])
+@pytest.mark.parametrize("dtype", GPU_DTYPES, ids=lambda d: jnp.dtype(d).name)
+@pytest.mark.parametrize("seq_q,seq_k,causal", [(384, 384, True), (130, 1000, False), (1000, 130, True)])
+def test_gpu_grad_head_dims(head_dim, dtype, seq_q, seq_k, causal):
+    q, k, v = random_qkv(head_dim + seq_q, 1, seq_q, seq_k, 4, 2, head_dim, dtype, GPU_DEVICES[0])
+    assert_grads_close(q, k, v, causal=causal)
+
+
+@requires_gpu
+@pytest.mark.parametrize("seq_q,seq_k", [(1, 1), (1, 300), (300, 1), (129, 257), (0, 5), (5, 0)])
+def test_gpu_grad_odd_and_empty_lengths(seq_q, seq_k):
+    q, k, v = random_qkv(seq_q + seq_k, 2, seq_q, seq_k, 2, 2, 64, jnp.bfloat16, GPU_DEVICES[0])
+    assert_grads_close(q, k, v, causal=True)
+
+
+@requires_gpu
+def test_gpu_grad_long_sequence():
+    """Many key blocks adding into one dQ row (float32 atomics) and every query block of a long causal mask."""
+    q, k, v = random_qkv(11, 1, 4096, 4096, 4, 4, 128, jnp.bfloat16, GPU_DEVICES[0])
+    assert_grads_close(q, k, v, causal=True)
+
+
+@requires_gpu
+def test_gpu_rows_that_see_no_key_have_zero_gradients():
+    q, k, v = random_qkv(3, 2, 40, 16, 2, 1, 64, jnp.bfloat16, GPU_DEVICES[0])
+    lengths = jnp.array([0, 16], jnp.int32)
+    dq, dk, dv = (np.asarray(g.astype(jnp.float32)) for g in jax.grad(
+        lambda q, k, v: jax_flash.attention(q, k, v, causal=True, kv_lengths=lengths).astype(jnp.float32).sum(),
+        argnums=(0, 1, 2))(q, k, v))
+    assert np.isfinite(dq).all() and np.isfinite(dk).all() and np.isfinite(dv).all()
+    assert (dq[0] == 0).all() and (dk[0] == 0).all() and (dv[0] == 0).all()
+    assert (dq[1, :24] == 0).all()
+
+
+@requires_gpu
+def test_gpu_hlo_has_the_backward_custom_call():
+    q, k, v = random_qkv(6, 2, 384, 512, 4, 2, 64, jnp.bfloat16, GPU_DEVICES[0])
+    text = jax.jit(jax.grad(lambda q, k, v: jax_flash.attention(q, k, v, causal=True).astype(jnp.float32).sum(),
+                            argnums=(0, 1, 2))).lower(q, k, v).compile().as_text()
+    assert "jax_flash_attention_bwd" in text
+    assert not re.search(r"\[2,4,384,512\]|\[8,384,512\]", text), "a (Sq, Sk) buffer in the gradient's HLO"

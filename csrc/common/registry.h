@@ -6,6 +6,7 @@
 
 #include <string>
 
+#include "common/backward_params.h"
 #include "common/kernel_key.h"
 #include "common/params.h"
 
@@ -28,15 +29,33 @@ struct RegistryEntry {
   int consumer_registers;  // sm90: registers per consumer thread after setmaxnreg (0 for sm80)
 };
 
+// The backward of one dtype and head dim (sm80 family; it runs on sm80 and sm90 devices).
+using BackwardRunFn = std::string (*)(const BackwardParams&, cudaStream_t);
+struct BackwardEntry {
+  int dtype;  // DType value
+  int head_dim;
+  BackwardRunFn run;
+  int (*smem_bytes)();  // dynamic shared memory per block of the main kernel
+};
+
 // The generated table.
 extern const RegistryEntry kRegistry[];
 extern const int kRegistrySize;
-extern const char* const kKernelSet;  // "shipped", "sweep" or "all": which list of jax_flash/config.py was built
+extern const char* const kKernelSet;
+extern const BackwardEntry kBackwardRegistry[];
+extern const int kBackwardRegistrySize;  // "shipped", "sweep" or "all": which list of jax_flash/config.py was built
 
 // nullptr when the key was not compiled in.
 inline const RegistryEntry* find_kernel(const KernelKey& key) {
   for (int i = 0; i < kRegistrySize; ++i) {
     if (kRegistry[i].key == key) return &kRegistry[i];
+  }
+  return nullptr;
+}
+
+inline const BackwardEntry* find_backward_kernel(int dtype, int head_dim) {
+  for (int i = 0; i < kBackwardRegistrySize; ++i) {
+    if (kBackwardRegistry[i].dtype == dtype && kBackwardRegistry[i].head_dim == head_dim) return &kBackwardRegistry[i];
   }
   return nullptr;
 }

@@ -1,0 +1,31 @@
+// Runtime arguments of one attention backward beside AttentionParams (q, k, v, the features, with o = the forward's
+// output), shared by the CPU implementation and the GPU kernels.
+#pragma once
+
+#include "common/params.h"
+
+namespace jax_flash {
+
+// The backward's tensors: out and d_out, dq like q (B, Sq, Hq, D); dk, dv like k (B, Sk, Hk, D); lse and d_lse
+// float32 (B, Hq, Sq) (d_lse nullptr: zero). All contiguous.
+struct BackwardTensors {
+  const void* out;
+  const void* d_out;
+  const float* lse;
+  const float* d_lse;
+  void* dq;
+  void* dk;
+  void* dv;
+};
+
+// The GPU backward's launch arguments: the forward's params, the tensors, and float32 scratch from the caller:
+//   dq_accum (B, Sq, Hq, D): dQ summed over key blocks (atomics), converted to the input dtype at the end;
+//   delta (B, Hq, Sq): rowsum(dO o O) - d_lse, the softmax-gradient term of every row.
+struct BackwardParams {
+  AttentionParams p;
+  BackwardTensors t;
+  float* dq_accum;
+  float* delta;
+};
+
+}  // namespace jax_flash

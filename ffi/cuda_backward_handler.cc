@@ -1,0 +1,100 @@
+// XLA FFI handler of the backward pass on the CUDA platform: validates, takes float32 scratch for dQ's accumulator
+// and the per-row delta from XLA, and runs the sm80-family backward (csrc/sm80/bwd_launch.cuh) on XLA's stream.
+#include <cuda_runtime_api.h>
+
+#include <algorithm>
+#include <optional>
+#include <string>
+
+#include "common/registry.h"
+#include "ffi/attention_attrs.h"
+#include "ffi/cuda_device.h"
+#include "ffi/handlers.h"
+#include "ffi/validate.h"
+
+namespace jax_flash {
+namespace {
+
+ffi::Error attention_bwd_cuda_impl(cudaStream_t stream, ffi::ScratchAllocator scratch, ffi::AnyBuffer q,
+                                   ffi::AnyBuffer k, ffi::AnyBuffer v, ffi::AnyBuffer out, ffi::AnyBuffer lse,
+                                   ffi::AnyBuffer d_out, ffi::AnyBuffer d_lse, ffi::AnyBuffer q_lengths,
+                                   ffi::AnyBuffer kv_lengths, ffi::Result<ffi::AnyBuffer> dq,
+                                   ffi::Result<ffi::AnyBuffer> dk, ffi::Result<ffi::AnyBuffer> dv,
+                                   AttentionAttrs attrs) {
+  if (auto err = check_buffers(q, k, v, q_lengths, kv_lengths, nullptr, out, lse, attrs)) return std::move(*err);
+  if (auto err = check_backward_buffers(q, k, d_out, d_lse, lse, *dq, *dk, *dv)) return std::move(*err);
+  int dtype;
+  switch (q.element_type()) {
+    case ffi::DataType::F16: dtype = static_cast<int>(DType::kFloat16); break;
+    case ffi::DataType::BF16: dtype = static_cast<int>(DType::kBFloat16); break;
+    default: return invalid("the GPU backward supports float16 and bfloat16 inputs (float32 runs on CPU only)");
+  }
+  const int head_dim = static_cast<int>(q.dimensions()[3]);
+  const BackwardEntry* entry = find_backward_kernel(dtype, head_dim);
+  if (entry == nullptr) {
+    return ffi::Error(ffi::ErrorCode::kNotFound, "jax_flash: no compiled GPU backward kernel for " +
+                                                     std::string(dtype_name(dtype)) + " head_dim=" +
+                                                     std::to_string(head_dim) + " (head dims 64, 128 and 256 are built)");
+  }
+  if (q.element_count() == 0 && k.element_count() == 0) return ffi::Error::Success();  // nothing to write
+  DeviceLimits limits;
+  if (ffi::Error err = current_device_limits(limits); err.failure()) return err;
+  if (limits.major < 8) {
+    return ffi::Error(ffi::ErrorCode::kFailedPrecondition,
+                      "jax_flash: the GPU backward needs compute capability 8.0 or newer; this device is " +
+                          std::to_string(limits.major) + "." + std::to_string(limits.minor));
+  }
+  if (entry->smem_bytes() > limits.max_smem_optin) {
+    return ffi::Error(ffi::ErrorCode::kFailedPrecondition,
+                      "jax_flash: the backward kernel for head_dim=" + std::to_string(head_dim) + " needs " +
+                          std::to_string(entry->smem_bytes()) + " bytes of shared memory per block; this device "
+                          "allows " + std::to_string(limits.max_smem_optin));
+  }
+  BackwardParams params{};
+  params.p = params_from_buffers(q, k, v, q_lengths, kv_lengths, nullptr, out, lse, attrs);
+  params.t = {out.untyped_data(),
+              d_out.untyped_data(),
+              static_cast<const float*>(lse.untyped_data()),
+              static_cast<const float*>(d_lse.untyped_data()),
+              dq->untyped_data(),
+              dk->untyped_data(),
+              dv->untyped_data()};
+  const size_t rows = static_cast<size_t>(q.element_count()) / head_dim;
+  // (at least 16 bytes each: Sq = 0 still runs the kernel that writes dK = dV = 0)
+  std::optional<void*> dq_accum = scratch.Allocate(std::max<size_t>(rows * head_dim * sizeof(float), 16),
+                                                   kScratchAlignment);
+  std::optional<void*> delta = scratch.Allocate(std::max<size_t>(rows * sizeof(float), 16), kScratchAlignment);
+  if (!dq_accum.has_value() || !delta.has_value()) {
+    return ffi::Error(ffi::ErrorCode::kResourceExhausted,
+                      "jax_flash: could not allocate " + std::to_string(rows * (head_dim + 1) * 4) +
+                          " bytes of scratch memory for the backward (dQ's float32 accumulator and a float per row)");
+  }
+  params.dq_accum = static_cast<float*>(*dq_accum);
+  params.delta = static_cast<float*>(*delta);
+  if (std::string failure = entry->run(params, stream); !failure.empty()) {
+    return ffi::Error(ffi::ErrorCode::kInternal, "jax_flash: " + failure);
+  }
+  return ffi::Error::Success();
+}
+
+}  // namespace
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(AttentionBackwardCuda, attention_bwd_cuda_impl,
+                              ffi::Ffi::Bind()
+                                  .Ctx<ffi::PlatformStream<cudaStream_t>>()
+                                  .Ctx<ffi::ScratchAllocator>()
+                                  .Arg<ffi::AnyBuffer>()  // q
+                                  .Arg<ffi::AnyBuffer>()  // k
+                                  .Arg<ffi::AnyBuffer>()  // v
+                                  .Arg<ffi::AnyBuffer>()  // out
+                                  .Arg<ffi::AnyBuffer>()  // lse
+                                  .Arg<ffi::AnyBuffer>()  // d_out
+                                  .Arg<ffi::AnyBuffer>()  // d_lse
+                                  .Arg<ffi::AnyBuffer>()  // q_lengths
+                                  .Arg<ffi::AnyBuffer>()  // kv_lengths
+                                  .Ret<ffi::AnyBuffer>()  // dq
+                                  .Ret<ffi::AnyBuffer>()  // dk
+                                  .Ret<ffi::AnyBuffer>()  // dv
+                                  .Attrs<AttentionAttrs>());
+
+}  // namespace jax_flash

@@ -1,0 +1,61 @@
+// CUDA facts both CUDA handlers (forward, backward) read: the current device's limits, cached per device, error
+// text, and the alignment asked of XLA's scratch allocator.
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <array>
+#include <atomic>
+#include <string>
+
+#include "xla/ffi/api/ffi.h"
+
+namespace jax_flash {
+
+namespace ffi = ::xla::ffi;
+
+// The alignment asked of XLA's scratch allocator: XLA refuses more than 16 bytes ("Unsupported alignment"), and
+// 16 covers every vector access of the scratch users (float4 partials, float2 split-KV partials, the counter).
+inline constexpr size_t kScratchAlignment = 16;
+
+inline ffi::Error cuda_error(const std::string& what, cudaError_t err) {
+  return ffi::Error(ffi::ErrorCode::kInternal, "jax_flash: " + what + " failed: " + cudaGetErrorName(err) + " (" +
+                                                   cudaGetErrorString(err) + ")");
+}
+
+struct DeviceLimits {
+  int major = 0, minor = 0;
+  int max_smem_optin = 0;
+  int num_sms = 0;
+};
+
+// Compute capability, shared-memory limit and SM count of the current device, read once per device.
+inline ffi::Error current_device_limits(DeviceLimits& out) {
+  constexpr int kMaxDevices = 64;
+  static std::array<std::atomic<int>, kMaxDevices> cached_major{}, cached_minor{}, cached_smem{}, cached_sms{};
+  int device = 0;
+  if (cudaError_t err = cudaGetDevice(&device); err != cudaSuccess) return cuda_error("cudaGetDevice", err);
+  if (device < kMaxDevices && cached_major[device].load() != 0) {
+    out = {cached_major[device].load(), cached_minor[device].load(), cached_smem[device].load(),
+           cached_sms[device].load()};
+    return ffi::Error::Success();
+  }
+  DeviceLimits limits;
+  cudaError_t err = cudaDeviceGetAttribute(&limits.major, cudaDevAttrComputeCapabilityMajor, device);
+  if (err == cudaSuccess) err = cudaDeviceGetAttribute(&limits.minor, cudaDevAttrComputeCapabilityMinor, device);
+  if (err == cudaSuccess) {
+    err = cudaDeviceGetAttribute(&limits.max_smem_optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device);
+  }
+  if (err == cudaSuccess) err = cudaDeviceGetAttribute(&limits.num_sms, cudaDevAttrMultiProcessorCount, device);
+  if (err != cudaSuccess) return cuda_error("cudaDeviceGetAttribute", err);
+  if (device < kMaxDevices) {
+    cached_minor[device] = limits.minor;
+    cached_smem[device] = limits.max_smem_optin;
+    cached_sms[device] = limits.num_sms;
+    cached_major[device] = limits.major;
+  }
+  out = limits;
+  return ffi::Error::Success();
+}
+
+}  // namespace jax_flash
