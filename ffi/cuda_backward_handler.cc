@@ -1,5 +1,6 @@
 // XLA FFI handler of the backward pass on the CUDA platform: validates, takes float32 scratch for dQ's accumulator
-// and the per-row delta from XLA, and runs the sm80-family backward (csrc/sm80/bwd_launch.cuh) on XLA's stream.
+// and the per-row delta from XLA, and runs the backward of the device's family (common/backward_launch.cuh) on XLA's
+// stream.
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
@@ -44,11 +45,15 @@ ffi::Error attention_bwd_cuda_impl(cudaStream_t stream, ffi::ScratchAllocator sc
                       "jax_flash: the GPU backward needs compute capability 8.0 or newer; this device is " +
                           std::to_string(limits.major) + "." + std::to_string(limits.minor));
   }
-  if (entry->smem_bytes() > limits.max_smem_optin) {
+  // Hopper runs the sm90 family's kernel where it has one for the head dim; everything else the sm80 family's.
+  const bool hopper = limits.major == 9 && entry->run_sm90 != nullptr;
+  const BackwardRunFn run = hopper ? entry->run_sm90 : entry->run_sm80;
+  const int smem_bytes = hopper ? entry->smem_bytes_sm90() : entry->smem_bytes_sm80();
+  if (smem_bytes > limits.max_smem_optin) {
     return ffi::Error(ffi::ErrorCode::kFailedPrecondition,
                       "jax_flash: the backward kernel for head_dim=" + std::to_string(head_dim) + " needs " +
-                          std::to_string(entry->smem_bytes()) + " bytes of shared memory per block; this device "
-                          "allows " + std::to_string(limits.max_smem_optin));
+                          std::to_string(smem_bytes) + " bytes of shared memory per block; this device allows " +
+                          std::to_string(limits.max_smem_optin));
   }
   BackwardParams params{};
   params.p = params_from_buffers(q, k, v, q_lengths, kv_lengths, nullptr, out, lse, attrs);
@@ -71,7 +76,7 @@ ffi::Error attention_bwd_cuda_impl(cudaStream_t stream, ffi::ScratchAllocator sc
   }
   params.dq_accum = static_cast<float*>(*dq_accum);
   params.delta = static_cast<float*>(*delta);
-  if (std::string failure = entry->run(params, stream); !failure.empty()) {
+  if (std::string failure = run(params, stream); !failure.empty()) {
     return ffi::Error(ffi::ErrorCode::kInternal, "jax_flash: " + failure);
   }
   return ffi::Error::Success();

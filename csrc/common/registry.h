@@ -29,13 +29,16 @@ struct RegistryEntry {
   int consumer_registers;  // sm90: registers per consumer thread after setmaxnreg (0 for sm80)
 };
 
-// The backward of one dtype and head dim (sm80 family; it runs on sm80 and sm90 devices).
+// The backward of one dtype and head dim: the sm80 family's (any device) and the sm90 family's (Hopper; nullptr where
+// it has no tiles for the head dim).
 using BackwardRunFn = std::string (*)(const BackwardParams&, cudaStream_t);
 struct BackwardEntry {
   int dtype;  // DType value
   int head_dim;
-  BackwardRunFn run;
-  int (*smem_bytes)();  // dynamic shared memory per block of the main kernel
+  BackwardRunFn run_sm80;
+  int (*smem_bytes_sm80)();  // dynamic shared memory per block of the main kernel
+  BackwardRunFn run_sm90;
+  int (*smem_bytes_sm90)();
 };
 
 // The generated table.

@@ -14,6 +14,8 @@
 
 namespace jax_flash {
 
+inline constexpr float kLog2e = 1.4426950408889634f;
+
 struct BatchLengths {
   int q_len;   // query rows at or beyond this produce zeros
   int kv_len;  // keys at or beyond this are invisible
@@ -60,6 +62,26 @@ JAX_FLASH_HOST_DEVICE KeySpan visible_keys_of_rows(const AttentionParams& p, Bat
   if (end > len.kv_len) end = len.kv_len;
   if (first >= end) return {0, 0};
   return {static_cast<int>(first), static_cast<int>(end)};
+}
+
+// Query blocks [begin, end) whose rows see a key of [kv_begin, kv_end) (the backward's walk; visible_keys inverted:
+// row i sees key j when  j - hi_off <= i <= j - lo_off  and  i < q_len); in 64-bit, since the offsets may be
+// +-kUnbounded.
+struct QueryBlocks {
+  int begin, end;
+};
+
+JAX_FLASH_HOST_DEVICE QueryBlocks query_blocks_seeing(const AttentionParams& p, BatchLengths len, int kv_begin,
+                                                      int kv_end, int block_q) {
+  if (kv_begin >= kv_end || len.q_len <= 0) return {0, 0};
+  const int64_t diag = int64_t{len.kv_len} - len.q_len;
+  const int64_t lo_off = p.window_left >= kUnbounded ? -int64_t{kUnbounded} * 4 : diag - p.window_left;
+  const int64_t hi_off = p.window_right >= kUnbounded ? int64_t{kUnbounded} * 4 : diag + p.window_right;
+  int64_t first = int64_t{kv_begin} - hi_off, last = int64_t{kv_end} - 1 - lo_off;
+  if (first < 0) first = 0;
+  if (last > len.q_len - 1) last = len.q_len - 1;
+  if (first > last) return {0, 0};
+  return {static_cast<int>(first / block_q), static_cast<int>(last / block_q) + 1};
 }
 
 }  // namespace jax_flash

@@ -4,6 +4,7 @@
 #include "sm80/bwd_api.h"
 #include "sm80/traits.cuh"
 #include "sm90/api.h"
+#include "sm90/bwd_api.h"
 #include "sm90/traits.cuh"
 
 namespace jax_flash {
@@ -216,12 +217,12 @@ const RegistryEntry kRegistry[] = {
 };
 const int kRegistrySize = sizeof(kRegistry) / sizeof(kRegistry[0]);
 const BackwardEntry kBackwardRegistry[] = {
-    {0, 64, &sm80::run_attention_bwd_sm80<0, 64>, &sm80::bwd_smem_bytes_sm80<0, 64>},
-    {0, 128, &sm80::run_attention_bwd_sm80<0, 128>, &sm80::bwd_smem_bytes_sm80<0, 128>},
-    {0, 256, &sm80::run_attention_bwd_sm80<0, 256>, &sm80::bwd_smem_bytes_sm80<0, 256>},
-    {1, 64, &sm80::run_attention_bwd_sm80<1, 64>, &sm80::bwd_smem_bytes_sm80<1, 64>},
-    {1, 128, &sm80::run_attention_bwd_sm80<1, 128>, &sm80::bwd_smem_bytes_sm80<1, 128>},
-    {1, 256, &sm80::run_attention_bwd_sm80<1, 256>, &sm80::bwd_smem_bytes_sm80<1, 256>},
+    {0, 64, &sm80::run_attention_bwd_sm80<0, 64>, &sm80::bwd_smem_bytes_sm80<0, 64>, &sm90::run_attention_bwd_sm90<0, 64>, &sm90::bwd_smem_bytes_sm90<0, 64>},
+    {0, 128, &sm80::run_attention_bwd_sm80<0, 128>, &sm80::bwd_smem_bytes_sm80<0, 128>, &sm90::run_attention_bwd_sm90<0, 128>, &sm90::bwd_smem_bytes_sm90<0, 128>},
+    {0, 256, &sm80::run_attention_bwd_sm80<0, 256>, &sm80::bwd_smem_bytes_sm80<0, 256>, nullptr, nullptr},
+    {1, 64, &sm80::run_attention_bwd_sm80<1, 64>, &sm80::bwd_smem_bytes_sm80<1, 64>, &sm90::run_attention_bwd_sm90<1, 64>, &sm90::bwd_smem_bytes_sm90<1, 64>},
+    {1, 128, &sm80::run_attention_bwd_sm80<1, 128>, &sm80::bwd_smem_bytes_sm80<1, 128>, &sm90::run_attention_bwd_sm90<1, 128>, &sm90::bwd_smem_bytes_sm90<1, 128>},
+    {1, 256, &sm80::run_attention_bwd_sm80<1, 256>, &sm80::bwd_smem_bytes_sm80<1, 256>, nullptr, nullptr},
 };
 const int kBackwardRegistrySize = sizeof(kBackwardRegistry) / sizeof(kBackwardRegistry[0]);
 const char* const kKernelSet = "shipped";

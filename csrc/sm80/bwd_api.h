@@ -10,7 +10,7 @@
 namespace jax_flash::sm80 {
 
 // Runs one attention backward on `stream` (kDType: DType of common/kernel_key.h). Returns "" on success, else what
-// failed. Shared memory: bwd_smem_bytes_sm80 per block of the main kernel.
+// failed. bwd_smem_bytes_sm80: the main kernel's dynamic shared memory per block.
 template <int kDType, int kHeadDim>
 std::string run_attention_bwd_sm80(const BackwardParams& params, cudaStream_t stream);
 

@@ -14,6 +14,7 @@
 #include <cstdint>
 
 #include "common/backward_params.h"
+#include "common/backward_rows.cuh"
 #include "common/visibility.h"
 #include "sm80/bwd_operands.cuh"
 #include "sm80/bwd_traits.cuh"
@@ -21,27 +22,6 @@
 #include "sm80/smem_tile.cuh"
 
 namespace jax_flash::sm80 {
-
-inline constexpr float kLog2e = 1.4426950408889634f;
-
-// Query blocks [begin, end) whose rows see a key of [kv_begin, kv_end) (common/visibility.h, inverted: row i sees
-// key j when  j - hi_off <= i <= j - lo_off,  i < q_len); in 64-bit, since the offsets may be +-kUnbounded.
-struct QueryBlocks {
-  int begin, end;
-};
-
-__device__ __forceinline__ QueryBlocks query_blocks_seeing(const AttentionParams& p, BatchLengths len, int kv_begin,
-                                                           int kv_end, int block_q) {
-  if (kv_begin >= kv_end || len.q_len <= 0) return {0, 0};
-  const int64_t diag = int64_t{len.kv_len} - len.q_len;
-  const int64_t lo_off = p.window_left >= kUnbounded ? -int64_t{kUnbounded} * 4 : diag - p.window_left;
-  const int64_t hi_off = p.window_right >= kUnbounded ? int64_t{kUnbounded} * 4 : diag + p.window_right;
-  int64_t first = int64_t{kv_begin} - hi_off, last = int64_t{kv_end} - 1 - lo_off;
-  if (first < 0) first = 0;
-  if (last > len.q_len - 1) last = len.q_len - 1;
-  if (first > last) return {0, 0};
-  return {static_cast<int>(first / block_q), static_cast<int>(last / block_q) + 1};
-}
 
 // kMask: some score may be hidden (window, lengths, or a partial last key block); kSoftcap: s = cap tanh(q.k scale
 // / cap).
@@ -96,13 +76,7 @@ __global__ void __launch_bounds__(T::kNumThreads, 1) attention_bwd_kernel(const 
     copy_tile_to_smem<typename T::RowTile, T::kBlockQ>(sdO + buf * T::kQElems,
                                                        static_cast<const Element*>(bp.t.d_out) + q_offset,
                                                        p.q_seq_stride, p.seqlen_q - q0, tid);
-    if (tid < T::kBlockQ) {
-      const int row = q0 + tid;
-      const int64_t stat = batch * p.lse_batch_stride + head * p.lse_head_stride + row;
-      const float lse = row < len.q_len ? bp.t.lse[stat] : -INFINITY;
-      sLse2[buf * T::kBlockQ + tid] = lse == -INFINITY ? INFINITY : lse * kLog2e;
-      sDelta[buf * T::kBlockQ + tid] = row < p.seqlen_q ? bp.delta[stat] : 0.0f;
-    }
+    load_row_stats<T::kBlockQ>(bp, batch, head, q0, len, sLse2 + buf * T::kBlockQ, sDelta + buf * T::kBlockQ, tid);
   };
   if (num_items > 0) load_item(0);
   cp_async_commit();

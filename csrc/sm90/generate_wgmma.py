@@ -12,6 +12,7 @@ SS_N_VALUES = (64, 80, 128, 160, 192)  # S = Q K^T: N = block_kv
 RS_N_VALUES = (64, 128, 256)       # O += P V: N = head_dim
 RS_K_N_VALUES = SS_N_VALUES      # S = Q K^T with Q from registers (traits.cuh, kQInRegs): N = block_kv
 SS_TB_N_VALUES = (64, 128)         # O += P V with P from shared memory (three consumers): N = head_dim
+SS_TT_N_VALUES = (32, 64)          # the backward's dQ = dS K, dS^T and K stored row-major: N = a warpgroup's dQ columns
 TYPES = {"__half": "f16", "__nv_bfloat16": "bf16"}
 
 
@@ -23,8 +24,8 @@ def _acc_operands(n: int) -> str:
     return ", ".join(f'"+f"(d[{i}])' for i in range(n // 2))
 
 
-def _ss(ctype: str, ptype: str, n: int, name: str = "wgmma_ss", trans_b: int = 0) -> str:
-    """Both operands from shared-memory descriptors; trans_b = 1 reads B MN-major (wgmma_ss_tb)."""
+def _ss(ctype: str, ptype: str, n: int, name: str = "wgmma_ss", trans_b: int = 0, trans_a: int = 0) -> str:
+    """Both operands from shared-memory descriptors; trans_b = 1 reads B MN-major (wgmma_ss_tb), trans_a = 1 A."""
     k = n // 2
     pad = " " * (46 + len(name))  # aligns the last parameter under the first
     return f'''template <>
@@ -32,7 +33,7 @@ __device__ __forceinline__ void {name}<{ctype}, {n}>(float (&d)[{k}], uint64_t d
 {pad}int accumulate) {{
   asm volatile(
       "{{\\n.reg .pred p;\\nsetp.ne.b32 p, %{k + 2}, 0;\\n"
-      "wgmma.mma_async.sync.aligned.m64n{n}k16.f32.{ptype}.{ptype} {{{_acc_list(n)}}}, %{k}, %{k + 1}, p, 1, 1, 0, {trans_b};\\n}}\\n"
+      "wgmma.mma_async.sync.aligned.m64n{n}k16.f32.{ptype}.{ptype} {{{_acc_list(n)}}}, %{k}, %{k + 1}, p, 1, 1, {trans_a}, {trans_b};\\n}}\\n"
       : {_acc_operands(n)}
       : "l"(desc_a), "l"(desc_b), "r"(accumulate));
 }}
@@ -64,6 +65,7 @@ def render() -> str:
 //             memory (transposed: imm-trans-b = 1), D += A B.
 //   wgmma_ss_tb: A (64 x 16) K-major and B (16 x N) MN-major, both in shared memory, D += A B.
 //   wgmma_rs_k: A (64 x 16) from registers, B (N x 16) K-major in shared memory, D += A B^T.
+//   wgmma_ss_tt: A (64 x 16) and B (16 x N) both MN-major in shared memory, D += A B.
 #pragma once
 
 #include <cuda_bf16.h>
@@ -81,6 +83,8 @@ template <class Element, int N>
 __device__ void wgmma_ss_tb(float (&d)[N / 2], uint64_t desc_a, uint64_t desc_b, int accumulate);
 template <class Element, int N>
 __device__ void wgmma_rs_k(float (&d)[N / 2], const uint32_t (&a)[4], uint64_t desc_b, int accumulate);
+template <class Element, int N>
+__device__ void wgmma_ss_tt(float (&d)[N / 2], uint64_t desc_a, uint64_t desc_b, int accumulate);
 ''']
     for ctype, ptype in TYPES.items():
         for n in SS_N_VALUES:
@@ -91,6 +95,8 @@ __device__ void wgmma_rs_k(float (&d)[N / 2], const uint32_t (&a)[4], uint64_t d
             parts.append(_ss(ctype, ptype, n, name="wgmma_ss_tb", trans_b=1))
         for n in RS_K_N_VALUES:
             parts.append(_rs(ctype, ptype, n, name="wgmma_rs_k", trans_b=0))
+        for n in SS_TT_N_VALUES:
+            parts.append(_ss(ctype, ptype, n, name="wgmma_ss_tt", trans_b=1, trans_a=1))
     parts.append("}  // namespace jax_flash::sm90\n")
     return "\n".join(parts)
 

@@ -1,4 +1,4 @@
-// The steps around the sm80 backward kernel: before it, delta = rowsum(dO o O) - d_lse per row and dq_accum = 0;
+// The steps around the backward kernels of both GPU families: before it, delta = rowsum(dO o O) - d_lse per row and dq_accum = 0;
 // after it, dq = dq_accum in the input dtype. Both are memory-bound passes over (B, Sq, Hq, D).
 #pragma once
 
@@ -8,11 +8,12 @@
 #include <cstdint>
 
 #include "common/backward_params.h"
-#include "sm80/traits.cuh"
+#include "common/fragment_ops.cuh"  // pack2
 
-namespace jax_flash::sm80 {
+namespace jax_flash {
 
 inline constexpr int kPrepostThreads = 256;
+inline constexpr int kVectorElems = 8;  // one 16-byte vector of 16-bit elements
 
 template <class Element>
 __device__ __forceinline__ float to_float(Element x);
@@ -24,14 +25,14 @@ __device__ __forceinline__ float to_float<__nv_bfloat16>(__nv_bfloat16 x) { retu
 // One group of D / 8 lanes per (b, i, h) row, 8 elements per lane: rows are flat over q's contiguous layout.
 template <class Element, int kHeadDim>
 __global__ void __launch_bounds__(kPrepostThreads) attention_bwd_preprocess(const __grid_constant__ BackwardParams bp) {
-  constexpr int kLanesPerRow = kHeadDim / kChunkElems;  // 8, 16 or 32: a power of two inside one warp
+  constexpr int kLanesPerRow = kHeadDim / kVectorElems;  // 8, 16 or 32: a power of two inside one warp
   constexpr int kRowsPerBlock = kPrepostThreads / kLanesPerRow;
   const AttentionParams& p = bp.p;
   const int64_t rows = int64_t{p.batch} * p.seqlen_q * p.heads_q;
   const int64_t row = int64_t{blockIdx.x} * kRowsPerBlock + threadIdx.x / kLanesPerRow;
   const int chunk = threadIdx.x % kLanesPerRow;
   const bool valid = row < rows;  // every lane reaches the shuffles; only valid rows load and store
-  const int64_t offset = valid ? row * kHeadDim + chunk * kChunkElems : 0;
+  const int64_t offset = valid ? row * kHeadDim + chunk * kVectorElems : 0;
   float dot = 0.0f;
   if (valid) {
     const uint4 o_raw = *reinterpret_cast<const uint4*>(static_cast<const Element*>(bp.t.out) + offset);
@@ -39,7 +40,7 @@ __global__ void __launch_bounds__(kPrepostThreads) attention_bwd_preprocess(cons
     const Element* o = reinterpret_cast<const Element*>(&o_raw);
     const Element* d_o = reinterpret_cast<const Element*>(&do_raw);
 #pragma unroll
-    for (int e = 0; e < kChunkElems; ++e) dot += to_float(o[e]) * to_float(d_o[e]);
+    for (int e = 0; e < kVectorElems; ++e) dot += to_float(o[e]) * to_float(d_o[e]);
   }
 #pragma unroll
   for (int width = kLanesPerRow / 2; width > 0; width /= 2) dot += __shfl_xor_sync(0xffffffffu, dot, width);
@@ -59,7 +60,7 @@ __global__ void __launch_bounds__(kPrepostThreads) attention_bwd_preprocess(cons
 template <class Element, int kHeadDim>
 __global__ void __launch_bounds__(kPrepostThreads) attention_bwd_convert_dq(const __grid_constant__ BackwardParams bp) {
   const AttentionParams& p = bp.p;
-  const int64_t vectors = int64_t{p.batch} * p.seqlen_q * p.heads_q * (kHeadDim / kChunkElems);
+  const int64_t vectors = int64_t{p.batch} * p.seqlen_q * p.heads_q * (kHeadDim / kVectorElems);
   const int64_t v = int64_t{blockIdx.x} * kPrepostThreads + threadIdx.x;
   if (v >= vectors) return;
   const float4* src = reinterpret_cast<const float4*>(bp.dq_accum) + 2 * v;
@@ -72,4 +73,4 @@ __global__ void __launch_bounds__(kPrepostThreads) attention_bwd_convert_dq(cons
   reinterpret_cast<uint4*>(bp.t.dq)[v] = packed;
 }
 
-}  // namespace jax_flash::sm80
+}  // namespace jax_flash

@@ -1,0 +1,69 @@
+// run_backward: the backward's three launches on XLA's stream (common/backward_prepost.cuh's preprocess, the
+// family's kernel in the variant the call needs, the dq conversion), with grid and shared-memory checks. Kernels<T>
+// names the family's kernel template: Kernels::template get<kMask, kSoftcap>().
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <atomic>
+#include <climits>
+#include <cstdint>
+#include <string>
+
+#include "common/backward_params.h"
+#include "common/backward_prepost.cuh"
+#include "common/launch_util.h"
+
+namespace jax_flash {
+
+template <class T, class Kernels, bool kMask, bool kSoftcap>
+std::string launch_backward_kernel(const BackwardParams& bp, int64_t num_blocks, cudaStream_t stream) {
+  auto kernel = Kernels::template get<kMask, kSoftcap>();
+  static std::atomic<uint64_t> opted_in_devices{0};
+  if (std::string failure = opt_in_shared_memory(kernel, T::kSmemBytes, opted_in_devices); !failure.empty()) {
+    return failure;
+  }
+  kernel<<<static_cast<unsigned>(num_blocks), T::kNumThreads, T::kSmemBytes, stream>>>(bp);
+  if (cudaError_t err = cudaGetLastError(); err != cudaSuccess) return cuda_failure("backward kernel launch", err);
+  return {};
+}
+
+// T: the family's traits (Element, kHeadDim, kBlockKV, kNumThreads, kSmemBytes).
+template <class T, class Kernels>
+std::string run_backward(const BackwardParams& bp, cudaStream_t stream) {
+  using Element = typename T::Element;
+  constexpr int kHeadDim = T::kHeadDim;
+  const AttentionParams& p = bp.p;
+  const int64_t rows = int64_t{p.batch} * p.seqlen_q * p.heads_q;
+  const int64_t kv_blocks = (int64_t{p.seqlen_k} + T::kBlockKV - 1) / T::kBlockKV * p.heads_k * p.batch;
+  constexpr int kRowsPerPreBlock = kPrepostThreads / (kHeadDim / kVectorElems);
+  const int64_t pre_blocks = (rows + kRowsPerPreBlock - 1) / kRowsPerPreBlock;
+  const int64_t convert_blocks = (rows * (kHeadDim / kVectorElems) + kPrepostThreads - 1) / kPrepostThreads;
+  if (convert_blocks > INT_MAX || kv_blocks > INT_MAX) {
+    return "backward grid of " + std::to_string(convert_blocks > kv_blocks ? convert_blocks : kv_blocks) +
+           " thread blocks exceeds 2^31-1; split the batch";
+  }
+  if (pre_blocks > 0) {
+    attention_bwd_preprocess<Element, kHeadDim><<<static_cast<unsigned>(pre_blocks), kPrepostThreads, 0, stream>>>(bp);
+    if (cudaError_t err = cudaGetLastError(); err != cudaSuccess) return cuda_failure("backward preprocess", err);
+  }
+  if (kv_blocks > 0) {
+    const bool mask = p.window_left < kUnbounded || p.window_right < kUnbounded || p.kv_lengths != nullptr ||
+                      p.q_lengths != nullptr || p.seqlen_k % T::kBlockKV != 0;
+    const bool softcap = p.softcap > 0.0f;
+    std::string failure =
+        mask ? (softcap ? launch_backward_kernel<T, Kernels, true, true>(bp, kv_blocks, stream)
+                        : launch_backward_kernel<T, Kernels, true, false>(bp, kv_blocks, stream))
+             : (softcap ? launch_backward_kernel<T, Kernels, false, true>(bp, kv_blocks, stream)
+                        : launch_backward_kernel<T, Kernels, false, false>(bp, kv_blocks, stream));
+    if (!failure.empty()) return failure;
+  }
+  if (convert_blocks > 0) {
+    attention_bwd_convert_dq<Element, kHeadDim>
+        <<<static_cast<unsigned>(convert_blocks), kPrepostThreads, 0, stream>>>(bp);
+    if (cudaError_t err = cudaGetLastError(); err != cudaSuccess) return cuda_failure("backward dq conversion", err);
+  }
+  return {};
+}
+
+}  // namespace jax_flash

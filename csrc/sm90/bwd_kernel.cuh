@@ -1,0 +1,285 @@
+// The sm90-family attention backward: the algorithm of sm80/bwd_kernel.cuh (one thread block per kBlockKV = 128 keys
+// of one (batch, kv head), dK and dV in registers, a walk over the (query head, query block) items that see the keys,
+// dQ by float32 atomics) with every product on wgmma. Two warpgroups, 64 keys each:
+//   S^T, dP^T (64 x kBlockQ) = K_wg Q^T, V_wg dO^T    wgmma, A and B K-major in shared memory
+//   dV, dK (64 x D) += P^T dO, dS^T Q                  wgmma, A (P^T, dS^T) from registers, B MN-major
+//   dQ (64 x 64) = dS K                                wgmma, A (dS^T in shared memory) and B MN-major;
+//                                                      warpgroup w: query rows 64w.. (kBlockQ = 128) or D columns 64w..
+// Tiles are 128-byte-swizzled panels of 64 columns (what the descriptors expect), filled by cp.async from all threads;
+// the next item's Q, dO, lse and delta load while this one computes.
+#pragma once
+
+#include <cmath>
+#include <cstdint>
+
+#include "common/backward_params.h"
+#include "common/backward_rows.cuh"
+#include "common/visibility.h"
+#include "sm90/ptx.cuh"
+#include "sm90/wgmma_ops.cuh"
+
+namespace jax_flash::sm90 {
+
+template <class Element_, int kHeadDim_>
+struct BwdTraits {
+  using Element = Element_;
+  static constexpr int kHeadDim = kHeadDim_;
+  static constexpr int kBlockKV = 128;
+  // Query rows per item: 128 at D = 64 (dQ splits by rows over the two warpgroups), 64 at D = 128 (by columns), so
+  // each warpgroup's dQ is 64 x 64 and its S^T, dP^T, dK, dV accumulators stay within 224 registers.
+  static constexpr int kBlockQ = kHeadDim == 64 ? 128 : 64;
+  static constexpr int kNumThreads = 256;
+  static constexpr int kAlignSlack = 1024;
+  static constexpr int kRowBytes = 128;  // one panel row: 64 elements
+  static constexpr int kPanels = kHeadDim / 64;
+  static constexpr int kKVPanelBytes = kBlockKV * kRowBytes;
+  static constexpr int kQPanelBytes = kBlockQ * kRowBytes;
+  static constexpr int kKVBytes = kKVPanelBytes * kPanels;
+  static constexpr int kQBytes = kQPanelBytes * kPanels;
+  static constexpr int kScorePanelBytes = kBlockKV * kRowBytes;  // dS^T (kBlockKV, kBlockQ): kBlockQ / 64 panels
+  static constexpr int kScoreBytes = kScorePanelBytes * (kBlockQ / 64);
+  // K, V; Q and dO twice; dS^T; float32 lse2 and delta twice; each tile a whole number of 1024-byte swizzle atoms
+  // from a base the kernel rounds up to 1024 bytes.
+  static constexpr int kSmemBytes = 2 * kKVBytes + 4 * kQBytes + kScoreBytes + 4 * kBlockQ * 4 + kAlignSlack;
+  static constexpr bool kDQSplitRows = kBlockQ == 128;
+  static_assert(kHeadDim == 64 || kHeadDim == 128, "the sm90 backward covers head dims 64 and 128");
+};
+
+// Byte offset of (row, 16-byte chunk `chunk` of the row) in a panelled tile of kRows rows.
+template <int kRows>
+__device__ __forceinline__ uint32_t panel_offset(int row, int chunk) {
+  return (chunk / 8) * (kRows * 128) + row * 128 + (((chunk % 8) ^ (row % 8)) * 16);
+}
+
+// cp.async of rows [0, kRows) of a (rows, kHeadDim) global tile into the panelled layout; rows >= rows_valid are zeros.
+template <class Element, int kRows, int kHeadDim, int kThreads>
+__device__ __forceinline__ void copy_panels(uint32_t smem_tile, const Element* g, int64_t row_stride, int rows_valid,
+                                            int tid) {
+  constexpr int kRowChunks = kHeadDim / 8;
+  constexpr int kChunks = kRows * kRowChunks;
+  static_assert(kChunks % kThreads == 0, "chunks must split evenly over the threads");
+#pragma unroll
+  for (int i = 0; i < kChunks / kThreads; ++i) {
+    const int id = tid + i * kThreads;
+    const int row = id / kRowChunks, chunk = id % kRowChunks;
+    const bool valid = row < rows_valid;
+    const Element* src = valid ? g + row * row_stride + chunk * 8 : g;
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem_tile + panel_offset<kRows>(row, chunk)),
+                 "l"(src), "r"(valid ? 16 : 0)
+                 : "memory");
+  }
+}
+
+__device__ __forceinline__ void cp_async_commit_group() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
+template <int kPending>
+__device__ __forceinline__ void cp_async_wait_group() {
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(kPending) : "memory");
+}
+
+template <class T, bool kMask, bool kSoftcap>
+__global__ void __launch_bounds__(T::kNumThreads, 1) attention_bwd_kernel(const __grid_constant__ BackwardParams bp) {
+  using Element = typename T::Element;
+  constexpr int kBlockQ = T::kBlockQ, kBlockKV = T::kBlockKV, kD = T::kHeadDim;
+  const AttentionParams& p = bp.p;
+  extern __shared__ __align__(1024) char smem_raw[];
+  const uint32_t sK = (smem_address(smem_raw) + 1023) & ~1023u;
+  char* smem = smem_raw + (sK - smem_address(smem_raw));
+  const uint32_t sV = sK + T::kKVBytes;
+  const uint32_t sQ = sV + T::kKVBytes;       // 2 buffers
+  const uint32_t sdO = sQ + 2 * T::kQBytes;   // 2 buffers
+  const uint32_t sdS = sdO + 2 * T::kQBytes;  // dS^T
+  char* sdS_ptr = smem + (sdS - sK);
+  float* sLse2 = reinterpret_cast<float*>(smem + (sdS - sK) + T::kScoreBytes);  // 2 x kBlockQ
+  float* sDelta = sLse2 + 2 * kBlockQ;                                         // 2 x kBlockQ
+
+  const int tid = threadIdx.x, wg = tid / 128, warp = (tid / 32) % 4, lane = tid % 32;
+  const int num_kv_blocks = (p.seqlen_k + kBlockKV - 1) / kBlockKV;
+  const int kv_block = static_cast<int>(blockIdx.x % num_kv_blocks);
+  const int64_t head_batch = blockIdx.x / num_kv_blocks;
+  const int64_t kv_head = head_batch % p.heads_k, batch = head_batch / p.heads_k;
+  const BatchLengths len = batch_lengths(p, batch);
+  const int kv0 = kv_block * kBlockKV;
+  const int kv_rows = min(kBlockKV, p.seqlen_k - kv0);
+  const QueryBlocks qb = query_blocks_seeing(p, len, kv0, min(kv0 + kBlockKV, len.kv_len), kBlockQ);
+  const int group = p.q_heads_per_kv_head;
+  const int q_blocks = qb.end - qb.begin;
+  const int num_items = q_blocks * group;
+
+  const Element* gK = static_cast<const Element*>(p.k) + batch * p.k_batch_stride + kv_head * p.k_head_stride;
+  const Element* gV = static_cast<const Element*>(p.v) + batch * p.v_batch_stride + kv_head * p.v_head_stride;
+  if (num_items > 0) {
+    copy_panels<Element, kBlockKV, kD, T::kNumThreads>(sK, gK + kv0 * p.k_seq_stride, p.k_seq_stride,
+                                                       len.kv_len - kv0, tid);
+    copy_panels<Element, kBlockKV, kD, T::kNumThreads>(sV, gV + kv0 * p.v_seq_stride, p.v_seq_stride,
+                                                       len.kv_len - kv0, tid);
+  }
+  auto load_item = [&](int i) {
+    const int buf = i % 2;
+    const int64_t head = kv_head * group + i / q_blocks;
+    const int q0 = (qb.begin + i % q_blocks) * kBlockQ;
+    const int64_t q_offset = batch * p.q_batch_stride + head * p.q_head_stride + q0 * p.q_seq_stride;
+    copy_panels<Element, kBlockQ, kD, T::kNumThreads>(sQ + buf * T::kQBytes,
+                                                      static_cast<const Element*>(p.q) + q_offset, p.q_seq_stride,
+                                                      p.seqlen_q - q0, tid);
+    copy_panels<Element, kBlockQ, kD, T::kNumThreads>(sdO + buf * T::kQBytes,
+                                                      static_cast<const Element*>(bp.t.d_out) + q_offset,
+                                                      p.q_seq_stride, p.seqlen_q - q0, tid);
+    load_row_stats<kBlockQ>(bp, batch, head, q0, len, sLse2 + buf * kBlockQ, sDelta + buf * kBlockQ, tid);
+  };
+  if (num_items > 0) load_item(0);
+  cp_async_commit_group();
+
+  // Descriptors (ptx.cuh smem_descriptor): K-major operands step 32 bytes per k16 inside a panel and a panel per 4
+  // steps; MN-major ones step 16 rows (2048 bytes) per k16, their 64-column panels kPanelBytes apart (LBO).
+  const uint32_t wg_rows = wg * 64 * T::kRowBytes;  // this warpgroup's 64 keys of K and V
+  const uint64_t k_desc0 = smem_descriptor(sK + wg_rows, 16, 1024);
+  const uint64_t v_desc0 = smem_descriptor(sV + wg_rows, 16, 1024);
+  // dQ: rows 64 wg.. of dS (panel wg of dS^T) with all of K's columns, or all rows with K's panel wg.
+  const uint64_t ds_desc0 = smem_descriptor(sdS + (T::kDQSplitRows ? wg * T::kScorePanelBytes : 0),
+                                            T::kScorePanelBytes, 1024);
+  const uint64_t kmn_desc0 = smem_descriptor(sK + (T::kDQSplitRows ? 0 : wg * T::kKVPanelBytes), T::kKVPanelBytes,
+                                             1024);
+  auto k_major_step = [](int kk, int panel_bytes) { return (kk / 4) * panel_bytes + (kk % 4) * 32; };
+
+  float acc_dk[kD / 2], acc_dv[kD / 2];
+#pragma unroll
+  for (int i = 0; i < kD / 2; ++i) acc_dk[i] = acc_dv[i] = 0.0f;
+
+  const int diag = len.kv_len - len.q_len;
+  const int lo_off = p.window_left >= kUnbounded ? -kUnbounded : diag - p.window_left;
+  const int hi_off = p.window_right >= kUnbounded ? kUnbounded : diag + p.window_right;
+  const float cap_slope = p.softcap * p.softcap_scale;
+  // Accumulator element i of a 64 x N wgmma tile: row 16 warp + lane/4 + 8 ((i/2) % 2), column 8 (i/4) + 2 (lane%4) + i%2.
+  const int key_row0 = wg * 64 + warp * 16 + lane / 4;  // + 8 ((i/2) % 2)
+
+  for (int i = 0; i < num_items; ++i) {
+    const int buf = i % 2;
+    if (i + 1 < num_items) load_item(i + 1);
+    cp_async_commit_group();
+    cp_async_wait_group<1>();  // item i (and K, V) have landed
+    fence_proxy_async_smem();  // cp.async wrote through the generic proxy; wgmma reads through the async one
+    __syncthreads();
+    const int q0 = (qb.begin + i % q_blocks) * kBlockQ;
+    const uint32_t sQi = sQ + buf * T::kQBytes, sdOi = sdO + buf * T::kQBytes;
+    const float* lse2 = sLse2 + buf * kBlockQ;
+    const float* delta = sDelta + buf * kBlockQ;
+
+    // ---- S^T = K_wg Q^T, dP^T = V_wg dO^T (64 x kBlockQ) ---------------------------------------------------------
+    float acc_s[kBlockQ / 2], acc_dp[kBlockQ / 2];
+    {
+      const uint64_t q_desc0 = smem_descriptor(sQi, 16, 1024), do_desc0 = smem_descriptor(sdOi, 16, 1024);
+      wgmma_fence();
+#pragma unroll
+      for (int kk = 0; kk < kD / 16; ++kk) {
+        wgmma_ss<Element, kBlockQ>(acc_s, smem_offset(k_desc0, k_major_step(kk, T::kKVPanelBytes)),
+                                   smem_offset(q_desc0, k_major_step(kk, T::kQPanelBytes)), kk > 0);
+      }
+#pragma unroll
+      for (int kk = 0; kk < kD / 16; ++kk) {
+        wgmma_ss<Element, kBlockQ>(acc_dp, smem_offset(v_desc0, k_major_step(kk, T::kKVPanelBytes)),
+                                   smem_offset(do_desc0, k_major_step(kk, T::kQPanelBytes)), kk > 0);
+      }
+      wgmma_commit();
+      wgmma_wait<0>();
+      fence_registers(acc_s);
+      fence_registers(acc_dp);
+    }
+
+    // ---- P^T and dS^T in registers; dS^T also to shared memory for dQ ----------------------------------------------
+    const bool whole = !kMask || (kv0 + kBlockKV <= len.kv_len && q0 + kBlockQ <= len.q_len &&
+                                  kv0 + kBlockKV - 1 - q0 <= hi_off && kv0 - (q0 + kBlockQ - 1) >= lo_off);
+#pragma unroll
+    for (int e = 0; e < kBlockQ / 2; ++e) {
+      const int r = key_row0 + 8 * ((e / 2) % 2);
+      const int c = 8 * (e / 4) + 2 * (lane % 4) + e % 2;
+      float score = acc_s[e], slope = p.scale;
+      if constexpr (kSoftcap) {
+        const float t = tanhf(score * p.softcap_scale);
+        score = p.softcap * t;
+        slope = cap_slope * (1.0f - t * t);
+      }
+      float prob = exp2_approx(score * p.scale_log2 - lse2[c]);
+      if (kMask && !whole) {
+        const int key = kv0 + r, row = q0 + c;
+        if (key >= len.kv_len || row >= len.q_len || key - row < lo_off || key - row > hi_off) prob = 0.0f;
+      }
+      acc_s[e] = prob;
+      acc_dp[e] = prob * (acc_dp[e] - delta[c]) * slope;
+    }
+    uint32_t rP[kBlockQ / 16][4], rdS[kBlockQ / 16][4];
+#pragma unroll
+    for (int t = 0; t < kBlockQ / 16; ++t) {
+#pragma unroll
+      for (int j = 0; j < 4; ++j) {
+        rP[t][j] = pack2<Element>(acc_s[8 * t + 2 * j], acc_s[8 * t + 2 * j + 1]);
+        rdS[t][j] = pack2<Element>(acc_dp[8 * t + 2 * j], acc_dp[8 * t + 2 * j + 1]);
+      }
+      // rdS[t][j]: key row key_row0 + 8 (j % 2), query columns 16 t + 8 (j / 2) + 2 (lane % 4), +1
+#pragma unroll
+      for (int j = 0; j < 4; ++j) {
+        const int r = key_row0 + 8 * (j % 2);
+        const int c = 16 * t + 8 * (j / 2) + 2 * (lane % 4);
+        const uint32_t offset = (c / 64) * T::kScorePanelBytes + panel_offset<kBlockKV>(r, (c % 64) / 8) + (c % 8) * 2;
+        *reinterpret_cast<uint32_t*>(sdS_ptr + offset) = rdS[t][j];
+      }
+    }
+
+    // ---- dV += P^T dO, dK += dS^T Q (64 x D), A from registers ----------------------------------------------------
+    {
+      const uint64_t do_mn0 = smem_descriptor(sdOi, T::kQPanelBytes, 1024);
+      const uint64_t q_mn0 = smem_descriptor(sQi, T::kQPanelBytes, 1024);
+      wgmma_fence();
+#pragma unroll
+      for (int t = 0; t < kBlockQ / 16; ++t) wgmma_rs<Element, kD>(acc_dv, rP[t], smem_offset(do_mn0, t * 2048), 1);
+#pragma unroll
+      for (int t = 0; t < kBlockQ / 16; ++t) wgmma_rs<Element, kD>(acc_dk, rdS[t], smem_offset(q_mn0, t * 2048), 1);
+      wgmma_commit();
+    }
+    fence_proxy_async_smem();  // dS^T written by this thread, read next by wgmma
+    __syncthreads();           // both warpgroups' halves of dS^T are in place
+
+    // ---- dQ (this warpgroup's 64 x 64) = dS K, added into dq_accum ------------------------------------------------
+    float acc_dq[32];
+    wgmma_fence();
+#pragma unroll
+    for (int t = 0; t < kBlockKV / 16; ++t) {
+      wgmma_ss_tt<Element, 64>(acc_dq, smem_offset(ds_desc0, t * 2048), smem_offset(kmn_desc0, t * 2048), t > 0);
+    }
+    wgmma_commit();
+    wgmma_wait<0>();
+    fence_registers(acc_dq);
+    fence_registers(acc_dk);
+    fence_registers(acc_dv);
+    fence_registers(*reinterpret_cast<uint32_t(*)[kBlockQ / 4]>(&rP[0][0]));
+    fence_registers(*reinterpret_cast<uint32_t(*)[kBlockQ / 4]>(&rdS[0][0]));
+
+    const int64_t head = kv_head * group + i / q_blocks;
+    const int q_rows = min(kBlockQ, len.q_len - q0);  // rows past q_len get no gradient
+    const int dq_row0 = (T::kDQSplitRows ? wg * 64 : 0) + warp * 16 + lane / 4;
+    const int dq_col0 = (T::kDQSplitRows ? 0 : wg * 64) + 2 * (lane % 4);
+    float* dq_base = bp.dq_accum + ((batch * p.seqlen_q + q0) * p.heads_q + head) * p.head_dim;
+    const int64_t dq_row_stride = int64_t{p.heads_q} * p.head_dim;
+#pragma unroll
+    for (int e = 0; e < 32; e += 2) {
+      const int r = dq_row0 + 8 * ((e / 2) % 2), c = dq_col0 + 8 * (e / 4);
+      if (r < q_rows) atomicAdd(reinterpret_cast<float2*>(dq_base + r * dq_row_stride + c), make_float2(acc_dq[e], acc_dq[e + 1]));
+    }
+    __syncthreads();  // every warpgroup is done with this item's buffers and dS^T before they are refilled
+  }
+  cp_async_wait_group<0>();
+
+  // ---- dK, dV: rows below seqlen_k (zeros where no row sees the key) ------------------------------------------------
+  Element* gdK = static_cast<Element*>(bp.t.dk) + batch * p.k_batch_stride + kv_head * p.k_head_stride;
+  Element* gdV = static_cast<Element*>(bp.t.dv) + batch * p.v_batch_stride + kv_head * p.v_head_stride;
+#pragma unroll
+  for (int e = 0; e < kD / 2; e += 2) {
+    const int r = key_row0 + 8 * ((e / 2) % 2), c = 8 * (e / 4) + 2 * (lane % 4);
+    if (r < kv_rows) {
+      const int64_t key = kv0 + r;
+      *reinterpret_cast<uint32_t*>(gdK + key * p.k_seq_stride + c) = pack2<Element>(acc_dk[e], acc_dk[e + 1]);
+      *reinterpret_cast<uint32_t*>(gdV + key * p.v_seq_stride + c) = pack2<Element>(acc_dv[e], acc_dv[e + 1]);
+    }
+  }
+}
+
+}  // namespace jax_flash::sm90
