@@ -4,12 +4,11 @@
 //   S^T, dP^T (64 x kBlockQ) = K_wg Q^T, V_wg dO^T    wgmma, A and B K-major in shared memory
 //   dV, dK (64 x D) += P^T dO, dS^T Q                  wgmma, A (P^T, dS^T) from registers, B MN-major
 //   dQ (64 x 64) = dS K                                wgmma, A (dS^T in shared memory) and B MN-major;
-//                                                      warpgroup w: D columns 64w.. (D = 128) or, at D = 64, the
-//                                                      share of its own 64 keys (both shares add into dq_accum)
-// dQ leaves through a shared-memory stage and bulk reduce-adds into dq_accum (cp.reduce.async.bulk), which run while
-// the next item computes; S^T's exponentials overlap dP^T's wgmma, and dV's wgmma the dS^T arithmetic.
+//                                                      warpgroup w: query rows 64w.. (kBlockQ = 128) or D columns 64w..
 // Tiles are 128-byte-swizzled panels of 64 columns (what the descriptors expect), filled by cp.async from all threads;
-// the next item's Q, dO, lse and delta load while this one computes.
+// the next item's Q, dO, lse and delta load while this one computes. S^T's exponentials run beside dP^T's wgmma and
+// dS^T's arithmetic beside dV's. dQ goes out as float2 atomics: staging it in shared memory for 256-byte bulk
+// reduce-adds measured 7-11% slower at D = 128 (H200).
 #pragma once
 
 #include <cmath>
@@ -28,10 +27,10 @@ struct BwdTraits {
   using Element = Element_;
   static constexpr int kHeadDim = kHeadDim_;
   static constexpr int kBlockKV = 128;
-  // 64 query rows per item: S^T, dP^T (32 registers each), dK, dV (D / 2 each) and the 16-bit P^T, dS^T fragments fit
-  // 255 registers at D = 128 (128 rows spilled at D = 64). dQ (64 x 64 per warpgroup): at D = 128 warpgroup w takes
-  // columns 64w.. over all 128 keys; at D = 64 (kDQSplitKeys) all columns over its own 64 keys, and both add.
-  static constexpr int kBlockQ = 64;
+  // Query rows per item: 128 at D = 64 (dQ splits by rows over the two warpgroups), 64 at D = 128 (by columns), so
+  // each warpgroup's dQ is 64 x 64. 64 rows at D = 64 measured 35% slower (H200): twice the items and their fixed
+  // costs, for no spills instead of ~150 bytes in the masked variants.
+  static constexpr int kBlockQ = kHeadDim == 64 ? 128 : 64;
   static constexpr int kNumThreads = 256;
   static constexpr int kAlignSlack = 1024;
   static constexpr int kRowBytes = 128;  // one panel row: 64 elements
@@ -40,16 +39,12 @@ struct BwdTraits {
   static constexpr int kQPanelBytes = kBlockQ * kRowBytes;
   static constexpr int kKVBytes = kKVPanelBytes * kPanels;
   static constexpr int kQBytes = kQPanelBytes * kPanels;
-  static constexpr int kScoreBytes = kBlockKV * kRowBytes;  // dS^T (kBlockKV, kBlockQ = 64): one panel
-  // Each warpgroup's 64 x 64 dQ share, float32, staged for the bulk reduce-add into dq_accum; rows padded by 16 bytes
-  // so a warp's float2 stores spread over the banks (the bulk copies go row by row, 256 contiguous bytes each).
-  static constexpr int kDQPitch = 68;  // floats
-  static constexpr int kDQStageBytes = 64 * kDQPitch * 4;
-  // K, V; Q and dO twice; dS^T; the two dQ stages; float32 lse2 and delta twice; each tile a whole number of 1024-byte swizzle atoms
+  static constexpr int kScorePanelBytes = kBlockKV * kRowBytes;  // dS^T (kBlockKV, kBlockQ): kBlockQ / 64 panels
+  static constexpr int kScoreBytes = kScorePanelBytes * (kBlockQ / 64);
+  // K, V; Q and dO twice; dS^T; float32 lse2 and delta twice; each tile a whole number of 1024-byte swizzle atoms
   // from a base the kernel rounds up to 1024 bytes.
-  static constexpr int kSmemBytes =
-      2 * kKVBytes + 4 * kQBytes + kScoreBytes + 2 * kDQStageBytes + 4 * kBlockQ * 4 + kAlignSlack;
-  static constexpr bool kDQSplitKeys = kHeadDim == 64;
+  static constexpr int kSmemBytes = 2 * kKVBytes + 4 * kQBytes + kScoreBytes + 4 * kBlockQ * 4 + kAlignSlack;
+  static constexpr bool kDQSplitRows = kBlockQ == 128;
   static_assert(kHeadDim == 64 || kHeadDim == 128, "the sm90 backward covers head dims 64 and 128");
 };
 
@@ -97,13 +92,10 @@ __global__ void __launch_bounds__(T::kNumThreads, 1) attention_bwd_kernel(const 
   const uint32_t sdO = sQ + 2 * T::kQBytes;   // 2 buffers
   const uint32_t sdS = sdO + 2 * T::kQBytes;  // dS^T
   char* sdS_ptr = smem + (sdS - sK);
-  const int tid = threadIdx.x, wg = tid / 128, warp = (tid / 32) % 4, lane = tid % 32, wg_thread = tid % 128;
-  const uint32_t sdQ = sdS + T::kScoreBytes;  // 2 x (64, kDQPitch) float32, one per warpgroup
-  const uint32_t sdQ_wg = sdQ + wg * T::kDQStageBytes;
-  char* sdQ_ptr = smem + (sdQ_wg - sK);
-  float* sLse2 = reinterpret_cast<float*>(smem + (sdQ - sK) + 2 * T::kDQStageBytes);  // 2 x kBlockQ
+  float* sLse2 = reinterpret_cast<float*>(smem + (sdS - sK) + T::kScoreBytes);  // 2 x kBlockQ
   float* sDelta = sLse2 + 2 * kBlockQ;                                         // 2 x kBlockQ
 
+  const int tid = threadIdx.x, wg = tid / 128, warp = (tid / 32) % 4, lane = tid % 32;
   const int num_kv_blocks = (p.seqlen_k + kBlockKV - 1) / kBlockKV;
   const int kv_block = static_cast<int>(blockIdx.x % num_kv_blocks);
   const int64_t head_batch = blockIdx.x / num_kv_blocks;
@@ -145,12 +137,11 @@ __global__ void __launch_bounds__(T::kNumThreads, 1) attention_bwd_kernel(const 
   const uint32_t wg_rows = wg * 64 * T::kRowBytes;  // this warpgroup's 64 keys of K and V
   const uint64_t k_desc0 = smem_descriptor(sK + wg_rows, 16, 1024);
   const uint64_t v_desc0 = smem_descriptor(sV + wg_rows, 16, 1024);
-  // dQ: A = dS (64 queries x keys, MN-major from dS^T), B = K (keys x 64 columns, MN-major).
-  const uint32_t dq_keys = T::kDQSplitKeys ? wg_rows : 0;
-  const uint64_t ds_desc0 = smem_descriptor(sdS + dq_keys, T::kScoreBytes, 1024);
-  const uint64_t kmn_desc0 = smem_descriptor(sK + dq_keys + (T::kDQSplitKeys ? 0 : wg * T::kKVPanelBytes),
-                                             T::kKVPanelBytes, 1024);
-  constexpr int kDQKeySteps = (T::kDQSplitKeys ? 64 : kBlockKV) / 16;
+  // dQ: rows 64 wg.. of dS (panel wg of dS^T) with all of K's columns, or all rows with K's panel wg.
+  const uint64_t ds_desc0 = smem_descriptor(sdS + (T::kDQSplitRows ? wg * T::kScorePanelBytes : 0),
+                                            T::kScorePanelBytes, 1024);
+  const uint64_t kmn_desc0 = smem_descriptor(sK + (T::kDQSplitRows ? 0 : wg * T::kKVPanelBytes), T::kKVPanelBytes,
+                                             1024);
   auto k_major_step = [](int kk, int panel_bytes) { return (kk / 4) * panel_bytes + (kk % 4) * 32; };
 
   float acc_dk[kD / 2], acc_dv[kD / 2];
@@ -176,7 +167,6 @@ __global__ void __launch_bounds__(T::kNumThreads, 1) attention_bwd_kernel(const 
     const float* lse2 = sLse2 + buf * kBlockQ;
     const float* delta = sDelta + buf * kBlockQ;
 
-    // ---- S^T = K_wg Q^T, dP^T = V_wg dO^T (64 x kBlockQ), two wgmma groups --------------------------------------
     float acc_s[kBlockQ / 2], acc_dp[kBlockQ / 2];
     {
       const uint64_t q_desc0 = smem_descriptor(sQi, 16, 1024), do_desc0 = smem_descriptor(sdOi, 16, 1024);
@@ -194,11 +184,9 @@ __global__ void __launch_bounds__(T::kNumThreads, 1) attention_bwd_kernel(const 
       }
       wgmma_commit();
     }
-
-    // ---- P^T (while dP^T's wgmma runs), then dV += P^T dO with A from registers -----------------------------------
     wgmma_wait<1>();
     fence_registers(acc_s);
-    if constexpr (kSoftcap) {  // dS^T needs each score's slope: computed here at once rather than held
+    if constexpr (kSoftcap) {
       wgmma_wait<0>();
       fence_registers(acc_dp);
     }
@@ -222,7 +210,6 @@ __global__ void __launch_bounds__(T::kNumThreads, 1) attention_bwd_kernel(const 
       acc_s[e] = prob;
       if constexpr (kSoftcap) acc_dp[e] = prob * (acc_dp[e] - delta[c]) * slope;
     }
-    // Fragment t, register j: key row key_row0 + 8 (j % 2), query columns 16 t + 8 (j / 2) + 2 (lane % 4), +1.
     uint32_t rP[kBlockQ / 16][4], rdS[kBlockQ / 16][4];
 #pragma unroll
     for (int t = 0; t < kBlockQ / 16; ++t)
@@ -234,10 +221,8 @@ __global__ void __launch_bounds__(T::kNumThreads, 1) attention_bwd_kernel(const 
 #pragma unroll
     for (int t = 0; t < kBlockQ / 16; ++t) wgmma_rs<Element, kD>(acc_dv, rP[t], smem_offset(do_mn0, t * 2048), 1);
     wgmma_commit();
-
-    // ---- dS^T = P^T o (dP^T - delta) o slope: registers for dK, shared memory for dQ ------------------------------
     if constexpr (!kSoftcap) {
-      wgmma_wait<1>();  // dP^T has landed (dV may still run)
+      wgmma_wait<1>();
       fence_registers(acc_dp);
 #pragma unroll
       for (int e = 0; e < kBlockQ / 2; ++e) {
@@ -252,7 +237,7 @@ __global__ void __launch_bounds__(T::kNumThreads, 1) attention_bwd_kernel(const 
         rdS[t][j] = pack2<Element>(acc_dp[8 * t + 2 * j], acc_dp[8 * t + 2 * j + 1]);
         const int r = key_row0 + 8 * (j % 2);
         const int c = 16 * t + 8 * (j / 2) + 2 * (lane % 4);
-        const uint32_t offset = panel_offset<kBlockKV>(r, c / 8) + (c % 8) * 2;
+        const uint32_t offset = (c / 64) * T::kScorePanelBytes + panel_offset<kBlockKV>(r, (c % 64) / 8) + (c % 8) * 2;
         *reinterpret_cast<uint32_t*>(sdS_ptr + offset) = rdS[t][j];
       }
     }
@@ -261,51 +246,36 @@ __global__ void __launch_bounds__(T::kNumThreads, 1) attention_bwd_kernel(const 
     for (int t = 0; t < kBlockQ / 16; ++t) wgmma_rs<Element, kD>(acc_dk, rdS[t], smem_offset(q_mn0, t * 2048), 1);
     wgmma_commit();
     fence_proxy_async_smem();  // dS^T written by this thread, read next by wgmma
-    if constexpr (T::kDQSplitKeys) {
-      named_barrier_sync(1 + wg, 128);  // this warpgroup's rows of dS^T are in place
-    } else {
-      __syncthreads();  // both warpgroups' rows of dS^T are in place
-    }
+    __syncthreads();           // both warpgroups' halves of dS^T are in place
 
-    // ---- dQ (this warpgroup's 64 x 64) = dS K -> stage -> bulk reduce-add into dq_accum ----------------------------
+    // ---- dQ (this warpgroup's 64 x 64) = dS K, added into dq_accum ------------------------------------------------
     float acc_dq[32];
     wgmma_fence();
 #pragma unroll
-    for (int t = 0; t < kDQKeySteps; ++t) {
+    for (int t = 0; t < kBlockKV / 16; ++t) {
       wgmma_ss_tt<Element, 64>(acc_dq, smem_offset(ds_desc0, t * 2048), smem_offset(kmn_desc0, t * 2048), t > 0);
     }
     wgmma_commit();
-    // The previous item's bulk reductions have read the stage (they were issued by threads 0-63 of this warpgroup).
-    if (wg_thread < 64) bulk_wait_group_read0();
-    named_barrier_sync(1 + wg, 128);
     wgmma_wait<0>();
     fence_registers(acc_dq);
     fence_registers(acc_dk);
     fence_registers(acc_dv);
     fence_registers(*reinterpret_cast<uint32_t(*)[kBlockQ / 4]>(&rP[0][0]));
     fence_registers(*reinterpret_cast<uint32_t(*)[kBlockQ / 4]>(&rdS[0][0]));
+
+    const int64_t head = kv_head * group + i / q_blocks;
+    const int q_rows = min(kBlockQ, len.q_len - q0);  // rows past q_len get no gradient
+    const int dq_row0 = (T::kDQSplitRows ? wg * 64 : 0) + warp * 16 + lane / 4;
+    const int dq_col0 = (T::kDQSplitRows ? 0 : wg * 64) + 2 * (lane % 4);
+    float* dq_base = bp.dq_accum + ((batch * p.seqlen_q + q0) * p.heads_q + head) * p.head_dim;
+    const int64_t dq_row_stride = int64_t{p.heads_q} * p.head_dim;
 #pragma unroll
     for (int e = 0; e < 32; e += 2) {
-      const int r = warp * 16 + lane / 4 + 8 * ((e / 2) % 2), c = 8 * (e / 4) + 2 * (lane % 4);
-      *reinterpret_cast<float2*>(sdQ_ptr + (r * T::kDQPitch + c) * 4) = make_float2(acc_dq[e], acc_dq[e + 1]);
-    }
-    fence_proxy_async_smem();
-    named_barrier_sync(1 + wg, 128);
-    {
-      // thread r < 64 of the warpgroup adds stage row r into its dQ row of dq_accum (64 columns, 256 bytes)
-      const int64_t head = kv_head * group + i / q_blocks;
-      const int r = wg_thread;
-      const int row = q0 + r;
-      if (r < 64 && row < len.q_len) {  // rows past q_len get no gradient
-        float* dst = bp.dq_accum + ((batch * p.seqlen_q + row) * p.heads_q + head) * p.head_dim +
-                     (T::kDQSplitKeys ? 0 : wg * 64);
-        bulk_reduce_add_f32(dst, sdQ_wg + r * T::kDQPitch * 4, 64 * 4);
-        bulk_commit_group();
-      }
+      const int r = dq_row0 + 8 * ((e / 2) % 2), c = dq_col0 + 8 * (e / 4);
+      if (r < q_rows) atomicAdd(reinterpret_cast<float2*>(dq_base + r * dq_row_stride + c), make_float2(acc_dq[e], acc_dq[e + 1]));
     }
     __syncthreads();  // every warpgroup is done with this item's buffers and dS^T before they are refilled
   }
-  if (wg_thread < 64) bulk_wait_group0();  // the reductions have landed (and read the stage) before the block exits
   cp_async_wait_group<0>();
 
   // ---- dK, dV: rows below seqlen_k (zeros where no row sees the key) ------------------------------------------------

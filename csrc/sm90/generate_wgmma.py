@@ -12,7 +12,7 @@ SS_N_VALUES = (64, 80, 128, 160, 192)  # S = Q K^T: N = block_kv
 RS_N_VALUES = (64, 128, 256)       # O += P V: N = head_dim
 RS_K_N_VALUES = SS_N_VALUES      # S = Q K^T with Q from registers (traits.cuh, kQInRegs): N = block_kv
 SS_TB_N_VALUES = (64, 128)         # O += P V with P from shared memory (three consumers): N = head_dim
-SS_TT_N_VALUES = (32, 64)          # the backward's dQ = dS K, dS^T and K stored row-major: N = a warpgroup's dQ columns
+SS_TT_N_VALUES = (64,)             # the backward's dQ = dS K (dS^T and K stored row-major): a warpgroup's 64 columns
 TYPES = {"__half": "f16", "__nv_bfloat16": "bf16"}
 
 

@@ -89,14 +89,6 @@ __device__ __forceinline__ void tma_store_4d(const CUtensorMap* map, const void*
                "r"(smem_address(smem_src)), "r"(c0), "r"(c1), "r"(c2), "r"(c3)
                : "memory");
 }
-// ---- bulk reduction shared -> global: dst[i] += src[i] for `bytes` / 4 floats (16-byte aligned, a multiple of 16),
-// tracked by the bulk async-groups like the stores above.
-__device__ __forceinline__ void bulk_reduce_add_f32(float* dst, uint32_t smem_src, uint32_t bytes) {
-  asm volatile("cp.reduce.async.bulk.global.shared::cta.bulk_group.add.f32 [%0], [%1], %2;\n" ::"l"(dst),
-               "r"(smem_src), "r"(bytes)
-               : "memory");
-}
-
 __device__ __forceinline__ void bulk_commit_group() { asm volatile("cp.async.bulk.commit_group;\n" ::: "memory"); }
 // This thread's committed bulk stores have finished reading shared memory (the source may be overwritten) ...
 __device__ __forceinline__ void bulk_wait_group_read0() {
