@@ -38,6 +38,7 @@ struct AttentionAttrs {
   int64_t has_kv_lengths;  // read the kv_lengths operand (else every key is valid)
   int64_t return_lse;  // write the lse result
   int64_t paged;  // k and v are (num_pages, page_size, Hk, D) pages named by the page_table operand
+  int64_t deterministic;  // the GPU backward adds dQ in a fixed order (no float atomics): bitwise repeatable
 };
 
 }  // namespace jax_flash
@@ -69,4 +70,5 @@ XLA_FFI_REGISTER_STRUCT_ATTR_DECODING(jax_flash::AttentionAttrs,
                                       ::xla::ffi::StructMember<int64_t>("has_q_lengths"),
                                       ::xla::ffi::StructMember<int64_t>("has_kv_lengths"),
                                       ::xla::ffi::StructMember<int64_t>("return_lse"),
-                                      ::xla::ffi::StructMember<int64_t>("paged"));
+                                      ::xla::ffi::StructMember<int64_t>("paged"),
+                                      ::xla::ffi::StructMember<int64_t>("deterministic"));

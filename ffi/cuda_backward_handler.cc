@@ -76,6 +76,18 @@ ffi::Error attention_bwd_cuda_impl(cudaStream_t stream, ffi::ScratchAllocator sc
   }
   params.dq_accum = static_cast<float*>(*dq_accum);
   params.delta = static_cast<float*>(*delta);
+  if (attrs.deterministic) {  // one turn counter per 64 query rows of each (batch, head)
+    const int64_t rows_q = q.dimensions()[1];
+    params.dq_turn_count = q.dimensions()[0] * q.dimensions()[2] * ((rows_q + kDQTurnRows - 1) / kDQTurnRows);
+    std::optional<void*> turns = scratch.Allocate(
+        std::max<size_t>(static_cast<size_t>(params.dq_turn_count) * sizeof(int), 16), kScratchAlignment);
+    if (!turns.has_value()) {
+      return ffi::Error(ffi::ErrorCode::kResourceExhausted,
+                        "jax_flash: could not allocate the deterministic backward's turn counters (" +
+                            std::to_string(params.dq_turn_count * 4) + " bytes of scratch memory)");
+    }
+    params.dq_turns = static_cast<int*>(*turns);
+  }
   if (std::string failure = run(params, stream); !failure.empty()) {
     return ffi::Error(ffi::ErrorCode::kInternal, "jax_flash: " + failure);
   }

@@ -25,7 +25,7 @@ except AttributeError:  # moved out of the public jax.core in newer releases
 
 def attention(q, k, v, cfg: KernelConfig | None = None, *, causal: bool = False, softmax_scale: float | None = None,
               window: tuple[int, int] | None = None, softcap: float | None = None, q_lengths=None, kv_lengths=None,
-              page_table=None, return_lse: bool = False):
+              page_table=None, return_lse: bool = False, deterministic: bool = False):
     """FlashAttention forward: softmax(scale * q k^T, masked) v, computed blockwise without the (Sq, Sk) matrix.
 
     Args:
@@ -42,7 +42,7 @@ def attention(q, k, v, cfg: KernelConfig | None = None, *, causal: bool = False,
       window: (left, right) local window measured from that same diagonal, -1 (or 2^31 and more) = unbounded on that
         side; combines with causal (which caps right at 0).
       softcap: scores become softcap * tanh(scores / softcap) before masking and softmax; a float32 normal number.
-      causal, softmax_scale, window, softcap, return_lse and cfg are static: each new value compiles a new kernel call
+      causal, softmax_scale, window, softcap, return_lse, deterministic and cfg are static: each new value compiles a new kernel call
         (mark them static_argnames when you jit attention itself). Numpy scalars and concrete 0-d jax arrays are
         accepted.
       q_lengths, kv_lengths: int32 (batch,) actual lengths (traced: changing them does not recompile). Keys at or
@@ -53,11 +53,13 @@ def attention(q, k, v, cfg: KernelConfig | None = None, *, causal: bool = False,
         kv_lengths[b] are never read and may hold anything (-1 included). A page id outside [0, num_pages) for a key
         some row sees raises on CPU and reads as zeros on GPU.
       return_lse: also return the float32 (batch, heads_q, seq_q) natural log-sum-exp of the scaled scores.
+      deterministic: the GPU backward adds each query block's dQ shares in key-block order instead of with float
+        atomics, so gradients repeat bit for bit (slower; the CPU backward always does). Static.
 
     Returns:
       out (batch, seq_q, heads_q, head_dim) in q's dtype, or (out, lse) with return_lse. A row that sees no key
-      gives zeros and lse -inf. Works eagerly and under jax.jit/vmap; differentiable (jax.grad, jax.jvp; the backward
-      runs on CPU in this version, jax_flash/_autodiff.py).
+      gives zeros and lse -inf. Works eagerly and under jax.jit/vmap; differentiable (jax.grad, jax.jvp, on CPU and
+      GPU: jax_flash/_autodiff.py).
     """
     q, k, v = (_as_array(x, name) for x, name in ((q, "q"), (k, "k"), (v, "v")))
     for name, x in (("q", q), ("k", k), ("v", v)):
@@ -89,6 +91,7 @@ def attention(q, k, v, cfg: KernelConfig | None = None, *, causal: bool = False,
         raise TypeError(f"cfg must be a jax_flash.KernelConfig or None, got {type(cfg).__name__}: {cfg!r}")
     causal = _static_bool(causal, "causal")
     return_lse = _static_bool(return_lse, "return_lse")
+    deterministic = _static_bool(deterministic, "deterministic")
     head_dim = q.shape[3]
     if softmax_scale is None:
         softmax_scale = 1.0 / math.sqrt(head_dim) if isinstance(head_dim, int) and head_dim > 0 else 1.0
@@ -123,7 +126,7 @@ def attention(q, k, v, cfg: KernelConfig | None = None, *, causal: bool = False,
         q, k, v, q_len_arr, kv_len_arr, page_table, cfg=cfg, softmax_scale=float(softmax_scale), causal=bool(causal),
         window_left=window_left, window_right=window_right, softcap=float(softcap or 0.0),
         has_q_lengths=lengths[0] is not None, has_kv_lengths=lengths[1] is not None, return_lse=bool(return_lse),
-        paged=paged)
+        paged=paged, deterministic=bool(deterministic))
     return (out, lse) if return_lse else out
 
 

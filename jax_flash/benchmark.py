@@ -60,12 +60,16 @@ def _other_families(dtype, head_dim: int) -> dict:
     return others
 
 
-def _implementations(platform: str, dtype, head_dim: int, configs: str, causal: bool, family: str = "all"):
+def _implementations(platform: str, dtype, head_dim: int, configs: str, causal: bool, family: str = "all",
+                     pass_: str = "forward"):
     """name -> fn(q, k, v) for everything that can run here (`family` filters `configs="compiled"`)."""
     impls = {}
     if configs == "default":
         impls["jax_flash"] = lambda q, k, v: jax_flash.attention(q, k, v, causal=causal)
-        if platform == "gpu":  # the other family's best compiled config beside the default, where it can run
+        if platform == "gpu" and pass_ != "forward":  # the backward's other variant: dQ without float atomics
+            impls["jax_flash_deterministic"] = lambda q, k, v: jax_flash.attention(q, k, v, causal=causal,
+                                                                                 deterministic=True)
+        elif platform == "gpu":  # the other family's best compiled config beside the default, where it can run
             for other, cfg in _other_families(dtype, head_dim).items():
                 impls[f"jax_flash_{other}"] = lambda q, k, v, cfg=cfg: jax_flash.attention(q, k, v, cfg=cfg,
                                                                                              causal=causal)
@@ -146,7 +150,7 @@ def run(args) -> list[dict]:
               file=sys.stderr, flush=True)
         results = {}
         impls = {name: fn for name, fn in _implementations(platform, dtype, head_dim, args.configs, causal,
-                                                              args.family).items()
+                                                              args.family, args.pass_).items()
                  # (XLA materialises (S, S) scores: too slow and too large at long sequences)
                  if not (name == "xla" and seq > args.xla_max_seq)}
         timed = {}

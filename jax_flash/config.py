@@ -356,6 +356,7 @@ CALL_ATTRIBUTES: tuple[tuple[str, str, str], ...] = (
     ("has_kv_lengths", "bool", "read the kv_lengths operand (else every key is valid)"),
     ("return_lse", "bool", "write the lse result"),
     ("paged", "bool", "k and v are (num_pages, page_size, Hk, D) pages named by the page_table operand"),
+    ("deterministic", "bool", "the GPU backward adds dQ in a fixed order (no float atomics): bitwise repeatable"),
 )
 
 

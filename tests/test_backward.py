@@ -39,6 +39,7 @@ def assert_grads_close(q, k, v, seed=0, lse=False, **kwargs):
     if lse:
         kwargs["lse_weight"] = jax.random.normal(jax.random.PRNGKey(seed + 1), (q.shape[0], q.shape[2], q.shape[1]))
     grads = jax.jit(jax.grad(_loss(jax_flash.attention, weights, **dict(kwargs)), argnums=(0, 1, 2)))(q, k, v)
+    kwargs.pop("deterministic", None)  # (the reference has one order of summation anyway)
     f32 = [x.astype(jnp.float32) for x in (q, k, v)]
     ref = jax.grad(_loss(jax_flash.attention_reference, weights, **dict(kwargs)), argnums=(0, 1, 2))(*f32)
     lowp = jax.grad(_loss(lambda *a, **kw: jax_flash.attention_reference(*a, compute_dtype=q.dtype, **kw), weights,
@@ -220,3 +221,23 @@ def test_gpu_hlo_has_the_backward_custom_call():
                             argnums=(0, 1, 2))).lower(q, k, v).compile().as_text()
     assert "jax_flash_attention_bwd" in text
     assert not re.search(r"\[2,4,384,512\]|\[8,384,512\]", text), "a (Sq, Sk) buffer in the gradient's HLO"
+
+
+@requires_gpu
+@pytest.mark.parametrize("head_dim", [64, 128, 256])
+def test_gpu_deterministic_grads_repeat_bitwise(head_dim):
+    """deterministic=True: dQ shares added in key-block order, the same bits on every run, and still correct."""
+    q, k, v = random_qkv(12, 2, 700, 900, 8, 2, head_dim, jnp.bfloat16, GPU_DEVICES[0])
+    kwargs = dict(causal=True, kv_lengths=jnp.array([900, 610], jnp.int32))
+    grad = jax.jit(jax.grad(lambda q, k, v: jax_flash.attention(q, k, v, deterministic=True, **kwargs)
+                            .astype(jnp.float32).sum(), argnums=(0, 1, 2)))
+    first = [np.asarray(x) for x in grad(q, k, v)]
+    for _ in range(3):
+        for a, b in zip(first, grad(q, k, v)):
+            np.testing.assert_array_equal(a, np.asarray(b))
+    assert_grads_close(q, k, v, deterministic=True, **kwargs)
+
+
+def test_deterministic_is_accepted_on_cpu():
+    q, k, v = random_qkv(13, 1, 20, 30, 2, 1, 32, jnp.float32, CPU)
+    assert_grads_close(q, k, v, causal=True, deterministic=True)

@@ -35,16 +35,21 @@ def _cell(row: dict | None, name: str = "jax_flash", ratio: bool = True) -> str:
 def render_device(results: dict) -> str:
     rows = results["rows"]
     groups = sorted({(r["dtype"], r["head_dim"], r["causal"]) for r in rows})
-    head = ["dtype", "D", "causal"] + [f"S={s}" for s in SEQS] + ["cuDNN 16384", "sm80 16384"]
-    lines = [f"**{results['device']}**, {results['date']}, jax {results['jax']}: TFLOP/s of `jax_flash.attention` "
-             f"(cfg=None), ratio to cuDNN in the same run in brackets; cuDNN and the sm80 family at 16384 keys." +
+    # forward: the other GPU family at 16384 keys; backward / both: the deterministic backward there
+    other = "jax_flash_deterministic" if results.get("pass", "forward") != "forward" else "jax_flash_sm80"
+    other_head = "deterministic 16384" if other == "jax_flash_deterministic" else "sm80 16384"
+    what = {"forward": "", "backward": "'s backward", "both": "'s forward + backward"}[results.get("pass", "forward")]
+    head = ["dtype", "D", "causal"] + [f"S={s}" for s in SEQS] + ["cuDNN 16384", other_head]
+    lines = [f"**{results['device']}**, {results['date']}, jax {results['jax']}: TFLOP/s of `jax_flash.attention`"
+             f"{what} (cfg=None), ratio to cuDNN in the same run in brackets; cuDNN and "
+             f"{'deterministic=True' if other == 'jax_flash_deterministic' else 'the sm80 family'} at 16384 keys." +
              (f" {results['note']}." if results.get("note") else ""),
              "", "| " + " | ".join(head) + " |", "| " + " | ".join("---" for _ in head) + " |"]
     for dtype, head_dim, causal in groups:
         by_seq = {r["seq"]: r for r in rows if (r["dtype"], r["head_dim"], r["causal"]) == (dtype, head_dim, causal)}
         last = by_seq.get(SEQS[-1])
         cells = [dtype, str(head_dim), "yes" if causal else "no"] + [_cell(by_seq.get(s)) for s in SEQS]
-        cells += [_cell(last, "cudnn", ratio=False), _cell(last, "jax_flash_sm80", ratio=False)]
+        cells += [_cell(last, "cudnn", ratio=False), _cell(last, other, ratio=False)]
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"
 

@@ -20,12 +20,19 @@ struct BackwardTensors {
 
 // The GPU backward's launch arguments: the forward's params, the tensors, and float32 scratch from the caller:
 //   dq_accum (B, Sq, Hq, D): dQ summed over key blocks (atomics), converted to the input dtype at the end;
-//   delta (B, Hq, Sq): rowsum(dO o O) - d_lse, the softmax-gradient term of every row.
+//   delta (B, Hq, Sq): rowsum(dO o O) - d_lse, the softmax-gradient term of every row;
+//   dq_turns (B, Hq, ceil(Sq / 64)) int32, or nullptr: deterministic dQ (common/backward_rows.cuh, DQTurn): the key
+//   blocks that see a query block add their dQ shares one after another in key-block order, with plain loads and
+//   stores, instead of float atomics in whatever order they arrive.
 struct BackwardParams {
   AttentionParams p;
   BackwardTensors t;
   float* dq_accum;
   float* delta;
+  int* dq_turns;
+  int64_t dq_turn_count;  // B * Hq * ceil(Sq / 64): zeroed by the preprocess
 };
+
+inline constexpr int kDQTurnRows = 64;  // dq_turns holds one counter per 64 query rows (the smallest block_q)
 
 }  // namespace jax_flash

@@ -1,5 +1,6 @@
-// The steps around the backward kernels of both GPU families: before it, delta = rowsum(dO o O) - d_lse per row and dq_accum = 0;
-// after it, dq = dq_accum in the input dtype. Both are memory-bound passes over (B, Sq, Hq, D).
+// The steps around the backward kernels of both GPU families: before it, delta = rowsum(dO o O) - d_lse per row,
+// dq_accum = 0 and the deterministic dQ turns = 0; after it, dq = dq_accum in the input dtype. Both are
+// memory-bound passes over (B, Sq, Hq, D).
 #pragma once
 
 #include <cuda_bf16.h>
@@ -53,6 +54,7 @@ __global__ void __launch_bounds__(kPrepostThreads) attention_bwd_preprocess(cons
     const int64_t i = bi % p.seqlen_q, b = bi / p.seqlen_q;
     const int64_t stat = b * p.lse_batch_stride + h * p.lse_head_stride + i;
     bp.delta[stat] = dot - (bp.t.d_lse != nullptr ? bp.t.d_lse[stat] : 0.0f);
+    if (bp.dq_turns != nullptr && row < bp.dq_turn_count) bp.dq_turns[row] = 0;  // (there are fewer than rows)
   }
 }
 

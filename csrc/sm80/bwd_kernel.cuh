@@ -95,6 +95,7 @@ __global__ void __launch_bounds__(T::kNumThreads, 1) attention_bwd_kernel(const 
   const int lo_off = p.window_left >= kUnbounded ? -kUnbounded : diag - p.window_left;
   const int hi_off = p.window_right >= kUnbounded ? kUnbounded : diag + p.window_right;
   const float cap_slope = p.softcap * p.softcap_scale;  // ds/d(q.k) = cap_slope (1 - tanh^2) with a softcap
+  const bool deterministic = bp.dq_turns != nullptr;
 
   for (int i = 0; i < num_items; ++i) {
     const int buf = i % 2;
@@ -164,6 +165,8 @@ __global__ void __launch_bounds__(T::kNumThreads, 1) attention_bwd_kernel(const 
     float* dq_rows = bp.dq_accum + ((batch * p.seqlen_q + q0) * p.heads_q + head) * p.head_dim;
     const int64_t dq_row_stride = int64_t{p.heads_q} * p.head_dim;
     const int q_rows = min(T::kBlockQ, len.q_len - q0);  // rows past q_len get no gradient
+    const DQTurn turn = deterministic ? dq_turn<T::kBlockQ, T::kBlockKV>(bp, len, batch, head, q0 / T::kBlockQ, kv_block)
+                                      : DQTurn{nullptr, 0};
 #pragma unroll
     for (int chunk = 0; chunk < T::kDQChunks; ++chunk) {
       constexpr int kNT = QG::kNTiles / T::kDQChunks;
@@ -171,6 +174,7 @@ __global__ void __launch_bounds__(T::kNumThreads, 1) attention_bwd_kernel(const 
       zero_fill(acc_dq);
       const int q_row0 = QG::row0(warp), d_col0 = QG::col0(warp) + chunk * kNT * kMmaN;
       smem_gemm<Element, T::kBlockKV / kMmaK>(acc_dq, ds_t_as_a, q_row0, k_as_b, d_col0);
+      if (deterministic && chunk == 0) dq_wait_turn(turn, tid);
 #pragma unroll
       for (int m = 0; m < QG::kMTiles; ++m)
 #pragma unroll
@@ -179,9 +183,15 @@ __global__ void __launch_bounds__(T::kNumThreads, 1) attention_bwd_kernel(const 
           for (int e = 0; e < 4; ++e) {
             const int r = q_row0 + m * kMmaM + lane / 4 + 8 * (e / 2);
             const int c = d_col0 + n * kMmaN + 2 * (lane % 4) + e % 2;
-            if (r < q_rows) atomicAdd(dq_rows + r * dq_row_stride + c, acc_dq[m][n][e]);
+            if (r >= q_rows) continue;
+            if (deterministic) {
+              dq_add_ordered(dq_rows + r * dq_row_stride + c, acc_dq[m][n][e]);
+            } else {
+              atomicAdd(dq_rows + r * dq_row_stride + c, acc_dq[m][n][e]);
+            }
           }
     }
+    if (deterministic) dq_pass_turn(turn, tid);
     __syncthreads();  // every warp is done with this item's buffers, P^T and dS^T before they are refilled
   }
   cp_async_wait<0>();

@@ -269,11 +269,22 @@ __global__ void __launch_bounds__(T::kNumThreads, 1) attention_bwd_kernel(const 
     const int dq_col0 = (T::kDQSplitRows ? 0 : wg * 64) + 2 * (lane % 4);
     float* dq_base = bp.dq_accum + ((batch * p.seqlen_q + q0) * p.heads_q + head) * p.head_dim;
     const int64_t dq_row_stride = int64_t{p.heads_q} * p.head_dim;
+    const bool deterministic = bp.dq_turns != nullptr;
+    const DQTurn turn = deterministic ? dq_turn<kBlockQ, kBlockKV>(bp, len, batch, head, q0 / kBlockQ, kv_block)
+                                      : DQTurn{nullptr, 0};
+    if (deterministic) dq_wait_turn(turn, tid);
 #pragma unroll
     for (int e = 0; e < 32; e += 2) {
       const int r = dq_row0 + 8 * ((e / 2) % 2), c = dq_col0 + 8 * (e / 4);
-      if (r < q_rows) atomicAdd(reinterpret_cast<float2*>(dq_base + r * dq_row_stride + c), make_float2(acc_dq[e], acc_dq[e + 1]));
+      if (r >= q_rows) continue;
+      float2* dst = reinterpret_cast<float2*>(dq_base + r * dq_row_stride + c);
+      if (deterministic) {
+        dq_add_ordered(dst, make_float2(acc_dq[e], acc_dq[e + 1]));
+      } else {
+        atomicAdd(dst, make_float2(acc_dq[e], acc_dq[e + 1]));
+      }
     }
+    if (deterministic) dq_pass_turn(turn, tid);
     __syncthreads();  // every warpgroup is done with this item's buffers and dS^T before they are refilled
   }
   cp_async_wait_group<0>();
