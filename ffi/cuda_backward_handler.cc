@@ -33,9 +33,9 @@ ffi::Error attention_bwd_cuda_impl(cudaStream_t stream, ffi::ScratchAllocator sc
   const int head_dim = static_cast<int>(q.dimensions()[3]);
   const BackwardEntry* entry = find_backward_kernel(dtype, head_dim);
   if (entry == nullptr) {
-    return ffi::Error(ffi::ErrorCode::kNotFound, "jax_flash: no compiled GPU backward kernel for " +
-                                                     std::string(dtype_name(dtype)) + " head_dim=" +
-                                                     std::to_string(head_dim) + " (head dims 64, 128 and 256 are built)");
+    return ffi::Error(ffi::ErrorCode::kNotFound,
+                      "jax_flash: no compiled GPU backward kernel for " + std::string(dtype_name(dtype)) +
+                          " head_dim=" + std::to_string(head_dim) + " (head dims 64, 128 and 256 are built)");
   }
   if (q.element_count() == 0 && k.element_count() == 0) return ffi::Error::Success();  // nothing to write
   DeviceLimits limits;

@@ -1,6 +1,8 @@
 // run_backward: the backward's three launches on XLA's stream (common/backward_prepost.cuh's preprocess, the
 // family's kernel in the variant the call needs, the dq conversion), with grid and shared-memory checks. Kernels<T>
-// names the family's kernel template: Kernels::template get<kMask, kSoftcap>().
+// names the family's kernel template: Kernels::template get<kMask, kSoftcap, kDeterministic>(). The deterministic
+// variants (p.dq_turns set) are compiled with the mask only, which handles every call: they are slow anyway, and a
+// run-time switch in the one kernel cost the default 13-20% (H200).
 #pragma once
 
 #include <cuda_runtime.h>
@@ -16,9 +18,9 @@
 
 namespace jax_flash {
 
-template <class T, class Kernels, bool kMask, bool kSoftcap>
+template <class T, class Kernels, bool kMask, bool kSoftcap, bool kDeterministic = false>
 std::string launch_backward_kernel(const BackwardParams& bp, int64_t num_blocks, cudaStream_t stream) {
-  auto kernel = Kernels::template get<kMask, kSoftcap>();
+  auto kernel = Kernels::template get<kMask, kSoftcap, kDeterministic>();
   static std::atomic<uint64_t> opted_in_devices{0};
   if (std::string failure = opt_in_shared_memory(kernel, T::kSmemBytes, opted_in_devices); !failure.empty()) {
     return failure;
@@ -52,7 +54,10 @@ std::string run_backward(const BackwardParams& bp, cudaStream_t stream) {
                       p.q_lengths != nullptr || p.seqlen_k % T::kBlockKV != 0;
     const bool softcap = p.softcap > 0.0f;
     std::string failure =
-        mask ? (softcap ? launch_backward_kernel<T, Kernels, true, true>(bp, kv_blocks, stream)
+        bp.dq_turns != nullptr
+            ? (softcap ? launch_backward_kernel<T, Kernels, true, true, true>(bp, kv_blocks, stream)
+                       : launch_backward_kernel<T, Kernels, true, false, true>(bp, kv_blocks, stream))
+        : mask ? (softcap ? launch_backward_kernel<T, Kernels, true, true>(bp, kv_blocks, stream)
                         : launch_backward_kernel<T, Kernels, true, false>(bp, kv_blocks, stream))
              : (softcap ? launch_backward_kernel<T, Kernels, false, true>(bp, kv_blocks, stream)
                         : launch_backward_kernel<T, Kernels, false, false>(bp, kv_blocks, stream));

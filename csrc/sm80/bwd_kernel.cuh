@@ -25,7 +25,7 @@ namespace jax_flash::sm80 {
 
 // kMask: some score may be hidden (window, lengths, or a partial last key block); kSoftcap: s = cap tanh(q.k scale
 // / cap).
-template <class T, bool kMask, bool kSoftcap>
+template <class T, bool kMask, bool kSoftcap, bool kDeterministic>
 __global__ void __launch_bounds__(T::kNumThreads, 1) attention_bwd_kernel(const __grid_constant__ BackwardParams bp) {
   using Element = typename T::Element;
   using SG = typename T::ScoreGrid;
@@ -54,7 +54,8 @@ __global__ void __launch_bounds__(T::kNumThreads, 1) attention_bwd_kernel(const 
   const QueryBlocks qb = query_blocks_seeing(p, len, kv0, min(kv0 + T::kBlockKV, len.kv_len), T::kBlockQ);
   const int group = p.q_heads_per_kv_head;
   const int q_blocks = qb.end - qb.begin;
-  const int num_items = q_blocks * group;  // item i: query head kv_head * group + i / q_blocks, block qb.begin + i % q_blocks
+  // item i: query head kv_head * group + i / q_blocks, query block qb.begin + i % q_blocks
+  const int num_items = q_blocks * group;
 
   const Element* gK = static_cast<const Element*>(p.k) + batch * p.k_batch_stride + kv_head * p.k_head_stride;
   const Element* gV = static_cast<const Element*>(p.v) + batch * p.v_batch_stride + kv_head * p.v_head_stride;
@@ -71,7 +72,8 @@ __global__ void __launch_bounds__(T::kNumThreads, 1) attention_bwd_kernel(const 
     const int64_t head = kv_head * group + i / q_blocks;
     const int q0 = (qb.begin + i % q_blocks) * T::kBlockQ;
     const int64_t q_offset = batch * p.q_batch_stride + head * p.q_head_stride + q0 * p.q_seq_stride;
-    copy_tile_to_smem<typename T::RowTile, T::kBlockQ>(sQ + buf * T::kQElems, static_cast<const Element*>(p.q) + q_offset,
+    copy_tile_to_smem<typename T::RowTile, T::kBlockQ>(sQ + buf * T::kQElems,
+                                                       static_cast<const Element*>(p.q) + q_offset,
                                                        p.q_seq_stride, p.seqlen_q - q0, tid);
     copy_tile_to_smem<typename T::RowTile, T::kBlockQ>(sdO + buf * T::kQElems,
                                                        static_cast<const Element*>(bp.t.d_out) + q_offset,
@@ -95,7 +97,6 @@ __global__ void __launch_bounds__(T::kNumThreads, 1) attention_bwd_kernel(const 
   const int lo_off = p.window_left >= kUnbounded ? -kUnbounded : diag - p.window_left;
   const int hi_off = p.window_right >= kUnbounded ? kUnbounded : diag + p.window_right;
   const float cap_slope = p.softcap * p.softcap_scale;  // ds/d(q.k) = cap_slope (1 - tanh^2) with a softcap
-  const bool deterministic = bp.dq_turns != nullptr;
 
   for (int i = 0; i < num_items; ++i) {
     const int buf = i % 2;
@@ -165,8 +166,9 @@ __global__ void __launch_bounds__(T::kNumThreads, 1) attention_bwd_kernel(const 
     float* dq_rows = bp.dq_accum + ((batch * p.seqlen_q + q0) * p.heads_q + head) * p.head_dim;
     const int64_t dq_row_stride = int64_t{p.heads_q} * p.head_dim;
     const int q_rows = min(T::kBlockQ, len.q_len - q0);  // rows past q_len get no gradient
-    const DQTurn turn = deterministic ? dq_turn<T::kBlockQ, T::kBlockKV>(bp, len, batch, head, q0 / T::kBlockQ, kv_block)
-                                      : DQTurn{nullptr, 0};
+    const DQTurn turn = kDeterministic
+                            ? dq_turn<T::kBlockQ, T::kBlockKV>(bp, len, batch, head, q0 / T::kBlockQ, kv_block)
+                            : DQTurn{nullptr, 0};
 #pragma unroll
     for (int chunk = 0; chunk < T::kDQChunks; ++chunk) {
       constexpr int kNT = QG::kNTiles / T::kDQChunks;
@@ -174,7 +176,7 @@ __global__ void __launch_bounds__(T::kNumThreads, 1) attention_bwd_kernel(const 
       zero_fill(acc_dq);
       const int q_row0 = QG::row0(warp), d_col0 = QG::col0(warp) + chunk * kNT * kMmaN;
       smem_gemm<Element, T::kBlockKV / kMmaK>(acc_dq, ds_t_as_a, q_row0, k_as_b, d_col0);
-      if (deterministic && chunk == 0) dq_wait_turn(turn, tid);
+      if (kDeterministic && chunk == 0) dq_wait_turn(turn, tid);
 #pragma unroll
       for (int m = 0; m < QG::kMTiles; ++m)
 #pragma unroll
@@ -184,14 +186,14 @@ __global__ void __launch_bounds__(T::kNumThreads, 1) attention_bwd_kernel(const 
             const int r = q_row0 + m * kMmaM + lane / 4 + 8 * (e / 2);
             const int c = d_col0 + n * kMmaN + 2 * (lane % 4) + e % 2;
             if (r >= q_rows) continue;
-            if (deterministic) {
+            if constexpr (kDeterministic) {
               dq_add_ordered(dq_rows + r * dq_row_stride + c, acc_dq[m][n][e]);
             } else {
               atomicAdd(dq_rows + r * dq_row_stride + c, acc_dq[m][n][e]);
             }
           }
     }
-    if (deterministic) dq_pass_turn(turn, tid);
+    if constexpr (kDeterministic) dq_pass_turn(turn, tid);
     __syncthreads();  // every warp is done with this item's buffers, P^T and dS^T before they are refilled
   }
   cp_async_wait<0>();

@@ -79,7 +79,7 @@ __device__ __forceinline__ void cp_async_wait_group() {
   asm volatile("cp.async.wait_group %0;\n" ::"n"(kPending) : "memory");
 }
 
-template <class T, bool kMask, bool kSoftcap>
+template <class T, bool kMask, bool kSoftcap, bool kDeterministic>
 __global__ void __launch_bounds__(T::kNumThreads, 1) attention_bwd_kernel(const __grid_constant__ BackwardParams bp) {
   using Element = typename T::Element;
   constexpr int kBlockQ = T::kBlockQ, kBlockKV = T::kBlockKV, kD = T::kHeadDim;
@@ -152,7 +152,8 @@ __global__ void __launch_bounds__(T::kNumThreads, 1) attention_bwd_kernel(const 
   const int lo_off = p.window_left >= kUnbounded ? -kUnbounded : diag - p.window_left;
   const int hi_off = p.window_right >= kUnbounded ? kUnbounded : diag + p.window_right;
   const float cap_slope = p.softcap * p.softcap_scale;
-  // Accumulator element i of a 64 x N wgmma tile: row 16 warp + lane/4 + 8 ((i/2) % 2), column 8 (i/4) + 2 (lane%4) + i%2.
+  // Accumulator element i of a 64 x N wgmma tile: row 16 warp + lane/4 + 8 ((i/2) % 2),
+  // column 8 (i/4) + 2 (lane%4) + i%2.
   const int key_row0 = wg * 64 + warp * 16 + lane / 4;  // + 8 ((i/2) % 2)
 
   for (int i = 0; i < num_items; ++i) {
@@ -269,22 +270,21 @@ __global__ void __launch_bounds__(T::kNumThreads, 1) attention_bwd_kernel(const 
     const int dq_col0 = (T::kDQSplitRows ? 0 : wg * 64) + 2 * (lane % 4);
     float* dq_base = bp.dq_accum + ((batch * p.seqlen_q + q0) * p.heads_q + head) * p.head_dim;
     const int64_t dq_row_stride = int64_t{p.heads_q} * p.head_dim;
-    const bool deterministic = bp.dq_turns != nullptr;
-    const DQTurn turn = deterministic ? dq_turn<kBlockQ, kBlockKV>(bp, len, batch, head, q0 / kBlockQ, kv_block)
-                                      : DQTurn{nullptr, 0};
-    if (deterministic) dq_wait_turn(turn, tid);
+    const DQTurn turn = kDeterministic ? dq_turn<kBlockQ, kBlockKV>(bp, len, batch, head, q0 / kBlockQ, kv_block)
+                                       : DQTurn{nullptr, 0};
+    if constexpr (kDeterministic) dq_wait_turn(turn, tid);
 #pragma unroll
     for (int e = 0; e < 32; e += 2) {
       const int r = dq_row0 + 8 * ((e / 2) % 2), c = dq_col0 + 8 * (e / 4);
       if (r >= q_rows) continue;
       float2* dst = reinterpret_cast<float2*>(dq_base + r * dq_row_stride + c);
-      if (deterministic) {
+      if constexpr (kDeterministic) {
         dq_add_ordered(dst, make_float2(acc_dq[e], acc_dq[e + 1]));
       } else {
         atomicAdd(dst, make_float2(acc_dq[e], acc_dq[e + 1]));
       }
     }
-    if (deterministic) dq_pass_turn(turn, tid);
+    if constexpr (kDeterministic) dq_pass_turn(turn, tid);
     __syncthreads();  // every warpgroup is done with this item's buffers and dS^T before they are refilled
   }
   cp_async_wait_group<0>();

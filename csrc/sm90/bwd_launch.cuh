@@ -17,8 +17,8 @@ namespace jax_flash::sm90 {
 
 template <class T>
 struct BwdKernels {
-  template <bool kMask, bool kSoftcap>
-  static auto get() { return attention_bwd_kernel<T, kMask, kSoftcap>; }
+  template <bool kMask, bool kSoftcap, bool kDeterministic>
+  static auto get() { return attention_bwd_kernel<T, kMask, kSoftcap, kDeterministic>; }
 };
 
 template <int kDType>
