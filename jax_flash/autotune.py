@@ -19,6 +19,18 @@ from jax_flash.selection import CPU_TILES
 from jax_flash.timing import check_counts, time_loop_ms
 
 
+def _progress_bar(total: int):
+    """A tqdm bar on stderr when it is a terminal; None (one plain line per config) when it is piped or logged, or
+    without tqdm."""
+    if not sys.stderr.isatty():
+        return None
+    try:
+        from tqdm.auto import tqdm
+    except ImportError:
+        return None
+    return tqdm(total=total, desc="autotune", unit="config", file=sys.stderr, dynamic_ncols=True)
+
+
 def autotune(q_shape, kv_shape, dtype, causal: bool = False, *, window=None, softcap=None, configs=None,
              device=None, iters: int = 5, reps: int = 3, progress: bool = True) -> KernelConfig:
     """Times every candidate config for these shapes on `device`, stores and returns the fastest.
@@ -54,14 +66,18 @@ def autotune(q_shape, kv_shape, dtype, causal: bool = False, *, window=None, sof
     q, k, v = (jax.device_put(jax.random.normal(key, shape, jnp.float32).astype(dtype), device)
                for key, shape in ((kq, q_shape), (kk, kv_shape), (kv, kv_shape)))
     timings = {}
+    bar = _progress_bar(len(configs)) if progress else None
     for index, cfg in enumerate(configs, 1):
         ms = time_loop_ms(lambda q, k, v, cfg=cfg: attention(q, k, v, cfg=cfg, causal=causal, window=window,
                                                              softcap=softcap), q, k, v, iters=iters, reps=reps)
         timings[cfg] = ms
-        if progress:
-            done = int(30 * index / len(configs))
-            print(f"\rautotune [{'#' * done}{'.' * (30 - done)}] {index}/{len(configs)} {cfg.short_name()} "
-                  f"{ms:.3f} ms", end="" if index < len(configs) else "\n", file=sys.stderr, flush=True)
+        if bar is not None:
+            bar.set_postfix_str(f"{cfg.describe()}: {ms:.3f} ms")
+            bar.update()
+        elif progress:  # one line per config: a log or pipe keeps each on its own line
+            print(f"autotune {index}/{len(configs)} {cfg.describe()}: {ms:.3f} ms", file=sys.stderr, flush=True)
+    if bar is not None:
+        bar.close()
     best = min(timings, key=timings.get)
     key = autotune_cache.cache_key(device.device_kind, q_shape[1], kv_shape[1], dtype, head_dim, causal=causal,
                                    window=window, softcap=softcap)

@@ -288,6 +288,19 @@ class KernelConfig:
                 f"s{b(self.swizzled)}_f{self.q_mma_load_k_fragments}-{self.k_mma_load_k_fragments}-"
                 f"{self.v_mma_load_k_fragments}_d{b(self.mma_double_buffer_loads)}o{b(self.optimized_softmax)}")
 
+    def describe(self) -> str:
+        """A name a person can read: 'sm80 128x64 tiles, 4 warps, ...' (short_name() is the file-name form)."""
+        if self.family == "sm90":
+            return (f"sm90 {self.block_q}x{self.block_kv} tiles, {self.stages} stages, {self.consumer_warpgroups} "
+                    f"consumer warpgroups" + (", ping-pong" if self.pingpong else "") +
+                    ("" if self.overlap else ", no softmax/wgmma overlap"))
+        copies = "cp.async" + (" eager" if self.eager_load_blocks else "") if self.async_copy else "plain copies"
+        fragments = (f"fragments q{self.q_mma_load_k_fragments}/k{self.k_mma_load_k_fragments}/"
+                     f"v{self.v_mma_load_k_fragments}" + (" double-buffered" if self.mma_double_buffer_loads else ""))
+        return (f"sm80 {self.block_q}x{self.block_kv} tiles, {self.num_warps} warps, {copies}, "
+                f"{'swizzled' if self.swizzled else 'unswizzled'}, {fragments}, "
+                f"{'exp2' if self.optimized_softmax else 'expf'} softmax")
+
     def to_attrs(self) -> dict[str, int]:
         """The FFI attributes (all int64) under the field names (ffi/attention_attrs.h, generated); family as
         FAMILIES' number, pack_gqa None / False / True as -1 / 0 / 1."""

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import collections
 import os
 
 # Four virtual CPU devices for tests/test_sharding.py; XLA reads this when jax first starts a backend, so it must be
@@ -26,6 +27,24 @@ def _gpu_devices():
 
 GPU_DEVICES = _gpu_devices()
 requires_gpu = pytest.mark.skipif(not GPU_DEVICES, reason="no CUDA device visible to jax")
+
+
+# The quick subset, `pytest -m "not slow"`: the first case of every test function (each parametrized grid's first
+# combination, each file's every check), without the hypothesis searches and the two longest single tests (13 s and
+# 7 s on 2 cores). `pytest` runs everything (CI does).
+SLOW_FILES = {"test_properties.py"}
+SLOW_TESTS = {"test_decode_and_tiny_shapes", "test_train_example_loss_curve_matches_flax_default"}
+QUICK_CASES_PER_TEST = 1
+
+
+def pytest_collection_modifyitems(config, items):
+    cases = collections.Counter()
+    for item in items:
+        function = item.nodeid.split("[")[0]
+        cases[function] += 1
+        if (item.path.name in SLOW_FILES or item.originalname in SLOW_TESTS
+                or cases[function] > QUICK_CASES_PER_TEST):
+            item.add_marker(pytest.mark.slow)
 
 
 @pytest.fixture(params=["cpu", pytest.param("gpu", marks=requires_gpu)])

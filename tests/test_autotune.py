@@ -74,3 +74,19 @@ def test_autotune_on_gpu_picks_a_compiled_config(cache_file):
     text = jax.jit(jax_flash.attention).lower(q, q, q).as_text()
     assert f"block_q = {best.block_q} : i64" in text and f"num_warps = {best.num_warps} : i64" in text
     assert f"q_mma_load_k_fragments = {best.q_mma_load_k_fragments} : i64" in text
+
+
+def test_progress_names_configs_readably_and_never_rewrites_a_line(cache_file, capsys):
+    """Piped or logged stderr (as under pytest) gets one line per config, never a bar redrawn with carriage returns
+    (a terminal gets tqdm's bar); each config is named by describe()."""
+    candidates = [KernelConfig(block_q=64, block_kv=32, num_warps=4), KernelConfig(block_q=128, block_kv=128)]
+    jax_flash.autotune((1, 64, 1, 32), (1, 64, 1, 32), jnp.float32, configs=candidates,
+                       device=jax.devices("cpu")[0], iters=1, reps=1)
+    err = capsys.readouterr().err
+    assert "\r" not in err and len(err.strip().splitlines()) == 2
+    assert err.strip().splitlines()[1].startswith(f"autotune 2/2 {candidates[1].describe()}: ")
+
+
+def test_describe_is_readable():
+    assert KernelConfig(block_q=64, block_kv=32, num_warps=4).describe().startswith("sm80 64x32 tiles, 4 warps, ")
+    assert KernelConfig.sm90(pingpong=False).describe() == "sm90 128x128 tiles, 2 stages, 2 consumer warpgroups"
