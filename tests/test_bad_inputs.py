@@ -148,6 +148,20 @@ def test_export_serialise_deserialise_run():  # the README's example
                                   np.asarray(jax_flash.attention(q, k, v, causal=True)))
 
 
+def test_export_of_a_gradient_allows_the_backward_call():
+    q, k, v = random_qkv(9, 1, 24, 40, 2, 1, 16, jnp.float32, CPU)
+    loss = lambda q, k, v: (jax_flash.attention(q, k, v, causal=True) ** 2).sum()  # noqa: E731
+    grad = jax.jit(jax.grad(loss, argnums=(0, 1, 2)))
+    checks = [jax.export.DisabledSafetyCheck.custom_call(name)
+              for name in ("jax_flash_attention", "jax_flash_attention_bwd")]
+    with pytest.raises(ValueError, match="jax_flash_attention_bwd"):  # the README's advice: it must be allowed too
+        jax.export.export(grad, disabled_checks=checks[:1], platforms=["cpu"])(q, k, v)
+    restored = jax.export.deserialize(jax.export.export(grad, disabled_checks=checks, platforms=["cpu"])(q, k, v)
+                                      .serialize())
+    for a, b in zip(restored.call(q, k, v), grad(q, k, v)):
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+
+
 def test_timing_and_autotune_arguments():
     q, k, v = random_qkv(8, 1, 8, 8, 2, 2, 16, jnp.float32, CPU)
     for kwargs, message in ((dict(iters=-1), "iters=-1"), (dict(iters=0), "iters=0"), (dict(reps=0), "reps=0")):
