@@ -6,7 +6,9 @@ from jax_flash import _autodiff  # noqa: F401  (registers attention's differenti
 from jax_flash.autotune import autotune
 from jax_flash.config import KernelConfig
 from jax_flash.reference import attention_reference
+from jax_flash.ring import ring_attention, zigzag_indices
 from jax_flash.timing import time_attention
 
-__all__ = ["attention", "KernelConfig", "supported_configs", "CompiledKernel", "attention_reference", "time_attention", "autotune"]
+__all__ = ["attention", "KernelConfig", "supported_configs", "CompiledKernel", "attention_reference", "time_attention", "autotune",
+           "ring_attention", "zigzag_indices"]
 __version__ = "0.1.0"

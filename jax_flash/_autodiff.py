@@ -26,7 +26,8 @@ from jax.interpreters import ad, batching, mlir
 from jax._src import dispatch as _dispatch  # no public spelling of prim_requires_devices_during_lowering
 
 from jax_flash import native
-from jax_flash._primitive import _attrs, attention_p
+from jax_flash._primitive import _attrs, attention_p, result_aval
+from jax_flash._ring import ring_backward
 from jax_flash._sharding import make_partitioned_backward
 from jax_flash.reference import gather_pages, visibility_mask
 from jax_flash.selection import CPU_BASE, CPU_TILES
@@ -64,7 +65,7 @@ ad.primitive_jvps[attention_p] = _jvp
 
 # ---- attention_lin_p: forward mode in jnp, transposed to the backward custom call --------------------------------
 def _lin_abstract_eval(q_dot, k_dot, v_dot, q, k, v, out, lse, *rest, **params):
-    return ShapedArray(out.shape, out.dtype), ShapedArray(lse.shape, lse.dtype)
+    return result_aval(out, out.shape, out.dtype), result_aval(lse, lse.shape, lse.dtype)
 
 
 def _scores(q, k, params):
@@ -79,6 +80,10 @@ def _scores(q, k, params):
 
 
 def _lin_impl(q_dot, k_dot, v_dot, q, k, v, out, lse, q_lengths, kv_lengths, page_table, **params):
+    if params["ring"] is not None:
+        raise NotImplementedError("forward-mode differentiation (jax.jvp, jax.jacfwd) of ring attention is not "
+                                  "supported: it would need every key on every device; use reverse mode (jax.grad, "
+                                  "jax.vjp)")
     if params["paged"]:
         k, v, k_dot, v_dot = (gather_pages(x, page_table) for x in (k, v, k_dot, v_dot))
     batch, seq_q, heads_q, _ = q.shape
@@ -133,7 +138,7 @@ batching.primitive_batchers[attention_lin_p] = _lin_batch_rule
 
 # ---- attention_bwd_p: the backward custom call -------------------------------------------------------------------
 def _bwd_abstract_eval(q, k, v, out, lse, d_out, d_lse, q_lengths, kv_lengths, **params):
-    return ShapedArray(q.shape, q.dtype), ShapedArray(k.shape, k.dtype), ShapedArray(v.shape, v.dtype)
+    return result_aval(q, q.shape, q.dtype), result_aval(k, k.shape, k.dtype), result_aval(v, v.shape, v.dtype)
 
 
 def _bwd_attrs(cfg, params):
@@ -160,9 +165,17 @@ def _lower_bwd_cuda(ctx, *args, cfg, **params):
     return jax.ffi.ffi_lowering(native.BACKWARD_TARGET_NAME)(ctx, *args, **_bwd_attrs(cfg, params))
 
 
+def _bind_bwd_kernel(*args_and_params):
+    *args, params = args_and_params
+    return tuple(attention_bwd_local_p.bind(*args, **params))
+
+
 def _bind_bwd_local(*args_and_params):
     *args, params = args_and_params
-    return tuple(attention_bwd_local_p.bind(*args, **dict(params)))
+    params = dict(params)
+    if params["ring"] is not None:
+        return ring_backward(*args, params, _bind_bwd_kernel)
+    return _bind_bwd_kernel(*args, params)
 
 
 _partitioned_bwd = make_partitioned_backward(_bind_bwd_local)

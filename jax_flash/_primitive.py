@@ -12,6 +12,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax.extend.core import Primitive
 from jax.interpreters import batching, mlir
+from jax.sharding import PartitionSpec
 
 from jax._src import dispatch as _dispatch  # no public spelling of prim_requires_devices_during_lowering
 
@@ -21,6 +22,7 @@ except ImportError:  # moved out of the public jax.core in newer releases
     from jax._src.core import ShapedArray
 
 from jax_flash import autotune_cache, native
+from jax_flash._ring import ring_forward
 from jax_flash._sharding import make_partitioned
 from jax_flash.config import CALL_ATTRIBUTES, KernelConfig
 from jax_flash.selection import CPU_BASE, CPU_TILES, CallShape, resolve_cpu_pack, resolve_gpu_config
@@ -30,7 +32,8 @@ from jax_flash.selection import CPU_BASE, CPU_TILES, CallShape, resolve_cpu_pack
 # Results: out (B, Sq, Hq, D), lse float32 (B, Hq, Sq) (written only when return_lse; dropped otherwise).
 # Params: cfg (KernelConfig or None) and the call's attributes (jax_flash.config.CALL_ATTRIBUTES: softmax_scale,
 # causal, window_left, window_right, softcap (0 = off), has_q_lengths, has_kv_lengths, return_lse, paged); they become
-# the FFI attributes of the generated ffi/attention_attrs.h.
+# the FFI attributes of the generated ffi/attention_attrs.h; and ring, None or (mesh axes, devices, layout): the
+# call is one device's part of ring attention over those axes (jax_flash/_ring.py).
 attention_p = Primitive("jax_flash_attention")
 attention_p.multiple_results = True
 # The same call on one device's shard: what the FFI custom call computes. attention_p lowers to it through
@@ -39,10 +42,21 @@ attention_local_p = Primitive("jax_flash_attention_local")
 attention_local_p.multiple_results = True
 
 
+def result_aval(template, shape, dtype):
+    """ShapedArray(shape, dtype) that, inside shard_map, varies over the same manual mesh axes as `template` (the
+    operand it is computed from): shard_map's check_vma compares a gradient's type with its primal's."""
+    mat = getattr(template, "manual_axis_type", None)  # newer jax
+    varying = getattr(mat, "varying", None) if mat is not None else getattr(template, "vma", None)
+    if not varying:
+        return ShapedArray(shape, dtype)
+    return template.update(shape=shape, dtype=dtype, weak_type=False,
+                           sharding=template.sharding.update(spec=PartitionSpec(*(None,) * len(shape))))
+
+
 def _abstract_eval(q, k, v, q_lengths, kv_lengths, page_table, **params):
     del k, v, q_lengths, kv_lengths, page_table, params
     batch, seq_q, heads_q, _ = q.shape
-    return ShapedArray(q.shape, q.dtype), ShapedArray((batch, heads_q, seq_q), np.float32)
+    return result_aval(q, q.shape, q.dtype), result_aval(q, (batch, heads_q, seq_q), np.float32)
 
 
 attention_p.def_abstract_eval(_abstract_eval)
@@ -128,8 +142,17 @@ mlir.register_lowering(attention_local_p, _lower_cpu, platform="cpu")
 mlir.register_lowering(attention_local_p, _lower_cuda, platform="cuda")
 
 
+def _bind_kernel(q, k, v, q_lengths, kv_lengths, page_table, params: dict):
+    return tuple(attention_local_p.bind(q, k, v, q_lengths, kv_lengths, page_table, **params))
+
+
 def _bind_local(q, k, v, q_lengths, kv_lengths, page_table, params):
-    return tuple(attention_local_p.bind(q, k, v, q_lengths, kv_lengths, page_table, **dict(params)))
+    """One device's call: the kernel on its shards, or, with the `ring` parameter, the ring over the sequence axis
+    (jax_flash/_ring.py) whose steps run the kernel."""
+    params = dict(params)
+    if params["ring"] is not None:
+        return ring_forward(q, k, v, q_lengths, kv_lengths, params, _bind_kernel)
+    return _bind_kernel(q, k, v, q_lengths, kv_lengths, page_table, params)
 
 
 _partitioned_attention = make_partitioned(_bind_local)

@@ -11,8 +11,12 @@ the call; each device then runs the FFI kernel on its own shard:
 - heads: q heads and kv heads split by the same mesh axes (GQA-consistent: query head h reads kv head h // group,
   so device i's query heads read exactly device i's kv heads when Hk divides by the split). MQA (Hk = 1) splits q
   heads only and gives every device the one kv head;
-- sequence and head_dim: never split. An operand sharded along them is gathered (replicated) along that axis first,
-  with a one-time warning, because every query row needs every key, and every score needs the whole head_dim.
+- sequence: a sequence-sharded call runs ring attention over those mesh axes (jax_flash/_ring.py): q, k, v, out
+  and lse keep their sequence sharding and only K/V shards move, by collective-permutes. What the ring cannot run
+  (jax_flash._ring.ring_refusal: paged K/V, causal or window masks with lengths or unequal local lengths, a length
+  that does not divide by the devices) is gathered (replicated along the sequence) with a one-time warning.
+- head_dim: never split. An operand sharded along it is gathered first, with a one-time warning, because every
+  score needs the whole head_dim.
 - paged K/V, (num_pages, page_size, Hk, D): the pages are shared by the whole batch, so they are split over heads
   only (replicated along the batch axes); the page table splits with the batch.
 
@@ -24,9 +28,12 @@ from __future__ import annotations
 
 import math
 import warnings
+from typing import NamedTuple
 
 from jax.experimental.custom_partitioning import custom_partitioning
 from jax.sharding import NamedSharding, PartitionSpec
+
+from jax_flash._ring import ring_refusal
 
 _warned: set[str] = set()
 
@@ -47,15 +54,16 @@ def make_partitioned(local_attention):
     partitioned_attention = custom_partitioning(partitioned_attention, static_argnums=(6,))
 
     def partition(params, mesh, arg_shapes, result_shape):
-        arg_shardings, out_shardings = _decide(mesh, arg_shapes, dict(params)["paged"])
+        decision = _decide(mesh, arg_shapes, params)
+        local_params = _with_ring(params, decision.ring)
 
         def lower_fn(q, k, v, q_lengths, kv_lengths, page_table):
-            return local_attention(q, k, v, q_lengths, kv_lengths, page_table, params)
+            return local_attention(q, k, v, q_lengths, kv_lengths, page_table, local_params)
 
-        return mesh, lower_fn, out_shardings, arg_shardings
+        return mesh, lower_fn, decision.outs, decision.args
 
     def infer_sharding_from_operands(params, mesh, arg_shapes, result_shape):  # GSPMD (non-Shardy) propagation
-        return _decide(mesh, arg_shapes, dict(params)["paged"])[1]
+        return _decide(mesh, arg_shapes, params).outs
 
     partitioned_attention.def_partition(
         partition=partition,
@@ -75,22 +83,23 @@ def make_partitioned_backward(local_backward):
 
     partitioned_backward = custom_partitioning(partitioned_backward, static_argnums=(9,))
 
-    def shardings(mesh, arg_shapes):
+    def shardings(params, mesh, arg_shapes):
         # (the forward's decision on q, k, v and the lengths; its sixth operand, the page table, has no part here)
-        (q_s, kv_s, _, len_s, _, _), (_, lse_s) = _decide(mesh, arg_shapes[:3] + arg_shapes[7:9] + arg_shapes[7:8],
-                                                          split_shared_kv=False)
-        return (q_s, kv_s, kv_s, q_s, lse_s, q_s, lse_s, len_s, len_s), (q_s, kv_s, kv_s)
+        decision = _decide(mesh, arg_shapes[:3] + arg_shapes[7:9] + arg_shapes[7:8], params, split_shared_kv=False)
+        (q_s, kv_s, _, len_s, _, _), (_, lse_s) = decision.args, decision.outs
+        return (q_s, kv_s, kv_s, q_s, lse_s, q_s, lse_s, len_s, len_s), (q_s, kv_s, kv_s), decision.ring
 
     def partition(params, mesh, arg_shapes, result_shape):
-        arg_shardings, out_shardings = shardings(mesh, arg_shapes)
+        arg_shardings, out_shardings, ring = shardings(params, mesh, arg_shapes)
+        local_params = _with_ring(params, ring)
 
         def lower_fn(*args):
-            return local_backward(*args, params)
+            return local_backward(*args, local_params)
 
         return mesh, lower_fn, out_shardings, arg_shardings
 
     def infer_sharding_from_operands(params, mesh, arg_shapes, result_shape):
-        return shardings(mesh, arg_shapes)[1]
+        return shardings(params, mesh, arg_shapes)[1]
 
     def shardy_rule(params, mesh, value_types, result_types):
         heads_q, heads_k = value_types[0].shape[2], value_types[1].shape[2]
@@ -146,10 +155,25 @@ def _entry(axes: tuple[str, ...]):
     return None if not axes else axes[0] if len(axes) == 1 else axes
 
 
-def _decide(mesh, arg_shapes, paged: bool = False, split_shared_kv: bool = True):
-    """The shardings the per-device kernel runs on: (operand shardings, (out, lse) shardings). split_shared_kv=False
-    keeps MQA's query heads whole rather than splitting them over one shared kv head (the backward, whose dk and dv
-    would otherwise be partial sums per device)."""
+class Decision(NamedTuple):
+    args: tuple  # operand shardings
+    outs: tuple  # (out, lse) shardings
+    ring: tuple | None  # (sequence mesh axes, devices on them, "contiguous"): run as ring attention
+
+
+def _with_ring(params, ring):
+    """The primitive's parameters for one device; a call already inside a ring (shard_map) keeps its own."""
+    if ring is None or dict(params)["ring"] is not None:
+        return params
+    return tuple(sorted({**dict(params), "ring": ring}.items()))
+
+
+def _decide(mesh, arg_shapes, params, split_shared_kv: bool = True) -> Decision:
+    """The shardings the per-device kernel runs on, and whether it runs as a ring over the sequence axes.
+    split_shared_kv=False keeps MQA's query heads whole rather than splitting them over one shared kv head (the
+    backward, whose dk and dv would otherwise be partial sums per device)."""
+    params = dict(params)
+    paged = params["paged"]
     q, k = arg_shapes[0], arg_shapes[1]
     q_spec, k_spec, v_spec = (_spec(a.sharding, 4) for a in arg_shapes[:3])
     batch, _, heads_q, _ = q.shape
@@ -181,6 +205,8 @@ def _decide(mesh, arg_shapes, paged: bool = False, split_shared_kv: bool = True)
             head_axes = ()
 
     used = set(batch_axes) | set(head_axes)
+    seq_axes, ring = _ring_axes(mesh, params, q.shape[1], k.shape[1], q_spec, k_spec, used)
+    used |= set(seq_axes)
     gathered = [name for name, spec in (("q", q_spec), ("k", k_spec), ("v", v_spec))
                 if any(a not in used for entry in (spec[1], spec[3]) for a in _axes(entry))]
     if paged:  # the page axes (0 and 1) are replicated: every batch row may read any page
@@ -188,16 +214,44 @@ def _decide(mesh, arg_shapes, paged: bool = False, split_shared_kv: bool = True)
                      if _axes(spec[0]) and name not in gathered]
     if gathered:
         _warn_once("sequence", f"jax_flash.attention: {', '.join(gathered)} sharded along the sequence or head_dim "
-                               f"axis; it is gathered (replicated along that axis) before the kernel runs, because "
-                               f"every query row needs all keys and every score all of head_dim. This costs an "
-                               f"all-gather per call and memory for the whole sequence on each device: shard over "
-                               f"batch and heads instead")
+                               f"axis; it is gathered (replicated along that axis) before the kernel runs"
+                               f"{_gather_reason(mesh, params, q.shape[1], k.shape[1], q_spec, k_spec, used)}. "
+                               f"This costs an all-gather per call and memory for the whole sequence on each device")
 
-    b, h = _entry(batch_axes), _entry(head_axes)
-    q_sharding = NamedSharding(mesh, PartitionSpec(b, None, h, None))
-    kv_sharding = NamedSharding(mesh, PartitionSpec(None if paged else b, None, h if shard_kv_heads else None, None))
+    b, h, s = _entry(batch_axes), _entry(head_axes), _entry(seq_axes)
+    q_sharding = NamedSharding(mesh, PartitionSpec(b, s, h, None))
+    kv_sharding = NamedSharding(mesh, PartitionSpec(None if paged else b, s, h if shard_kv_heads else None, None))
     lengths_sharding = NamedSharding(mesh, PartitionSpec(b))
     table_sharding = NamedSharding(mesh, PartitionSpec(b, None))
-    lse_sharding = NamedSharding(mesh, PartitionSpec(b, h, None))
+    lse_sharding = NamedSharding(mesh, PartitionSpec(b, h, s))
     arg_shardings = (q_sharding, kv_sharding, kv_sharding, lengths_sharding, lengths_sharding, table_sharding)
-    return arg_shardings, (q_sharding, lse_sharding)
+    return Decision(arg_shardings, (q_sharding, lse_sharding), ring)
+
+
+def _sequence_axes(q_spec, k_spec, used) -> tuple[str, ...]:
+    """The mesh axes of q's sequence (else k's), less those batch and heads use."""
+    return tuple(a for a in (_axes(q_spec[1]) or _axes(k_spec[1])) if a not in used)
+
+
+def _ring_axes(mesh, params, seq_q, seq_k, q_spec, k_spec, used):
+    """(sequence axes, ring parameter) when the call runs as ring attention over them, else ((), None)."""
+    axes = _sequence_axes(q_spec, k_spec, used)
+    if not axes or params["ring"] is not None:
+        return (), None
+    n = _split(mesh, axes)
+    if n == 1 or seq_q % n or seq_k % n or ring_refusal(params, seq_q // n, seq_k // n, n, "contiguous"):
+        return (), None
+    return axes, (axes, n, "contiguous")
+
+
+def _gather_reason(mesh, params, seq_q, seq_k, q_spec, k_spec, used) -> str:
+    """Why a sequence-sharded call is gathered rather than run as a ring ("" when only head_dim is sharded)."""
+    axes = _sequence_axes(q_spec, k_spec, used)
+    if not axes:
+        return ", because every score needs all of head_dim"
+    n = _split(mesh, axes)
+    if seq_q % n or seq_k % n:
+        return (f" instead of running ring attention, because seq_q {seq_q} and seq_k {seq_k} must both divide by "
+                f"the {n} devices of mesh axes {axes} (pad them and pass q_lengths / kv_lengths)")
+    return (f" instead of running ring attention, because "
+            f"{ring_refusal(params, seq_q // n, seq_k // n, n, 'contiguous')}")

@@ -10,6 +10,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from jax_flash._primitive import attention_p
+from jax_flash._ring import ring_refusal
 from jax_flash.config import KernelConfig
 
 _INPUT_DTYPES = ("float16", "bfloat16", "float32")
@@ -61,6 +62,14 @@ def attention(q, k, v, cfg: KernelConfig | None = None, *, causal: bool = False,
       gives zeros and lse -inf. Works eagerly and under jax.jit/vmap; differentiable (jax.grad, jax.jvp, on CPU and
       GPU: jax_flash/_autodiff.py).
     """
+    return _validated_call(q, k, v, cfg, causal=causal, softmax_scale=softmax_scale, window=window, softcap=softcap,
+                           q_lengths=q_lengths, kv_lengths=kv_lengths, page_table=page_table, return_lse=return_lse,
+                           deterministic=deterministic, ring=None)
+
+
+def _validated_call(q, k, v, cfg, *, causal, softmax_scale, window, softcap, q_lengths, kv_lengths, page_table,
+                    return_lse, deterministic, ring):
+    """attention's checks and its primitive's bind; ring (axis names, devices, layout) or None (ring.py)."""
     q, k, v = (_as_array(x, name) for x, name in ((q, "q"), (k, "k"), (v, "v")))
     for name, x in (("q", q), ("k", k), ("v", v)):
         if x.ndim != 4:
@@ -122,11 +131,15 @@ def attention(q, k, v, cfg: KernelConfig | None = None, *, causal: bool = False,
     kv_len_arr = lengths[1] if lengths[1] is not None else jnp.full((batch,), seq_k, jnp.int32)
     if not paged:
         page_table = jnp.zeros((batch, 0), jnp.int32)
-    out, lse = attention_p.bind(
-        q, k, v, q_len_arr, kv_len_arr, page_table, cfg=cfg, softmax_scale=float(softmax_scale), causal=bool(causal),
-        window_left=window_left, window_right=window_right, softcap=float(softcap or 0.0),
-        has_q_lengths=lengths[0] is not None, has_kv_lengths=lengths[1] is not None, return_lse=bool(return_lse),
-        paged=paged, deterministic=bool(deterministic))
+    params = dict(cfg=cfg, softmax_scale=float(softmax_scale), causal=bool(causal), window_left=window_left,
+                  window_right=window_right, softcap=float(softcap or 0.0), has_q_lengths=lengths[0] is not None,
+                  has_kv_lengths=lengths[1] is not None, return_lse=bool(return_lse), paged=paged,
+                  deterministic=bool(deterministic), ring=ring)
+    if ring is not None:
+        reason = ring_refusal(params, q.shape[1], seq_k, ring[1], ring[2])
+        if reason:
+            raise ValueError(f"ring_attention cannot run this call: {reason}")
+    out, lse = attention_p.bind(q, k, v, q_len_arr, kv_len_arr, page_table, **params)
     return (out, lse) if return_lse else out
 
 

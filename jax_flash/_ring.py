@@ -1,0 +1,285 @@
+"""Ring attention: the sequence axis stays sharded over a ring of n devices, K/V shards rotate around it, and each
+device merges the partial (out, lse) of its local queries against every visiting K/V shard.
+
+It runs as the lowering of the per-device primitives when their `ring` parameter is set: (axis names, n, layout).
+The partitioning rule (jax_flash/_sharding.py) sets it for a sequence-sharded jit call; `jax_flash.ring_attention`
+sets it inside shard_map. The forward and backward are written out here, step by step, from the same static plan:
+
+  step t (0 <= t < n): device r holds the K/V shard of device s = (r - t) mod n; for t >= 1 the shard came from the
+  previous needed step by one collective-permute (issued before this step's kernel, so XLA may overlap the two).
+  Which query rows and keys of the (local q, visiting K/V) pair can see each other depends only on t and on whether
+  s < r (r >= t), so both cases are static plans and a lax.cond on r >= t picks one; a plan may be "nothing visible"
+  (the kernel is skipped) and a step whose both plans are empty is dropped with its permute.
+
+Layouts (the global positions a device's shard holds, c = local length, h = c / 2):
+  contiguous: device r holds positions [r c, (r + 1) c);
+  zigzag: device r holds the halves r and 2n - 1 - r of 2n halves. Causal work is then equal on every device
+    (each step is half a block of work everywhere), where the contiguous ring leaves device r idle for n - 1 - r
+    steps. A causal call on contiguous shards is permuted to zigzag and back (collective-permutes of q, k, v and
+    out: one shard each).
+
+Masks that depend on the query-key offset (causal, window) need every device's chunks of equal length and no
+lengths: the kernels align them to the bottom-right corner of the actual lengths, a per-batch shift the static
+plans cannot follow. `ring_refusal` names what cannot run as a ring; the partitioning rule then gathers.
+
+The backward walks the same steps: dQ accumulates on its device; dK/dV accumulate in float32 beside the K/V shard
+they belong to, travel with it, and go home by one final permute.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+from jax import lax
+
+RING_LAYOUTS = ("contiguous", "zigzag")
+
+
+# ---- what can run as a ring ----------------------------------------------------------------------------------------
+def _offset_masked(params) -> bool:
+    return bool(params["causal"]) or params["window_left"] >= 0 or params["window_right"] >= 0
+
+
+def ring_refusal(params, seq_q: int, seq_k: int, size: int, layout: str) -> str | None:
+    """Why this call cannot run as a ring of `size` devices with local lengths seq_q, seq_k (None: it can)."""
+    if params["paged"]:
+        return "paged K/V (page_table) are shared pages, not a sequence to shard"
+    lengths = params["has_q_lengths"] or params["has_kv_lengths"]
+    if layout == "zigzag" and not (params["causal"] and params["window_left"] < 0):
+        return "the zigzag layout is for causal attention without a left window"
+    if layout == "zigzag" and (seq_q != seq_k or seq_q % 2 or lengths):
+        return (f"the zigzag layout needs equal, even local lengths and no q_lengths / kv_lengths (local seq_q "
+                f"{seq_q}, seq_k {seq_k})")
+    if _offset_masked(params) and lengths:
+        return ("causal or window masks with q_lengths / kv_lengths align to the actual lengths of each batch row, "
+                "a shift per row the ring's static plans cannot follow")
+    if _offset_masked(params) and seq_q != seq_k:
+        return f"causal or window masks need equal local query and key lengths (got {seq_q} and {seq_k})"
+    return None
+
+
+def _uses_zigzag(params, seq: int, size: int) -> bool:
+    """Causal calls without a left window run zigzag: balanced, and every step is half a block."""
+    return size > 1 and params["causal"] and params["window_left"] < 0 and seq % 2 == 0 and \
+        not (params["has_q_lengths"] or params["has_kv_lengths"])
+
+
+# ---- static plans --------------------------------------------------------------------------------------------------
+def pair_plan(rows: int, keys: int, lo, hi):
+    """For a block of `rows` queries and `keys` keys in which row i sees key j when lo <= j - i <= hi (None:
+    unbounded), None when no pair is visible, else (r0, r1, c0, c1, window_left, window_right): rows [r0, r1) and
+    keys [c0, c1) hold every visible pair, and the kernel's window about the slice's own bottom-right diagonal
+    (offset (c1 - c0) - (r1 - r0)) reproduces the band, -1 meaning unbounded."""
+    if rows == 0 or keys == 0:
+        return None
+    if (lo is not None and lo > keys - 1) or (hi is not None and hi < -(rows - 1)) or \
+            (lo is not None and hi is not None and lo > hi):
+        return None
+    r0 = 0 if hi is None else max(0, -hi)
+    r1 = rows if lo is None else min(rows, keys - lo)
+    c0 = 0 if lo is None else max(0, lo)
+    c1 = keys if hi is None else min(keys, rows + hi)
+    diagonal = (c1 - c0) - (r1 - r0)
+    left = -1 if lo is None else diagonal - (lo - c0 + r0)
+    right = -1 if hi is None else (hi - c0 + r0) - diagonal
+    return r0, r1, c0, c1, left, right
+
+
+def step_plans(params, t: int, size: int, seq_q: int, seq_k: int, zigzag: bool):
+    """(plan when r >= t, plan when r < t) of step t; at t = 0 both are the diagonal pair."""
+    if zigzag:
+        half = seq_q // 2
+        if t == 0:
+            return (pair_plan(seq_q, seq_k, None, 0),) * 2  # the local halves keep their order: plain causal
+        # s < r: every local query sees the visiting first half; s > r: the local second half sees both halves
+        return (0, seq_q, 0, half, -1, -1), (half, seq_q, 0, seq_k, -1, -1)
+    if not _offset_masked(params):
+        return ((0, seq_q, 0, seq_k, -1, -1),) * 2
+    lo = -params["window_left"] if params["window_left"] >= 0 else None
+    hi = 0 if params["causal"] else (params["window_right"] if params["window_right"] >= 0 else None)
+    if params["causal"] and params["window_right"] >= 0:
+        hi = min(hi, params["window_right"])
+
+    def shifted(chunks):  # the visiting keys start `chunks` chunks after the local queries
+        d = chunks * seq_k
+        return pair_plan(seq_q, seq_k, None if lo is None else lo - d, None if hi is None else hi - d)
+
+    return shifted(-t), shifted(size - t) if t else shifted(0)
+
+
+def _steps(params, size, seq_q, seq_k, zigzag):
+    plans = [step_plans(params, t, size, seq_q, seq_k, zigzag) for t in range(size)]
+    return [(t, a, b) for t, (a, b) in enumerate(plans) if a is not None or b is not None]
+
+
+# ---- collectives ---------------------------------------------------------------------------------------------------
+def _shift(x, axis, size: int, shift: int):
+    """Device r receives device (r - shift) mod size's x."""
+    if shift % size == 0:
+        return x
+    return lax.ppermute(x, axis, [(i, (i + shift) % size) for i in range(size)])
+
+
+def _owner(half: int, size: int) -> int:
+    """The device that holds global half `half` (of 2 size) in the zigzag layout."""
+    return half if half < size else 2 * size - 1 - half
+
+
+def to_zigzag(x, seq_dim: int, axis, size: int):
+    """Contiguous shards (device r: halves 2r, 2r + 1) to zigzag shards (device r: halves r, 2 size - 1 - r)."""
+    first, second = jnp.split(x, 2, axis=seq_dim)
+    got_even = lax.ppermute(first, axis, [(r, _owner(2 * r, size)) for r in range(size)])
+    got_odd = lax.ppermute(second, axis, [(r, _owner(2 * r + 1, size)) for r in range(size)])
+    even_device = lax.axis_index(axis) % 2 == 0  # device d's first half d is even exactly when d is
+    return jnp.where(even_device, jnp.concatenate([got_even, got_odd], seq_dim),
+                     jnp.concatenate([got_odd, got_even], seq_dim))
+
+
+def from_zigzag(x, seq_dim: int, axis, size: int):
+    """The inverse of to_zigzag."""
+    first, second = jnp.split(x, 2, axis=seq_dim)
+    even_device = lax.axis_index(axis) % 2 == 0
+    even_half, odd_half = jnp.where(even_device, first, second), jnp.where(even_device, second, first)
+    even_dest = [(d, (d if d % 2 == 0 else 2 * size - 1 - d) // 2) for d in range(size)]
+    odd_dest = [(d, (2 * size - 1 - d if d % 2 == 0 else d) // 2) for d in range(size)]
+    return jnp.concatenate([lax.ppermute(even_half, axis, even_dest), lax.ppermute(odd_half, axis, odd_dest)],
+                           seq_dim)
+
+
+def zigzag_indices(seq_len: int, size: int):
+    """Global token order that makes a contiguous sharding over `size` devices hold the zigzag layout: x[:, idx]
+    sharded contiguously puts halves r and 2 size - 1 - r of the original sequence on device r (undo with
+    jnp.argsort(idx)). seq_len must divide by 2 size."""
+    if size < 1 or seq_len % (2 * size):
+        raise ValueError(f"zigzag_indices: seq_len {seq_len} must be a multiple of 2 * size = {2 * size}")
+    half = seq_len // (2 * size)
+    order = [h for r in range(size) for h in (r, 2 * size - 1 - r)]
+    return jnp.concatenate([jnp.arange(h * half, (h + 1) * half) for h in order]).astype(jnp.int32)
+
+
+# ---- the merge of partial results ----------------------------------------------------------------------------------
+def merge_partials(out_a, lse_a, out_b, lse_b):
+    """Attention over the union of two disjoint key sets from each set's (out (B, S, H, D) float32, lse (B, H, S)):
+    out = (e^lse_a out_a + e^lse_b out_b) / (e^lse_a + e^lse_b), lse = log(e^lse_a + e^lse_b); -inf stays -inf and
+    gives out 0, with finite gradients."""
+    m = lax.stop_gradient(jnp.maximum(lse_a, lse_b))
+    m = jnp.where(jnp.isfinite(m), m, 0.0)
+    w_a, w_b = jnp.exp(lse_a - m), jnp.exp(lse_b - m)
+    total = w_a + w_b
+    seen = total > 0
+    safe = jnp.where(seen, total, 1.0)
+    lse = jnp.where(seen, m + jnp.log(safe), -jnp.inf)
+
+    def rows(w):  # (B, H, S) -> (B, S, H, 1)
+        return jnp.transpose(w / safe, (0, 2, 1))[..., None]
+
+    return out_a * rows(w_a) + out_b * rows(w_b), lse
+
+
+# ---- forward -------------------------------------------------------------------------------------------------------
+def _lengths(q_len, kv_len, params, q_start, kv_start, rows, keys):
+    """The local lengths of a (query rows, keys) block starting at global positions q_start, kv_start."""
+    batch = q_len.shape[0]
+    ql = jnp.clip(q_len - q_start, 0, rows) if params["has_q_lengths"] else jnp.full((batch,), rows, jnp.int32)
+    kl = jnp.clip(kv_len - kv_start, 0, keys) if params["has_kv_lengths"] else jnp.full((batch,), keys, jnp.int32)
+    return ql.astype(jnp.int32), kl.astype(jnp.int32)
+
+
+def _local_params(params, plan):
+    _, _, _, _, left, right = plan
+    return dict(params, ring=None, causal=False, window_left=left, window_right=right, return_lse=True)
+
+
+def _pair_forward(plan, q, k, v, q_len, kv_len, q_start, kv_start, params, bind):
+    """(out float32 (B, Sq, Hq, D), lse (B, Hq, Sq)) of the local queries against one visiting K/V shard."""
+    batch, seq_q, heads, dim = q.shape
+    if plan is None:
+        return jnp.zeros((batch, seq_q, heads, dim), jnp.float32), jnp.full((batch, heads, seq_q), -jnp.inf)
+    r0, r1, c0, c1, _, _ = plan
+    ql, kl = _lengths(q_len, kv_len, params, q_start + r0, kv_start + c0, r1 - r0, c1 - c0)
+    table = jnp.zeros((batch, 0), jnp.int32)
+    out, lse = bind(q[:, r0:r1], k[:, c0:c1], v[:, c0:c1], ql, kl, table, _local_params(params, plan))
+    out = jnp.pad(out.astype(jnp.float32), ((0, 0), (r0, seq_q - r1), (0, 0), (0, 0)))
+    lse = jnp.pad(lse, ((0, 0), (0, 0), (r0, seq_q - r1)), constant_values=-jnp.inf)
+    return out, lse
+
+
+def ring_forward(q, k, v, q_len, kv_len, params, bind):
+    """(out, lse) of this device's queries against every device's keys; `bind(q, k, v, q_lengths, kv_lengths,
+    page_table, params)` runs the per-device kernel."""
+    axis, size, layout = params["ring"]
+    seq_q, seq_k = q.shape[1], k.shape[1]
+    zigzag = layout == "zigzag" or _uses_zigzag(params, seq_q, size)
+    if zigzag and layout == "contiguous":
+        q, k, v = (to_zigzag(x, 1, axis, size) for x in (q, k, v))
+    r = lax.axis_index(axis)
+    out = lse = None
+    held = 0  # the step whose K/V shard this device holds
+    for t, plan_ge, plan_lt in _steps(params, size, seq_q, seq_k, zigzag):
+        k, v = _shift(k, axis, size, t - held), _shift(v, axis, size, t - held)
+        held = t
+        source = (r - t) % size
+
+        def branch(plan):
+            return lambda q, k, v, source: _pair_forward(plan, q, k, v, q_len, kv_len, r * seq_q, source * seq_k,
+                                                         params, bind)
+
+        if plan_ge == plan_lt:
+            part = branch(plan_ge)(q, k, v, source)
+        else:
+            part = lax.cond(r >= t, branch(plan_ge), branch(plan_lt), q, k, v, source)
+        out, lse = part if out is None else merge_partials(out, lse, *part)
+    out = out.astype(q.dtype)
+    if zigzag and layout == "contiguous":
+        out, lse = from_zigzag(out, 1, axis, size), from_zigzag(lse, 2, axis, size)
+    return out, lse
+
+
+# ---- backward ------------------------------------------------------------------------------------------------------
+def _pair_backward(plan, q, k, v, out, lse, d_out, d_lse, q_len, kv_len, q_start, kv_start, params, bind_bwd):
+    """(dq, dk, dv) float32 of one (local queries, visiting K/V) pair, given the merged out and lse."""
+    f32 = jnp.float32
+    if plan is None:
+        return jnp.zeros(q.shape, f32), jnp.zeros(k.shape, f32), jnp.zeros(v.shape, f32)
+    r0, r1, c0, c1, _, _ = plan
+    ql, kl = _lengths(q_len, kv_len, params, q_start + r0, kv_start + c0, r1 - r0, c1 - c0)
+    dq, dk, dv = bind_bwd(q[:, r0:r1], k[:, c0:c1], v[:, c0:c1], out[:, r0:r1], lse[:, :, r0:r1],
+                          d_out[:, r0:r1], d_lse[:, :, r0:r1], ql, kl, _local_params(params, plan))
+    rows, keys = ((0, 0), (r0, q.shape[1] - r1), (0, 0), (0, 0)), ((0, 0), (c0, k.shape[1] - c1), (0, 0), (0, 0))
+    return jnp.pad(dq.astype(f32), rows), jnp.pad(dk.astype(f32), keys), jnp.pad(dv.astype(f32), keys)
+
+
+def ring_backward(q, k, v, out, lse, d_out, d_lse, q_len, kv_len, params, bind_bwd):
+    """(dq, dk, dv) of ring_forward; `bind_bwd(q, k, v, out, lse, d_out, d_lse, q_lengths, kv_lengths, params)` runs
+    the per-device backward kernel."""
+    axis, size, layout = params["ring"]
+    seq_q, seq_k = q.shape[1], k.shape[1]
+    zigzag = layout == "zigzag" or _uses_zigzag(params, seq_q, size)
+    reorder = zigzag and layout == "contiguous"
+    if reorder:
+        q, k, v, out, d_out = (to_zigzag(x, 1, axis, size) for x in (q, k, v, out, d_out))
+        lse, d_lse = (to_zigzag(x, 2, axis, size) for x in (lse, d_lse))
+    r = lax.axis_index(axis)
+    dq = jnp.zeros(q.shape, jnp.float32)
+    dk = jnp.zeros(k.shape, jnp.float32)
+    dv = jnp.zeros(v.shape, jnp.float32)
+    held = 0
+    for t, plan_ge, plan_lt in _steps(params, size, seq_q, seq_k, zigzag):
+        k, v, dk, dv = (_shift(x, axis, size, t - held) for x in (k, v, dk, dv))  # dK/dV travel with their K/V
+        held = t
+        source = (r - t) % size
+
+        def branch(plan):
+            return lambda k, v, source: _pair_backward(plan, q, k, v, out, lse, d_out, d_lse, q_len, kv_len,
+                                                       r * seq_q, source * seq_k, params, bind_bwd)
+
+        if plan_ge == plan_lt:
+            parts = branch(plan_ge)(k, v, source)
+        else:
+            parts = lax.cond(r >= t, branch(plan_ge), branch(plan_lt), k, v, source)
+        dq, dk, dv = dq + parts[0], dk + parts[1], dv + parts[2]
+    dk, dv = (_shift(x, axis, size, -held) for x in (dk, dv))  # home: device s's shard sits on s + held
+    dq, dk, dv = dq.astype(q.dtype), dk.astype(k.dtype), dv.astype(v.dtype)
+    if reorder:
+        dq, dk, dv = (from_zigzag(x, 1, axis, size) for x in (dq, dk, dv))
+    return dq, dk, dv
