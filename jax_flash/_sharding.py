@@ -252,6 +252,7 @@ def _gather_reason(mesh, params, seq_q, seq_k, q_spec, k_spec, used) -> str:
     n = _split(mesh, axes)
     if seq_q % n or seq_k % n:
         return (f" instead of running ring attention, because seq_q {seq_q} and seq_k {seq_k} must both divide by "
-                f"the {n} devices of mesh axes {axes} (pad them and pass q_lengths / kv_lengths)")
+                f"the {n} devices of mesh axes {axes} (pad the sequence at its end: causal self-attention's rows never "
+                f"see keys padded after them; otherwise mask them with kv_lengths)")
     return (f" instead of running ring attention, because "
             f"{ring_refusal(params, seq_q // n, seq_k // n, n, 'contiguous')}")

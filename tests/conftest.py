@@ -5,10 +5,10 @@ from __future__ import annotations
 import collections
 import os
 
-# Four virtual CPU devices for tests/test_sharding.py; XLA reads this when jax first starts a backend, so it must be
-# set before anything below asks for devices.
+# Eight virtual CPU devices for tests/test_sharding.py and tests/test_ring.py; XLA reads this when jax first starts a
+# backend, so it must be set before anything below asks for devices.
 if "xla_force_host_platform_device_count" not in os.environ.get("XLA_FLAGS", ""):
-    os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=4").strip()
+    os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=8").strip()
 
 import jax
 import jax.numpy as jnp

@@ -1,13 +1,15 @@
 """Multi-device sharding: batch- and head-sharded inputs run shard-local (no all-gather of q, k or v), keep their
-sharding, and give the single-device result; sequence-sharded inputs are gathered with a one-time warning; the call
-works inside shard_map and under both partitioners (Shardy, GSPMD).
+sharding, and give the single-device result; sequence-sharded inputs the ring cannot run are gathered with a one-time
+warning (tests/test_ring.py has the ring); the call works inside shard_map and under both partitioners (Shardy,
+GSPMD).
 
-On CPU the devices are the virtual ones conftest.py asks XLA for (--xla_force_host_platform_device_count=4); the
+On CPU the devices are the virtual ones conftest.py asks XLA for (--xla_force_host_platform_device_count=8); the
 same tests run on GPUs when the machine has two or more.
 """
 
 from __future__ import annotations
 
+import functools
 import re
 
 import jax
@@ -82,8 +84,14 @@ def test_batch_and_head_sharding_runs_shard_local(devices, heads_q, heads_k, axi
     jitted = jax.jit(fn)
     out, lse = jitted(*args)
 
-    np.testing.assert_array_equal(np.asarray(out.astype(jnp.float32)), np.asarray(expected_out.astype(jnp.float32)))
-    np.testing.assert_array_equal(np.asarray(lse), np.asarray(expected_lse))
+    if heads_k == 1:  # a device's query heads pack differently over the one kv head (CPU): rounding may differ
+        np.testing.assert_allclose(np.asarray(out.astype(jnp.float32)), np.asarray(expected_out.astype(jnp.float32)),
+                                   rtol=1e-5, atol=1e-6)
+        np.testing.assert_allclose(np.asarray(lse), np.asarray(expected_lse), rtol=1e-6, atol=1e-6)
+    else:
+        np.testing.assert_array_equal(np.asarray(out.astype(jnp.float32)),
+                                      np.asarray(expected_out.astype(jnp.float32)))
+        np.testing.assert_array_equal(np.asarray(lse), np.asarray(expected_lse))
     assert out.sharding.is_equivalent_to(spec, 4), f"output sharding {out.sharding} differs from the input's {spec}"
     assert lse.sharding.is_equivalent_to(NamedSharding(mesh, P("data", "model", None)), 3), lse.sharding
 
@@ -115,21 +123,25 @@ def test_batch_only_mesh_and_lengths_sharded(devices):
     assert _collectives(jitted.lower(*args).compile().as_text()) == []
 
 
-def test_sequence_sharded_input_is_gathered_with_one_warning(devices):
+def test_sequence_sharded_call_the_ring_cannot_run_is_gathered_with_one_warning(devices):
+    """Causal with unequal query and key lengths has no static ring plan (tests/test_ring.py has the ring): gathered,
+    with the reason in a warning given once per process."""
     mesh = _mesh(devices)
-    q, k, v = _inputs(devices)
-    expected = _single_device(devices, jax_flash.attention, q, k, v)
+    q, k, v = _inputs(devices)  # seq_q 80, seq_k 112
+    causal = functools.partial(jax_flash.attention, causal=True)
+    expected = _single_device(devices, causal, q, k, v)
     seq_spec = NamedSharding(mesh, P(None, "data", None, None))  # "data" has size 2 on every mesh here
     args = [jax.device_put(x, seq_spec) for x in (q, k, v)]
     _sharding._warned.clear()
-    with pytest.warns(UserWarning, match="sharded along the sequence or head_dim axis; it is gathered"):
-        out = jax.jit(jax_flash.attention)(*args)
+    with pytest.warns(UserWarning, match="gathered .* instead of running ring attention, because causal or window "
+                                         "masks need equal local query and key lengths"):
+        out = jax.jit(causal)(*args)
     np.testing.assert_array_equal(np.asarray(out.astype(jnp.float32)), np.asarray(expected.astype(jnp.float32)))
     # Once per process: a second, differently shaped call does not warn again.
     import warnings
     with warnings.catch_warnings():
         warnings.simplefilter("error")
-        jax.jit(lambda q, k, v: jax_flash.attention(q, k, v, causal=True))(*args)
+        jax.jit(lambda q, k, v: jax_flash.attention(q, k, v, window=(3, 3)))(*args)
 
 
 def test_head_dim_sharded_input_is_gathered(devices):

@@ -1,0 +1,341 @@
+"""Ring attention over a sharded sequence (jax_flash/_ring.py): under jax.jit with sequence-sharded inputs and through
+jax_flash.ring_attention inside shard_map, on 4 and 8 devices (virtual CPU devices from conftest.py; GPUs when the
+machine has that many). Every case equals one device's call, the compiled HLO moves K/V by collective-permutes and
+never all-gathers, and the output keeps the sequence sharding.
+"""
+
+from __future__ import annotations
+
+import functools
+import re
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from jax.sharding import AxisType, NamedSharding
+from jax.sharding import PartitionSpec as P
+
+import jax_flash
+from jax_flash import _ring, _sharding
+from jax_flash.reference import visibility_mask
+from conftest import GPU_DEVICES, random_qkv
+
+try:
+    from jax import shard_map
+except ImportError:  # older jax
+    from jax.experimental.shard_map import shard_map
+
+
+def _devices(platform, n):
+    devices = jax.devices("cpu") if platform == "cpu" else GPU_DEVICES
+    if len(devices) < n:
+        if platform == "cpu":
+            pytest.fail(f"conftest.py should have made 8 virtual CPU devices, found {len(devices)}")
+        pytest.skip(f"ring attention on {n} GPUs needs {n}; {len(devices)} visible")
+    return devices[:n]
+
+
+@pytest.fixture(params=[("cpu", 4), ("cpu", 8), ("gpu", 2), ("gpu", 4)], ids=lambda p: f"{p[0]}{p[1]}")
+def devices(request):
+    return _devices(*request.param)
+
+
+def _inputs(devices, batch=2, seq_q=64, seq_k=64, heads_q=4, heads_k=2, head_dim=32, seed=0):
+    dtype = jnp.float32 if devices[0].platform == "cpu" else jnp.bfloat16
+    return random_qkv(seed, batch, seq_q, seq_k, heads_q, heads_k, head_dim, dtype)
+
+
+def _tolerance(devices):
+    return dict(rtol=2e-5, atol=2e-5) if devices[0].platform == "cpu" else dict(rtol=2e-2, atol=2e-2)
+
+
+def _one_device(devices, fn, *args):
+    return jax.jit(fn)(*(jax.device_put(x, devices[0]) for x in args))
+
+
+def _collectives(hlo: str) -> set[str]:
+    return set(re.findall(r"\b(all-gather|all-to-all|collective-permute|all-reduce|reduce-scatter)\b", hlo))
+
+
+def _gathers_of_qkv(hlo: str) -> list[str]:
+    """All-gathers or all-to-alls of rank-4 (batch, seq, heads, head_dim) arrays: of q, k, v, out or a gradient."""
+    return [line for line in hlo.splitlines()
+            if re.search(r"= \w+\[\d+,\d+,\d+,\d+\]\S* (all-gather|all-to-all)(-start)?\(", line)]
+
+
+def _close(actual, expected, devices):
+    actual, expected = (np.asarray(jnp.asarray(x, jnp.float32)) for x in (actual, expected))
+    np.testing.assert_allclose(actual, expected, **_tolerance(devices))
+
+
+def _close_lse(actual, expected, devices):
+    actual, expected = np.asarray(actual), np.asarray(expected)
+    np.testing.assert_array_equal(np.isinf(actual), np.isinf(expected))
+    finite = np.isfinite(expected)
+    np.testing.assert_allclose(actual[finite], expected[finite], **_tolerance(devices))
+
+
+FEATURES = {
+    "plain": dict(),
+    "causal": dict(causal=True),
+    "causal-window": dict(causal=True, window=(10, -1)),
+    "window": dict(window=(5, 7)),
+    "window-right": dict(window=(-1, 20)),
+    "window-wide": dict(window=(20, 3)),
+    "softcap-causal": dict(causal=True, softcap=3.0, softmax_scale=0.3),
+    "lengths": dict(lengths=True),
+}
+
+
+@pytest.mark.parametrize("heads", [(4, 2), (4, 4), (4, 1)], ids=["gqa", "mha", "mqa"])
+@pytest.mark.parametrize("feature", list(FEATURES))
+def test_jit_over_a_sequence_sharded_mesh_runs_a_ring(devices, feature, heads):
+    n = len(devices)
+    kwargs = dict(FEATURES[feature])
+    q, k, v = _inputs(devices, heads_q=heads[0], heads_k=heads[1])
+    lengths = (jnp.array([61, 9], jnp.int32), jnp.array([23, 64], jnp.int32)) if kwargs.pop("lengths", False) \
+        else (None, None)
+
+    def fn(q, k, v, q_lengths, kv_lengths):
+        return jax_flash.attention(q, k, v, return_lse=True, q_lengths=q_lengths, kv_lengths=kv_lengths, **kwargs)
+
+    expected_out, expected_lse = _one_device(devices, fn, q, k, v, *lengths)
+    mesh = jax.make_mesh((n,), ("seq",), devices=devices)
+    spec = NamedSharding(mesh, P(None, "seq"))
+    args = [jax.device_put(x, spec) for x in (q, k, v)] + list(lengths)
+    jitted = jax.jit(fn)
+    import warnings
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # no gather warning
+        out, lse = jitted(*args)
+    _close(out, expected_out, devices)
+    _close_lse(lse, expected_lse, devices)
+    assert out.sharding.is_equivalent_to(spec, 4), out.sharding
+    assert lse.sharding.is_equivalent_to(NamedSharding(mesh, P(None, None, "seq")), 3), lse.sharding
+    collectives = _collectives(jitted.lower(*args).compile().as_text())
+    assert collectives == {"collective-permute"}, collectives
+
+
+@pytest.mark.parametrize("feature", ["causal", "causal-window", "window-wide", "lengths", "softcap-causal"])
+def test_gradients_of_a_sequence_sharded_call_equal_one_device(devices, feature):
+    n = len(devices)
+    kwargs = dict(FEATURES[feature])
+    q, k, v = _inputs(devices, seed=1)
+    lengths = (jnp.array([50, 3], jnp.int32), jnp.array([64, 30], jnp.int32)) if kwargs.pop("lengths", False) \
+        else (None, None)
+    weights = jnp.cos(jnp.arange(q.size, dtype=jnp.float32)).reshape(q.shape)
+
+    def loss(q, k, v, weights, q_lengths, kv_lengths):
+        out, lse = jax_flash.attention(q, k, v, return_lse=True, q_lengths=q_lengths, kv_lengths=kv_lengths,
+                                       **kwargs)
+        return jnp.sum(out.astype(jnp.float32) * weights) + 0.1 * jnp.sum(jnp.where(jnp.isfinite(lse), lse, 0.0))
+
+    grad = jax.grad(loss, argnums=(0, 1, 2))
+    expected = _one_device(devices, grad, q, k, v, weights, *lengths)
+    mesh = jax.make_mesh((n,), ("seq",), devices=devices)
+    spec = NamedSharding(mesh, P(None, "seq"))
+    args = [jax.device_put(x, spec) for x in (q, k, v, weights)] + list(lengths)
+    jitted = jax.jit(grad)
+    grads = jitted(*args)
+    for name, actual, want in zip("qkv", grads, expected):
+        _close(actual, want, devices)
+        assert actual.sharding.is_equivalent_to(spec, 4), (name, actual.sharding)
+    hlo = jitted.lower(*args).compile().as_text()
+    assert "collective-permute" in _collectives(hlo) and not _gathers_of_qkv(hlo), _gathers_of_qkv(hlo)
+    assert 'custom_call_target="jax_flash_attention_bwd"' in hlo
+
+
+@pytest.mark.parametrize("shape,axes", [((2, 2), ("seq", "model")), ((2, 4), ("seq", "model")),
+                                        ((2, 2, 2), ("data", "seq", "model"))], ids=["2x2", "2x4", "2x2x2"])
+def test_sequence_times_heads_meshes(shape, axes):
+    devices = _devices("cpu", int(np.prod(shape)))
+    q, k, v = _inputs(devices, heads_q=8, heads_k=4)
+    causal = functools.partial(jax_flash.attention, causal=True)
+    expected = _one_device(devices, causal, q, k, v)
+    mesh = jax.make_mesh(shape, axes, devices=devices)
+    spec = NamedSharding(mesh, P("data" if "data" in axes else None, "seq", "model"))
+    args = [jax.device_put(x, spec) for x in (q, k, v)]
+    jitted = jax.jit(causal)
+    out = jitted(*args)
+    _close(out, expected, devices)
+    assert out.sharding.is_equivalent_to(spec, 4), out.sharding
+    assert _collectives(jitted.lower(*args).compile().as_text()) == {"collective-permute"}
+    grads = jax.jit(jax.grad(lambda *a: jnp.sum(causal(*a) ** 2), argnums=(0, 1, 2)))(*args)
+    expected_grads = _one_device(devices, jax.grad(lambda *a: jnp.sum(causal(*a) ** 2), argnums=(0, 1, 2)), q, k, v)
+    for actual, want in zip(grads, expected_grads):
+        _close(actual, want, devices)
+
+
+def _kernel_calls(hlo: str, target="jax_flash_attention"):
+    """(q shape, k shape) of each kernel custom call in an HLO text."""
+    calls = []
+    for line in hlo.splitlines():
+        if f'custom_call_target="{target}"' in line:
+            shapes = re.findall(r"f32\[([\d,]+)\]", line.split("custom-call(")[1])
+            calls.append(tuple(tuple(int(d) for d in s.split(",")) for s in shapes[:2]))
+    return calls
+
+
+def test_causal_ring_is_balanced_zigzag_and_window_steps_are_skipped():
+    n, seq = 4, 64
+    devices = _devices("cpu", n)
+    q, k, v = _inputs(devices, seq_q=seq, seq_k=seq)
+    mesh = jax.make_mesh((n,), ("seq",), devices=devices)
+    spec = NamedSharding(mesh, P(None, "seq"))
+    args = [jax.device_put(x, spec) for x in (q, k, v)]
+    chunk = seq // n
+
+    # Causal: one diagonal call on the local chunk, then per step two branches of chunk x chunk / 2 pairs each
+    # (zigzag: every device does the same work at every step).
+    hlo = jax.jit(functools.partial(jax_flash.attention, causal=True)).lower(*args).compile().as_text()
+    calls = _kernel_calls(hlo)
+    pairs = sorted(qs[1] * ks[1] for qs, ks in calls)
+    assert pairs == [chunk * chunk // 2] * (2 * (n - 1)) + [chunk * chunk], calls
+
+    # A causal window of 10 < chunk keys: only the diagonal step and the step before it have visible keys; the
+    # other n - 2 steps (and their permutes) are dropped.
+    hlo = jax.jit(functools.partial(jax_flash.attention, causal=True, window=(10, -1))).lower(*args).compile()
+    hlo = hlo.as_text()
+    assert len(_kernel_calls(hlo)) == 2, _kernel_calls(hlo)
+    assert len(re.findall(r"collective-permute(?:-start)?\(", hlo)) == 2  # K and V, one step each
+
+
+@pytest.mark.parametrize("layout", ["contiguous", "zigzag"])
+def test_ring_attention_inside_shard_map(layout):
+    n, seq = 4, 48
+    devices = _devices("cpu", n)
+    q, k, v = _inputs(devices, seq_q=seq, seq_k=seq)
+    mesh = jax.make_mesh((n,), ("sp",), devices=devices)
+    order = np.asarray(jax_flash.zigzag_indices(seq, n)) if layout == "zigzag" else np.arange(seq)
+    undo = np.argsort(order)
+
+    def local(q, k, v):
+        return jax_flash.ring_attention(q, k, v, axis_name="sp", layout=layout, causal=True, return_lse=True)
+
+    ring = jax.jit(shard_map(local, mesh=mesh, in_specs=(P(None, "sp"),) * 3,
+                             out_specs=(P(None, "sp"), P(None, None, "sp"))))
+    args = [jax.device_put(x[:, order], NamedSharding(mesh, P(None, "sp"))) for x in (q, k, v)]
+    out, lse = ring(*args)
+    expected_out, expected_lse = jax_flash.attention(q, k, v, causal=True, return_lse=True)
+    _close(np.asarray(out)[:, undo], expected_out, devices)
+    _close_lse(np.asarray(lse)[:, :, undo], expected_lse, devices)
+    assert _collectives(ring.lower(*args).compile().as_text()) == {"collective-permute"}
+
+    weights = jnp.sin(jnp.arange(q.size, dtype=jnp.float32)).reshape(q.shape)
+    grads = jax.jit(jax.grad(lambda *a: jnp.sum(ring(*a)[0] * weights[:, order]), argnums=(0, 1, 2)))(*args)
+    expected = jax.grad(lambda *a: jnp.sum(jax_flash.attention(*a, causal=True) * weights), argnums=(0, 1, 2))(q, k, v)
+    for actual, want in zip(grads, expected):
+        _close(np.asarray(actual)[:, undo], want, devices)
+
+
+def test_ring_attention_with_lengths_inside_shard_map():
+    n = 4
+    devices = _devices("cpu", n)
+    q, k, v = _inputs(devices, seq_q=32, seq_k=64)
+    q_lengths, kv_lengths = jnp.array([32, 5], jnp.int32), jnp.array([17, 0], jnp.int32)
+    mesh = jax.make_mesh((n,), ("sp",), devices=devices)
+    ring = jax.jit(shard_map(
+        lambda q, k, v, ql, kl: jax_flash.ring_attention(q, k, v, axis_name="sp", q_lengths=ql, kv_lengths=kl,
+                                                         softcap=2.0),
+        mesh=mesh, in_specs=(P(None, "sp"),) * 3 + (P(), P()), out_specs=P(None, "sp")))
+    args = [jax.device_put(x, NamedSharding(mesh, P(None, "sp"))) for x in (q, k, v)]
+    out = ring(*args, q_lengths, kv_lengths)
+    expected = jax_flash.attention(q, k, v, q_lengths=q_lengths, kv_lengths=kv_lengths, softcap=2.0)
+    _close(out, expected, devices)
+    assert not np.asarray(out)[1].any()  # batch row 1 sees no key
+
+
+def test_sequence_sharding_the_ring_cannot_run_is_gathered_and_correct():
+    n = 4
+    devices = _devices("cpu", n)
+    mesh = jax.make_mesh((n,), ("seq",), devices=devices)
+    spec = NamedSharding(mesh, P(None, "seq"))
+    q, k, v = _inputs(devices, seq_q=64, seq_k=64)
+    lengths = jnp.array([40, 64], jnp.int32)
+    causal_lengths = functools.partial(jax_flash.attention, causal=True)
+    expected = _one_device(devices, lambda q, k, v, l: causal_lengths(q, k, v, kv_lengths=l), q, k, v, lengths)
+    _sharding._warned.clear()
+    with pytest.warns(UserWarning, match="align to the actual lengths of each batch row"):
+        out = jax.jit(lambda q, k, v, l: causal_lengths(q, k, v, kv_lengths=l))(
+            *(jax.device_put(x, spec) for x in (q, k, v)), lengths)
+    _close(out, expected, devices)
+
+    # 50 does not divide over 4 devices (uneven shards, which only a constraint inside jit makes): gathered, and the
+    # warning says what to do
+    q, k, v = _inputs(devices, seq_q=50, seq_k=50)
+    expected = _one_device(devices, causal_lengths, q, k, v)
+    auto = NamedSharding(jax.make_mesh((n,), ("seq",), devices=devices, axis_types=(AxisType.Auto,)), P(None, "seq"))
+    _sharding._warned.clear()
+    with pytest.warns(UserWarning, match="must both divide by the 4 devices .*pad the sequence at its end"):
+        out = jax.jit(lambda *a: causal_lengths(*(jax.lax.with_sharding_constraint(x, auto) for x in a)))(q, k, v)
+    _close(out, expected, devices)
+
+
+def test_ring_attention_bad_uses_raise_clear_errors():
+    devices = _devices("cpu", 4)
+    q, k, v = _inputs(devices)
+    mesh = jax.make_mesh((4,), ("sp",), devices=devices)
+    args = [jax.device_put(x, NamedSharding(mesh, P(None, "sp"))) for x in (q, k, v)]
+
+    def run(**kwargs):
+        return jax.jit(shard_map(lambda q, k, v: jax_flash.ring_attention(q, k, v, axis_name="sp", **kwargs),
+                                 mesh=mesh, in_specs=(P(None, "sp"),) * 3, out_specs=P(None, "sp")))(*args)
+
+    with pytest.raises(ValueError, match="axis_name 'nope' is not a mesh axis bound here"):
+        jax_flash.ring_attention(q, k, v, axis_name="nope")
+    with pytest.raises(ValueError, match=r"layout must be one of \('contiguous', 'zigzag'\), got 'striped'"):
+        run(layout="striped")
+    with pytest.raises(ValueError, match="ring_attention cannot run this call: the zigzag layout is for causal"):
+        run(layout="zigzag")
+    with pytest.raises(ValueError, match="ring_attention cannot run this call: causal or window masks with q_lengths"):
+        run(causal=True, kv_lengths=jnp.array([3, 4], jnp.int32))
+    ring = shard_map(lambda q, k, v: jax_flash.ring_attention(q, k, v, axis_name="sp"), mesh=mesh,
+                     in_specs=(P(None, "sp"),) * 3, out_specs=P(None, "sp"))
+    with pytest.raises(NotImplementedError, match=r"forward-mode differentiation \(jax.jvp"):
+        jax.jit(lambda *a: jax.jvp(ring, a, a))(*args)
+
+
+# ---- the static plans and the merge, against brute force ----------------------------------------------------------
+@pytest.mark.parametrize("rows,keys", [(8, 8), (5, 9), (9, 4), (1, 7)])
+def test_pair_plan_reproduces_every_band(rows, keys):
+    """For every band lo <= j - i <= hi over a (rows, keys) block, the plan's slice and kernel window see exactly
+    the band's pairs (the kernel window as jax_flash.reference.visibility_mask defines it)."""
+    bounds = [None] + list(range(-rows - 1, keys + 2))
+    i, j = np.arange(rows)[:, None], np.arange(keys)[None, :]
+    for lo in bounds:
+        for hi in bounds:
+            band = np.ones((rows, keys), bool)
+            if lo is not None:
+                band &= j - i >= lo
+            if hi is not None:
+                band &= j - i <= hi
+            plan = _ring.pair_plan(rows, keys, lo, hi)
+            if plan is None:
+                assert not band.any(), (lo, hi)
+                continue
+            r0, r1, c0, c1, left, right = plan
+            assert left >= -1 and right >= -1
+            seen = np.zeros((rows, keys), bool)
+            seen[r0:r1, c0:c1] = np.asarray(visibility_mask(1, r1 - r0, c1 - c0, window=(left, right)))[0, 0]
+            np.testing.assert_array_equal(seen, band, err_msg=f"lo={lo} hi={hi} plan={plan}")
+
+
+def test_merge_partials_equals_attention_over_the_union_and_has_finite_gradients():
+    q, k, v = random_qkv(3, 2, 16, 32, 2, 2, 16, jnp.float32)
+    lengths = jnp.array([32, 10], jnp.int32)  # row 1: the second half of the keys is invisible
+
+    def merged(q, k, v):
+        a = jax_flash.attention(q, k[:, :16], v[:, :16], kv_lengths=jnp.minimum(lengths, 16), return_lse=True)
+        b = jax_flash.attention(q, k[:, 16:], v[:, 16:], kv_lengths=jnp.maximum(lengths - 16, 0), return_lse=True)
+        return _ring.merge_partials(a[0], a[1], b[0], b[1])
+
+    out, lse = merged(q, k, v)
+    expected_out, expected_lse = jax_flash.attention(q, k, v, kv_lengths=lengths, return_lse=True)
+    np.testing.assert_allclose(out, expected_out, rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(lse, expected_lse, rtol=1e-5, atol=1e-6)
+    empty = jnp.zeros_like(lse) - jnp.inf  # both parts empty: zeros, -inf, and zero (not NaN) gradients
+    out, lse = _ring.merge_partials(jnp.zeros_like(out), empty, jnp.zeros_like(out), empty)
+    assert not np.asarray(out).any() and np.isneginf(np.asarray(lse)).all()
+    grads = jax.grad(lambda a, b: jnp.sum(_ring.merge_partials(a, empty, b, empty)[0]), argnums=(0, 1))(out, out)
+    assert all(np.isfinite(np.asarray(g)).all() for g in grads)
