@@ -5,8 +5,8 @@ It runs as the lowering of the per-device primitives when their `ring` parameter
 The partitioning rule (jax_flash/_sharding.py) sets it for a sequence-sharded jit call; `jax_flash.ring_attention`
 sets it inside shard_map. The forward and backward are written out here, step by step, from the same static plan:
 
-  step t (0 <= t < n): device r holds the K/V shard of device s = (r - t) mod n; for t >= 1 the shard came from the
-  previous needed step by one collective-permute (issued before this step's kernel, so XLA may overlap the two).
+  step t (0 <= t < n): device r holds the K/V shard of device s = (r - t) mod n; the shard of the next needed step
+  is sent by one collective-permute issued before this step's kernel, so XLA may overlap the two.
   Which query rows and keys of the (local q, visiting K/V) pair can see each other depends only on t and on whether
   s < r (r >= t), so both cases are static plans and a lax.cond on r >= t picks one; a plan may be "nothing visible"
   (the kernel is skipped) and a step whose both plans are empty is dropped with its permute.
@@ -214,10 +214,11 @@ def ring_forward(q, k, v, q_len, kv_len, params, bind):
         q, k, v = (to_zigzag(x, 1, axis, size) for x in (q, k, v))
     r = lax.axis_index(axis)
     out = lse = None
-    held = 0  # the step whose K/V shard this device holds
-    for t, plan_ge, plan_lt in _steps(params, size, seq_q, seq_k, zigzag):
-        k, v = _shift(k, axis, size, t - held), _shift(v, axis, size, t - held)
-        held = t
+    steps = _steps(params, size, seq_q, seq_k, zigzag)
+    for index, (t, plan_ge, plan_lt) in enumerate(steps):
+        if index + 1 < len(steps):  # the next step's K/V, issued before this step's kernel so the two may overlap
+            shift = steps[index + 1][0] - t
+            k_next, v_next = _shift(k, axis, size, shift), _shift(v, axis, size, shift)
         source = (r - t) % size
 
         def branch(plan):
@@ -229,6 +230,8 @@ def ring_forward(q, k, v, q_len, kv_len, params, bind):
         else:
             part = lax.cond(r >= t, branch(plan_ge), branch(plan_lt), q, k, v, source)
         out, lse = part if out is None else merge_partials(out, lse, *part)
+        if index + 1 < len(steps):
+            k, v = k_next, v_next
     out = out.astype(q.dtype)
     if zigzag and layout == "contiguous":
         out, lse = from_zigzag(out, 1, axis, size), from_zigzag(lse, 2, axis, size)
@@ -263,10 +266,12 @@ def ring_backward(q, k, v, out, lse, d_out, d_lse, q_len, kv_len, params, bind_b
     dq = jnp.zeros(q.shape, jnp.float32)
     dk = jnp.zeros(k.shape, jnp.float32)
     dv = jnp.zeros(v.shape, jnp.float32)
-    held = 0
-    for t, plan_ge, plan_lt in _steps(params, size, seq_q, seq_k, zigzag):
-        k, v, dk, dv = (_shift(x, axis, size, t - held) for x in (k, v, dk, dv))  # dK/dV travel with their K/V
-        held = t
+    held = 0  # the step whose K/V shard (and its dK/dV) this device holds
+    steps = _steps(params, size, seq_q, seq_k, zigzag)
+    for index, (t, plan_ge, plan_lt) in enumerate(steps):
+        if index + 1 < len(steps):  # the next step's K/V, issued before this step's kernel
+            shift = steps[index + 1][0] - t
+            k_next, v_next = _shift(k, axis, size, shift), _shift(v, axis, size, shift)
         source = (r - t) % size
 
         def branch(plan):
@@ -278,6 +283,9 @@ def ring_backward(q, k, v, out, lse, d_out, d_lse, q_len, kv_len, params, bind_b
         else:
             parts = lax.cond(r >= t, branch(plan_ge), branch(plan_lt), k, v, source)
         dq, dk, dv = dq + parts[0], dk + parts[1], dv + parts[2]
+        if index + 1 < len(steps):  # dK/dV travel with their K/V
+            dk, dv = (_shift(x, axis, size, steps[index + 1][0] - t) for x in (dk, dv))
+            k, v, held = k_next, v_next, steps[index + 1][0]
     dk, dv = (_shift(x, axis, size, -held) for x in (dk, dv))  # home: device s's shard sits on s + held
     dq, dk, dv = dq.astype(q.dtype), dk.astype(k.dtype), dv.astype(v.dtype)
     if reorder:
