@@ -5,6 +5,7 @@
     python -m jax_flash.benchmark --json out.json --plot out.png
     python -m jax_flash.benchmark --order sequential     # all repetitions of one implementation, then the next
     python -m jax_flash.benchmark --suite decode         # decoding against a KV cache (jax_flash/benchmark_decode.py)
+    python -m jax_flash.benchmark --suite ring           # ring attention over several devices (benchmark_ring.py)
 
 Sizes as in docs/PERFORMANCE.md: batch * seq = --tokens (16384), heads * head_dim = --hidden (2048).
 FLOPs = 4 * B * H * S * S * D (halved for causal: --causal on|both). On a CPU-only machine it compares the CPU path
@@ -25,7 +26,7 @@ import jax.numpy as jnp
 
 import jax_flash
 from jax_flash._plotting import pyplot
-from jax_flash import benchmark_cpu, benchmark_decode
+from jax_flash import benchmark_cpu, benchmark_decode, benchmark_ring
 from jax_flash import config as config_module
 from jax_flash.selection import cuda_arch, resolve_gpu_config
 from jax_flash.timing import time_interleaved_ms, time_loop_ms
@@ -241,9 +242,14 @@ def plot(rows: list[dict], path: str) -> None:
 def main(argv=None) -> int:
     on_gpu = jax.default_backend() == "gpu"
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--suite", choices=["prefill", "decode"], default="prefill",
+    parser.add_argument("--suite", choices=["prefill", "decode", "ring"], default="prefill",
                         help="prefill: the standard grid (TFLOP/s); decode: a few query rows against a KV cache, "
-                             "contiguous and paged (us, K/V GB/s, % of copy bandwidth)")
+                             "contiguous and paged (us, K/V GB/s, % of copy bandwidth); ring: ring attention "
+                             "against the gather, and scaling over 1, 2, 4, ... devices")
+    parser.add_argument("--ring-seqs", type=lambda s: [int(x) for x in s.split(",")],
+                        default=list(benchmark_ring.SEQS), help="--suite ring: global sequence lengths")
+    parser.add_argument("--devices", type=lambda s: [int(x) for x in s.split(",")], default=[1, 2, 4, 8],
+                        help="--suite ring: device counts (those the machine has)")
     parser.add_argument("--page-sizes", type=lambda s: [int(x) for x in s.split(",") if x], default=[16, 64, 256],
                         help="--suite decode: the paged caches timed beside the contiguous one")
     parser.add_argument("--decode-heads", type=lambda s: [tuple(int(n) for n in x.split("/")) for x in s.split(",")],
@@ -283,6 +289,8 @@ def main(argv=None) -> int:
     args = parser.parse_args(argv)
     if args.suite == "decode":
         return _main_decode(args)
+    if args.suite == "ring":
+        return _main_ring(args)
     matmul = None if on_gpu else benchmark_cpu.matmul_gflops()
     rows = run(args)
     if args.json:
@@ -313,6 +321,20 @@ def _main_decode(args) -> int:
     if args.plot and rows:
         benchmark_decode.plot(rows, args.plot)
     benchmark_decode.print_table(rows, copy_gbs)
+    return 0
+
+
+def _main_ring(args) -> int:
+    args.causal_list = {"off": [False], "on": [True], "both": [False, True]}[args.causal]
+    rows = benchmark_ring.run(args)
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"suite": "ring", "date": str(datetime.date.today()), "jax": jax.__version__,
+                       "platform": jax.default_backend(), "device": _device_name(jax.devices()[0]),
+                       "device_count": len(jax.devices()), "timing": {"iters": args.iters, "reps": args.reps,
+                                                                      "min_rep_ms": args.min_rep_ms},
+                       "rows": rows}, f, indent=1)
+    benchmark_ring.print_table(rows)
     return 0
 
 

@@ -46,8 +46,10 @@ def _inputs(devices, batch=2, seq_q=64, seq_k=64, heads_q=4, heads_k=2, head_dim
     return random_qkv(seed, batch, seq_q, seq_k, heads_q, heads_k, head_dim, dtype)
 
 
-def _tolerance(devices):
-    return dict(rtol=2e-5, atol=2e-5) if devices[0].platform == "cpu" else dict(rtol=2e-2, atol=2e-2)
+def _tolerance(devices, scale=1.0):
+    """float32 on CPU; bf16 on GPUs, where a ring adds each pair's gradient rounded to bf16 (atol scales with the
+    largest expected value)."""
+    return dict(rtol=2e-5, atol=2e-5) if devices[0].platform == "cpu" else dict(rtol=2e-2, atol=2e-2 * max(scale, 1))
 
 
 def _one_device(devices, fn, *args):
@@ -66,7 +68,7 @@ def _gathers_of_qkv(hlo: str) -> list[str]:
 
 def _close(actual, expected, devices):
     actual, expected = (np.asarray(jnp.asarray(x, jnp.float32)) for x in (actual, expected))
-    np.testing.assert_allclose(actual, expected, **_tolerance(devices))
+    np.testing.assert_allclose(actual, expected, **_tolerance(devices, float(np.abs(expected).max(initial=0))))
 
 
 def _close_lse(actual, expected, devices):
@@ -294,6 +296,20 @@ def test_ring_attention_bad_uses_raise_clear_errors():
                      in_specs=(P(None, "sp"),) * 3, out_specs=P(None, "sp"))
     with pytest.raises(NotImplementedError, match=r"forward-mode differentiation \(jax.jvp"):
         jax.jit(lambda *a: jax.jvp(ring, a, a))(*args)
+
+
+def test_vmap_and_checkpoint_of_a_sequence_sharded_call():
+    devices = _devices("cpu", 4)
+    q, k, v = (jnp.stack([x, -x]) for x in _inputs(devices))  # a leading vmapped axis
+    mesh = jax.make_mesh((4,), ("seq",), devices=devices)
+    args = [jax.device_put(x, NamedSharding(mesh, P(None, None, "seq"))) for x in (q, k, v)]
+    fn = jax.vmap(functools.partial(jax_flash.attention, causal=True, window=(20, -1)))
+    _close(jax.jit(fn)(*args), fn(q, k, v), devices)
+    loss = lambda *a: jnp.sum(jax.checkpoint(fn)(*a) ** 2)  # noqa: E731
+    jitted = jax.jit(jax.grad(loss, argnums=(0, 1, 2)))
+    for actual, want in zip(jitted(*args), jax.grad(loss, argnums=(0, 1, 2))(q, k, v)):
+        _close(actual, want, devices)
+    assert not _gathers_of_qkv(jitted.lower(*args).compile().as_text())
 
 
 # ---- the static plans and the merge, against brute force ----------------------------------------------------------

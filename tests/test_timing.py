@@ -143,3 +143,17 @@ def test_benchmark_dtype_names(capsys):
         benchmark.main(["--dtypes", "int8"])
     err = capsys.readouterr().err
     assert "dtype 'int8' is not supported; choose from bf16, fp16, fp32" in err
+
+
+def test_ring_benchmark_writes_ring_gather_and_scaling_rows(tmp_path, capsys):
+    if len(jax.devices()) < 2:  # (CPU: conftest.py's 8 virtual devices)
+        pytest.skip(f"the ring suite needs 2 devices of the default backend; {len(jax.devices())} visible")
+    path = tmp_path / "ring.json"
+    assert benchmark.main(["--suite", "ring", "--ring-seqs", "256", "--devices", "1,2", "--causal", "on",
+                           "--iters", "1", "--reps", "1", "--min-rep-ms", "0", "--json", str(path)]) == 0
+    rows = json.loads(path.read_text())["rows"]
+    assert [(r["kind"], r["devices"], r["impl"]) for r in rows] == [
+        ("sequence", 1, "one device"), ("sequence", 2, "ring"), ("sequence", 2, "gather"),
+        ("batch", 1, "one device"), ("batch", 2, "batch")]
+    assert all(r["ms"] > 0 and r["speedup"] > 0 and r["causal"] for r in rows)
+    assert "Ring attention on" in capsys.readouterr().out
