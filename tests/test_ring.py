@@ -41,7 +41,7 @@ def devices(request):
     return _devices(*request.param)
 
 
-def _inputs(devices, batch=2, seq_q=64, seq_k=64, heads_q=4, heads_k=2, head_dim=32, seed=0):
+def _inputs(devices, batch=2, seq_q=64, seq_k=64, heads_q=4, heads_k=2, head_dim=64, seed=0):
     dtype = jnp.float32 if devices[0].platform == "cpu" else jnp.bfloat16
     return random_qkv(seed, batch, seq_q, seq_k, heads_q, heads_k, head_dim, dtype)
 

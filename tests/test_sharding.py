@@ -84,10 +84,11 @@ def test_batch_and_head_sharding_runs_shard_local(devices, heads_q, heads_k, axi
     jitted = jax.jit(fn)
     out, lse = jitted(*args)
 
-    if heads_k == 1:  # a device's query heads pack differently over the one kv head (CPU): rounding may differ
+    if heads_k == 1:  # a device's query heads pack differently over the one kv head: rounding may differ
+        tol = dict(rtol=1e-5, atol=1e-6) if devices[0].platform == "cpu" else dict(rtol=1e-2, atol=1e-2)  # 1 bf16 ulp
         np.testing.assert_allclose(np.asarray(out.astype(jnp.float32)), np.asarray(expected_out.astype(jnp.float32)),
-                                   rtol=1e-5, atol=1e-6)
-        np.testing.assert_allclose(np.asarray(lse), np.asarray(expected_lse), rtol=1e-6, atol=1e-6)
+                                   **tol)
+        np.testing.assert_allclose(np.asarray(lse), np.asarray(expected_lse), **tol)
     else:
         np.testing.assert_array_equal(np.asarray(out.astype(jnp.float32)),
                                       np.asarray(expected_out.astype(jnp.float32)))

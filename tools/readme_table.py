@@ -7,7 +7,8 @@
 A results file is `python -m jax_flash.benchmark --json` output (device, date, jax, timing, rows); each GPU table cell
 is jax_flash's TFLOP/s and, in brackets, its ratio to cuDNN in the same run; each CPU table cell (platform "cpu") its
 GFLOP/s and its speed-up over XLA:CPU in the same run; a decode file (suite "decode") gives microseconds, the percent
-of the device's copy bandwidth and the ratio to cuDNN, contiguous and paged.
+of the device's copy bandwidth and the ratio to cuDNN, contiguous and paged; a ring file (suite "ring")
+milliseconds and speed-ups over one device of ring attention, the gather and a batch split.
 """
 
 from __future__ import annotations
@@ -99,12 +100,43 @@ def render_decode(results: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
+def render_ring(results: dict) -> str:
+    rows = results["rows"]
+    counts = sorted({r["devices"] for r in rows if r["devices"] > 1})
+    head = ["rows", "causal", "B x S", "1 device ms"]
+    for n in counts:
+        head += [f"{n} GPUs: ring", f"{n} GPUs: gather"] if any(r["kind"] == "sequence" for r in rows) else []
+    head += [f"{n} GPUs: batch split" for n in counts]
+    first = rows[0]
+    lines = [f"**{results['device_count']} x {results['device']}**, {results['date']}, jax {results['jax']}, "
+             f"{first['dtype']}, {first['heads']} heads, D = {first['head_dim']}: milliseconds per call of the global "
+             f"`jax_flash.attention` call and, in brackets, the speed-up over one device: the sequence sharded over n "
+             f"GPUs (ring attention), the same inputs all-gathered first (the fallback), and a global batch split over "
+             f"n GPUs.", "", "| " + " | ".join(head) + " |", "| " + " | ".join("---" for _ in head) + " |"]
+
+    def cell(match):
+        r = next((r for r in rows if all(r[k] == v for k, v in match.items())), None)
+        return "-" if r is None else f"{r['ms']:.1f}" + (f" ({r['speedup']:.2f}x)" if r["speedup"] else "")
+
+    for kind, batch, seq, causal in sorted({(r["kind"], r["batch"], r["seq"], r["causal"]) for r in rows},
+                                           key=lambda x: (x[0] != "sequence", x[1], x[2], x[3])):
+        base = dict(kind=kind, batch=batch, seq=seq, causal=causal)
+        cells = ["sequence" if kind == "sequence" else "batch", "yes" if causal else "no", f"{batch} x {seq}",
+                 cell(dict(base, devices=1))]
+        for n in counts:
+            if any(r["kind"] == "sequence" for r in rows):
+                cells += [cell(dict(base, devices=n, impl="ring")), cell(dict(base, devices=n, impl="gather"))]
+        cells += [cell(dict(base, devices=n, impl="batch")) for n in counts]
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
 def render() -> str:
     files = sorted((ROOT / "benchmarks" / "results").glob("*.json"))
     results = [json.loads(f.read_text()) for f in files]
-    renderers = {"cpu": render_cpu, "decode": render_decode}
-    return "\n".join(renderers.get("decode" if r.get("suite") == "decode" else r.get("platform"), render_device)(r)
-                     for r in results)
+    renderers = {"cpu": render_cpu, "decode": render_decode, "ring": render_ring}
+    return "\n".join(renderers.get(r["suite"] if r.get("suite") in ("decode", "ring") else r.get("platform"),
+                                   render_device)(r) for r in results)
 
 
 def main() -> int:
