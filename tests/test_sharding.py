@@ -213,3 +213,29 @@ def test_vmap_over_sharded_inputs(devices):
         expected = _single_device(devices, jax_flash.attention, *(x[i] for x in stacked))
         np.testing.assert_array_equal(np.asarray(out[i].astype(jnp.float32)),
                                       np.asarray(expected.astype(jnp.float32)))
+
+
+@pytest.mark.parametrize("split", ["both", "heads", "batch"])
+def test_gradients_under_batch_and_head_sharding_equal_one_device(devices, split):
+    """The backward custom call partitions like the forward: each device differentiates its shard, no gather."""
+    mesh = _mesh(devices, split=split)
+    q, k, v = _inputs(devices, heads_q=8, heads_k=4)
+    lengths = jnp.array([80, 33, 0, 71], jnp.int32)
+
+    def loss(q, k, v, kv_lengths):
+        out = jax_flash.attention(q, k, v, causal=True, window=(40, -1), kv_lengths=kv_lengths)
+        return jnp.sum(out.astype(jnp.float32) * jnp.cos(jnp.arange(out.shape[1]))[:, None, None])
+
+    grad = jax.grad(loss, argnums=(0, 1, 2))
+    expected = _single_device(devices, grad, q, k, v, lengths)
+    spec = NamedSharding(mesh, P("data", None, "model", None))
+    args = [jax.device_put(x, spec) for x in (q, k, v)] + [jax.device_put(lengths, NamedSharding(mesh, P("data")))]
+    jitted = jax.jit(grad)
+    tol = dict(rtol=1e-5, atol=1e-5) if devices[0].platform == "cpu" else dict(rtol=2e-2, atol=2e-2)
+    for name, actual, want in zip("qkv", jitted(*args), expected):
+        np.testing.assert_allclose(np.asarray(actual.astype(jnp.float32)), np.asarray(want.astype(jnp.float32)),
+                                   err_msg=name, **tol)
+        assert actual.sharding.is_equivalent_to(spec, 4), (name, actual.sharding)
+    hlo = jitted.lower(*args).compile().as_text()
+    assert not {"all-gather", "all-to-all"} & set(_collectives(hlo)), _collectives(hlo)
+    assert 'custom_call_target="jax_flash_attention_bwd"' in hlo
