@@ -32,8 +32,9 @@ from jax_flash.selection import CPU_BASE, CPU_TILES, CallShape, resolve_cpu_pack
 # Results: out (B, Sq, Hq, D), lse float32 (B, Hq, Sq) (written only when return_lse; dropped otherwise).
 # Params: cfg (KernelConfig or None) and the call's attributes (jax_flash.config.CALL_ATTRIBUTES: softmax_scale,
 # causal, window_left, window_right, softcap (0 = off), has_q_lengths, has_kv_lengths, return_lse, paged); they become
-# the FFI attributes of the generated ffi/attention_attrs.h; and ring, None or (mesh axes, devices, layout): the
-# call is one device's part of ring attention over those axes (jax_flash/_ring.py).
+# the FFI attributes of the generated ffi/attention_attrs.h; ring, None or (mesh axes, devices, layout): the call is
+# one device's part of ring attention over those axes (jax_flash/_ring.py); same_lengths: q_lengths and kv_lengths
+# are one array (padded self-attention), which lets the ring combine them with causal masks.
 attention_p = Primitive("jax_flash_attention")
 attention_p.multiple_results = True
 # The same call on one device's shard: what the FFI custom call computes. attention_p lowers to it through

@@ -18,9 +18,11 @@ Layouts (the global positions a device's shard holds, c = local length, h = c / 
     steps. A causal call on contiguous shards is permuted to zigzag and back (collective-permutes of q, k, v and
     out: one shard each).
 
-Masks that depend on the query-key offset (causal, window) need every device's chunks of equal length and no
-lengths: the kernels align them to the bottom-right corner of the actual lengths, a per-batch shift the static
-plans cannot follow. `ring_refusal` names what cannot run as a ring; the partitioning rule then gathers.
+Masks that depend on the query-key offset (causal, window) need every device's chunks of equal length. The kernels
+align them to the bottom-right corner of each batch row's actual lengths, a per-row shift the static plans cannot
+follow, except in padded self-attention: causal masks with q_lengths and kv_lengths given as one array (the shift
+is 0; `_Lengths` says which pair gets which lengths). `ring_refusal` names what cannot run as a ring; the
+partitioning rule then gathers.
 
 The backward walks the same steps: dQ accumulates on its device; dK/dV accumulate in float32 beside the K/V shard
 they belong to, travel with it, and go home by one final permute.
@@ -44,24 +46,35 @@ def ring_refusal(params, seq_q: int, seq_k: int, size: int, layout: str) -> str 
     """Why this call cannot run as a ring of `size` devices with local lengths seq_q, seq_k (None: it can)."""
     if params["paged"]:
         return "paged K/V (page_table) are shared pages, not a sequence to shard"
-    lengths = params["has_q_lengths"] or params["has_kv_lengths"]
     if layout == "zigzag" and not (params["causal"] and params["window_left"] < 0):
         return "the zigzag layout is for causal attention without a left window"
-    if layout == "zigzag" and (seq_q != seq_k or seq_q % 2 or lengths):
-        return (f"the zigzag layout needs equal, even local lengths and no q_lengths / kv_lengths (local seq_q "
-                f"{seq_q}, seq_k {seq_k})")
-    if _offset_masked(params) and lengths:
-        return ("causal or window masks with q_lengths / kv_lengths align to the actual lengths of each batch row, "
-                "a shift per row the ring's static plans cannot follow")
+    if layout == "zigzag" and (seq_q != seq_k or seq_q % 2):
+        return f"the zigzag layout needs equal, even local lengths (local seq_q {seq_q}, seq_k {seq_k})"
     if _offset_masked(params) and seq_q != seq_k:
         return f"causal or window masks need equal local query and key lengths (got {seq_q} and {seq_k})"
+    if _offset_masked(params) and (params["has_q_lengths"] or params["has_kv_lengths"]):
+        if not params["causal"]:
+            return ("a window that is not causal, with q_lengths / kv_lengths, needs key masks per batch row in every "
+                    "step (the kernels align windows to each row's actual lengths)")
+        if not params["same_lengths"]:
+            return ("causal or window masks with q_lengths / kv_lengths align to each batch row's actual lengths, a "
+                    "shift per row the ring's static plans cannot follow; padded self-attention runs as a ring when "
+                    "q_lengths and kv_lengths are the same array (pass one array to both)")
     return None
 
 
 def _uses_zigzag(params, seq: int, size: int) -> bool:
     """Causal calls without a left window run zigzag: balanced, and every step is half a block."""
-    return size > 1 and params["causal"] and params["window_left"] < 0 and seq % 2 == 0 and \
-        not (params["has_q_lengths"] or params["has_kv_lengths"])
+    return size > 1 and params["causal"] and params["window_left"] < 0 and seq % 2 == 0
+
+
+def _positions(r, seq: int, size: int, zigzag: bool):
+    """(seq,) int32: the global positions of this device's local rows (or keys) in its layout."""
+    local = jnp.arange(seq, dtype=jnp.int32)
+    if not zigzag:
+        return r * seq + local
+    half = seq // 2
+    return jnp.where(local < half, r * half + local, (2 * size - 1 - r) * half + local - half)
 
 
 # ---- static plans --------------------------------------------------------------------------------------------------
@@ -177,28 +190,49 @@ def merge_partials(out_a, lse_a, out_b, lse_b):
 
 
 # ---- forward -------------------------------------------------------------------------------------------------------
-def _lengths(q_len, kv_len, params, q_start, kv_start, rows, keys):
-    """The local lengths of a (query rows, keys) block starting at global positions q_start, kv_start."""
-    batch = q_len.shape[0]
-    ql = jnp.clip(q_len - q_start, 0, rows) if params["has_q_lengths"] else jnp.full((batch,), rows, jnp.int32)
-    kl = jnp.clip(kv_len - kv_start, 0, keys) if params["has_kv_lengths"] else jnp.full((batch,), keys, jnp.int32)
-    return ql.astype(jnp.int32), kl.astype(jnp.int32)
+class _Lengths:
+    """The lengths a pair's kernel call gets.
+
+    Without offset masks each block gets its own valid rows and keys (contiguous layout: a block's positions are
+    consecutive). With causal masks and one lengths array L (padded self-attention), only the diagonal step gets
+    lengths, both the count of its valid local positions (a prefix of the local rows in either layout), so its
+    diagonal stays at offset 0; every other visible pair has only valid keys for the rows that matter (a valid
+    query's earlier keys are valid), and rows past L are zeroed after the merge."""
+
+    def __init__(self, params, q_len, kv_len, positions):
+        self.params, self.q_len, self.kv_len = params, q_len, kv_len
+        self.by_diagonal = _offset_masked(params) and params["has_q_lengths"]
+        self.diagonal = jnp.sum(positions[None, :] < q_len[:, None], axis=1, dtype=jnp.int32)
+
+    def pair(self, t, q_start, kv_start, rows, keys, plan_offsets):
+        """(q_lengths, kv_lengths, has_q, has_kv) of a block of `rows` x `keys` (sliced at plan_offsets)."""
+        batch = self.q_len.shape[0]
+        full_q, full_k = jnp.full((batch,), rows, jnp.int32), jnp.full((batch,), keys, jnp.int32)
+        if self.by_diagonal:
+            if t != 0:
+                return full_q, full_k, False, False
+            return self.diagonal, self.diagonal, True, True  # (the diagonal plan never slices: t = 0, lo <= 0 <= hi)
+        r0, c0 = plan_offsets
+        ql = jnp.clip(self.q_len - q_start - r0, 0, rows) if self.params["has_q_lengths"] else full_q
+        kl = jnp.clip(self.kv_len - kv_start - c0, 0, keys) if self.params["has_kv_lengths"] else full_k
+        return ql.astype(jnp.int32), kl.astype(jnp.int32), self.params["has_q_lengths"], self.params["has_kv_lengths"]
 
 
-def _local_params(params, plan):
+def _local_params(params, plan, has_q, has_kv):
     _, _, _, _, left, right = plan
-    return dict(params, ring=None, causal=False, window_left=left, window_right=right, return_lse=True)
+    return dict(params, ring=None, causal=False, window_left=left, window_right=right, return_lse=True,
+                has_q_lengths=has_q, has_kv_lengths=has_kv, same_lengths=False)
 
 
-def _pair_forward(plan, q, k, v, q_len, kv_len, q_start, kv_start, params, bind):
+def _pair_forward(plan, t, q, k, v, lengths, q_start, kv_start, params, bind):
     """(out float32 (B, Sq, Hq, D), lse (B, Hq, Sq)) of the local queries against one visiting K/V shard."""
     batch, seq_q, heads, dim = q.shape
     if plan is None:
         return jnp.zeros((batch, seq_q, heads, dim), jnp.float32), jnp.full((batch, heads, seq_q), -jnp.inf)
     r0, r1, c0, c1, _, _ = plan
-    ql, kl = _lengths(q_len, kv_len, params, q_start + r0, kv_start + c0, r1 - r0, c1 - c0)
+    ql, kl, has_q, has_kv = lengths.pair(t, q_start, kv_start, r1 - r0, c1 - c0, (r0, c0))
     table = jnp.zeros((batch, 0), jnp.int32)
-    out, lse = bind(q[:, r0:r1], k[:, c0:c1], v[:, c0:c1], ql, kl, table, _local_params(params, plan))
+    out, lse = bind(q[:, r0:r1], k[:, c0:c1], v[:, c0:c1], ql, kl, table, _local_params(params, plan, has_q, has_kv))
     out = jnp.pad(out.astype(jnp.float32), ((0, 0), (r0, seq_q - r1), (0, 0), (0, 0)))
     lse = jnp.pad(lse, ((0, 0), (0, 0), (r0, seq_q - r1)), constant_values=-jnp.inf)
     return out, lse
@@ -213,6 +247,8 @@ def ring_forward(q, k, v, q_len, kv_len, params, bind):
     if zigzag and layout == "contiguous":
         q, k, v = (to_zigzag(x, 1, axis, size) for x in (q, k, v))
     r = lax.axis_index(axis)
+    positions = _positions(r, seq_q, size, zigzag)
+    lengths = _Lengths(params, q_len, kv_len, positions)
     out = lse = None
     steps = _steps(params, size, seq_q, seq_k, zigzag)
     for index, (t, plan_ge, plan_lt) in enumerate(steps):
@@ -221,8 +257,8 @@ def ring_forward(q, k, v, q_len, kv_len, params, bind):
             k_next, v_next = _shift(k, axis, size, shift), _shift(v, axis, size, shift)
         source = (r - t) % size
 
-        def branch(plan):
-            return lambda q, k, v, source: _pair_forward(plan, q, k, v, q_len, kv_len, r * seq_q, source * seq_k,
+        def branch(plan, t=t):
+            return lambda q, k, v, source: _pair_forward(plan, t, q, k, v, lengths, r * seq_q, source * seq_k,
                                                          params, bind)
 
         if plan_ge == plan_lt:
@@ -232,6 +268,10 @@ def ring_forward(q, k, v, q_len, kv_len, params, bind):
         out, lse = part if out is None else merge_partials(out, lse, *part)
         if index + 1 < len(steps):
             k, v = k_next, v_next
+    if lengths.by_diagonal:  # rows past the length: zeros and lse -inf, as the kernels give them
+        valid = positions[None, :] < q_len[:, None]  # (B, Sq)
+        out = jnp.where(valid[:, :, None, None], out, 0.0)
+        lse = jnp.where(valid[:, None, :], lse, -jnp.inf)
     out = out.astype(q.dtype)
     if zigzag and layout == "contiguous":
         out, lse = from_zigzag(out, 1, axis, size), from_zigzag(lse, 2, axis, size)
@@ -239,15 +279,15 @@ def ring_forward(q, k, v, q_len, kv_len, params, bind):
 
 
 # ---- backward ------------------------------------------------------------------------------------------------------
-def _pair_backward(plan, q, k, v, out, lse, d_out, d_lse, q_len, kv_len, q_start, kv_start, params, bind_bwd):
+def _pair_backward(plan, t, q, k, v, out, lse, d_out, d_lse, lengths, q_start, kv_start, params, bind_bwd):
     """(dq, dk, dv) float32 of one (local queries, visiting K/V) pair, given the merged out and lse."""
     f32 = jnp.float32
     if plan is None:
         return jnp.zeros(q.shape, f32), jnp.zeros(k.shape, f32), jnp.zeros(v.shape, f32)
     r0, r1, c0, c1, _, _ = plan
-    ql, kl = _lengths(q_len, kv_len, params, q_start + r0, kv_start + c0, r1 - r0, c1 - c0)
+    ql, kl, has_q, has_kv = lengths.pair(t, q_start, kv_start, r1 - r0, c1 - c0, (r0, c0))
     dq, dk, dv = bind_bwd(q[:, r0:r1], k[:, c0:c1], v[:, c0:c1], out[:, r0:r1], lse[:, :, r0:r1],
-                          d_out[:, r0:r1], d_lse[:, :, r0:r1], ql, kl, _local_params(params, plan))
+                          d_out[:, r0:r1], d_lse[:, :, r0:r1], ql, kl, _local_params(params, plan, has_q, has_kv))
     rows, keys = ((0, 0), (r0, q.shape[1] - r1), (0, 0), (0, 0)), ((0, 0), (c0, k.shape[1] - c1), (0, 0), (0, 0))
     return jnp.pad(dq.astype(f32), rows), jnp.pad(dk.astype(f32), keys), jnp.pad(dv.astype(f32), keys)
 
@@ -263,6 +303,12 @@ def ring_backward(q, k, v, out, lse, d_out, d_lse, q_len, kv_len, params, bind_b
         q, k, v, out, d_out = (to_zigzag(x, 1, axis, size) for x in (q, k, v, out, d_out))
         lse, d_lse = (to_zigzag(x, 2, axis, size) for x in (lse, d_lse))
     r = lax.axis_index(axis)
+    positions = _positions(r, seq_q, size, zigzag)
+    lengths = _Lengths(params, q_len, kv_len, positions)
+    if lengths.by_diagonal:  # rows past the length have lse -inf (P = 0); their cotangents reach nothing
+        valid = positions[None, :] < q_len[:, None]
+        d_out = jnp.where(valid[:, :, None, None], d_out, 0).astype(d_out.dtype)
+        d_lse = jnp.where(valid[:, None, :], d_lse, 0.0)
     dq = jnp.zeros(q.shape, jnp.float32)
     dk = jnp.zeros(k.shape, jnp.float32)
     dv = jnp.zeros(v.shape, jnp.float32)
@@ -274,8 +320,8 @@ def ring_backward(q, k, v, out, lse, d_out, d_lse, q_len, kv_len, params, bind_b
             k_next, v_next = _shift(k, axis, size, shift), _shift(v, axis, size, shift)
         source = (r - t) % size
 
-        def branch(plan):
-            return lambda k, v, source: _pair_backward(plan, q, k, v, out, lse, d_out, d_lse, q_len, kv_len,
+        def branch(plan, t=t):
+            return lambda k, v, source: _pair_backward(plan, t, q, k, v, out, lse, d_out, d_lse, lengths,
                                                        r * seq_q, source * seq_k, params, bind_bwd)
 
         if plan_ge == plan_lt:

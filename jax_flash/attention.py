@@ -134,7 +134,8 @@ def _validated_call(q, k, v, cfg, *, causal, softmax_scale, window, softcap, q_l
     params = dict(cfg=cfg, softmax_scale=float(softmax_scale), causal=bool(causal), window_left=window_left,
                   window_right=window_right, softcap=float(softcap or 0.0), has_q_lengths=lengths[0] is not None,
                   has_kv_lengths=lengths[1] is not None, return_lse=bool(return_lse), paged=paged,
-                  deterministic=bool(deterministic), ring=ring)
+                  deterministic=bool(deterministic), ring=ring,
+                  same_lengths=lengths[0] is not None and lengths[0] is lengths[1])
     if ring is not None:
         reason = ring_refusal(params, q.shape[1], seq_k, ring[1], ring[2])
         if reason:

@@ -26,9 +26,10 @@ def ring_attention(q, k, v, cfg: KernelConfig | None = None, *, axis_name, layou
         back inside (collective-permutes of one shard of q, k, v and out) so that every device does the same work;
       "zigzag": causal only; device r holds the halves r and 2n - 1 - r of the sequence cut into 2n halves: the
         order `x[:, zigzag_indices(seq, n)]` makes, which saves those permutes.
-    Masks are those of the whole sequence. Causal or window masks need equal local query and key lengths and no
-    q_lengths / kv_lengths (the kernels align them to each row's actual lengths); lengths (global, replicated) work
-    without them. Other arguments and gradients: as jax_flash.attention (reverse mode: the backward ring moves dK/dV
+    Masks are those of the whole sequence. Causal or window masks need equal local query and key lengths; with
+    them, q_lengths / kv_lengths (global, replicated) must be one array passed as both, with causal=True (padded
+    self-attention: the kernels align causal masks to each row's actual lengths). Without those masks any lengths
+    work. Other arguments and gradients: as jax_flash.attention (reverse mode: the backward ring moves dK/dV
     with their K/V shards).
     """
     if layout not in RING_LAYOUTS:

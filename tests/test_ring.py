@@ -87,7 +87,16 @@ FEATURES = {
     "window-wide": dict(window=(20, 3)),
     "softcap-causal": dict(causal=True, softcap=3.0, softmax_scale=0.3),
     "lengths": dict(lengths=True),
+    "causal-lengths": dict(causal=True, lengths="same"),  # padded self-attention: one array for both
+    "causal-window-lengths": dict(causal=True, window=(12, -1), lengths="same"),
 }
+
+
+def _lengths(kind, q_lengths, kv_lengths):
+    """(q_lengths, kv_lengths) for a FEATURES entry: none, two arrays, or one array passed as both."""
+    if kind == "same":
+        return q_lengths, q_lengths
+    return (q_lengths, kv_lengths) if kind else (None, None)
 
 
 @pytest.mark.parametrize("heads", [(4, 2), (4, 4), (4, 1)], ids=["gqa", "mha", "mqa"])
@@ -96,10 +105,11 @@ def test_jit_over_a_sequence_sharded_mesh_runs_a_ring(devices, feature, heads):
     n = len(devices)
     kwargs = dict(FEATURES[feature])
     q, k, v = _inputs(devices, heads_q=heads[0], heads_k=heads[1])
-    lengths = (jnp.array([61, 9], jnp.int32), jnp.array([23, 64], jnp.int32)) if kwargs.pop("lengths", False) \
-        else (None, None)
+    same = kwargs.get("lengths") == "same"
+    lengths = _lengths(kwargs.pop("lengths", None), jnp.array([61, 9], jnp.int32), jnp.array([23, 64], jnp.int32))
 
     def fn(q, k, v, q_lengths, kv_lengths):
+        kv_lengths = q_lengths if same else kv_lengths  # (the same traced array)
         return jax_flash.attention(q, k, v, return_lse=True, q_lengths=q_lengths, kv_lengths=kv_lengths, **kwargs)
 
     expected_out, expected_lse = _one_device(devices, fn, q, k, v, *lengths)
@@ -119,16 +129,18 @@ def test_jit_over_a_sequence_sharded_mesh_runs_a_ring(devices, feature, heads):
     assert collectives == {"collective-permute"}, collectives
 
 
-@pytest.mark.parametrize("feature", ["causal", "causal-window", "window-wide", "lengths", "softcap-causal"])
+@pytest.mark.parametrize("feature", ["causal", "causal-window", "window-wide", "lengths", "softcap-causal",
+                                     "causal-lengths", "causal-window-lengths"])
 def test_gradients_of_a_sequence_sharded_call_equal_one_device(devices, feature):
     n = len(devices)
     kwargs = dict(FEATURES[feature])
     q, k, v = _inputs(devices, seed=1)
-    lengths = (jnp.array([50, 3], jnp.int32), jnp.array([64, 30], jnp.int32)) if kwargs.pop("lengths", False) \
-        else (None, None)
+    same = kwargs.get("lengths") == "same"
+    lengths = _lengths(kwargs.pop("lengths", None), jnp.array([50, 3], jnp.int32), jnp.array([64, 30], jnp.int32))
     weights = jnp.cos(jnp.arange(q.size, dtype=jnp.float32)).reshape(q.shape)
 
     def loss(q, k, v, weights, q_lengths, kv_lengths):
+        kv_lengths = q_lengths if same else kv_lengths
         out, lse = jax_flash.attention(q, k, v, return_lse=True, q_lengths=q_lengths, kv_lengths=kv_lengths,
                                        **kwargs)
         return jnp.sum(out.astype(jnp.float32) * weights) + 0.1 * jnp.sum(jnp.where(jnp.isfinite(lse), lse, 0.0))
@@ -212,21 +224,26 @@ def test_ring_attention_inside_shard_map(layout):
     order = np.asarray(jax_flash.zigzag_indices(seq, n)) if layout == "zigzag" else np.arange(seq)
     undo = np.argsort(order)
 
-    def local(q, k, v):
-        return jax_flash.ring_attention(q, k, v, axis_name="sp", layout=layout, causal=True, return_lse=True)
+    lengths = jnp.array([48, 29], jnp.int32)  # padded self-attention: one array for q_lengths and kv_lengths
 
-    ring = jax.jit(shard_map(local, mesh=mesh, in_specs=(P(None, "sp"),) * 3,
+    def local(q, k, v, lengths):
+        return jax_flash.ring_attention(q, k, v, axis_name="sp", layout=layout, causal=True, return_lse=True,
+                                        q_lengths=lengths, kv_lengths=lengths)
+
+    ring = jax.jit(shard_map(local, mesh=mesh, in_specs=(P(None, "sp"),) * 3 + (P(),),
                              out_specs=(P(None, "sp"), P(None, None, "sp"))))
     args = [jax.device_put(x[:, order], NamedSharding(mesh, P(None, "sp"))) for x in (q, k, v)]
-    out, lse = ring(*args)
-    expected_out, expected_lse = jax_flash.attention(q, k, v, causal=True, return_lse=True)
+    out, lse = ring(*args, lengths)
+    expected_out, expected_lse = jax_flash.attention(q, k, v, causal=True, return_lse=True, q_lengths=lengths,
+                                                     kv_lengths=lengths)
     _close(np.asarray(out)[:, undo], expected_out, devices)
     _close_lse(np.asarray(lse)[:, :, undo], expected_lse, devices)
-    assert _collectives(ring.lower(*args).compile().as_text()) == {"collective-permute"}
+    assert _collectives(ring.lower(*args, lengths).compile().as_text()) == {"collective-permute"}
 
     weights = jnp.sin(jnp.arange(q.size, dtype=jnp.float32)).reshape(q.shape)
-    grads = jax.jit(jax.grad(lambda *a: jnp.sum(ring(*a)[0] * weights[:, order]), argnums=(0, 1, 2)))(*args)
-    expected = jax.grad(lambda *a: jnp.sum(jax_flash.attention(*a, causal=True) * weights), argnums=(0, 1, 2))(q, k, v)
+    grads = jax.jit(jax.grad(lambda *a: jnp.sum(ring(*a, lengths)[0] * weights[:, order]), argnums=(0, 1, 2)))(*args)
+    expected = jax.grad(lambda *a: jnp.sum(jax_flash.attention(*a, causal=True, q_lengths=lengths, kv_lengths=lengths)
+                                           * weights), argnums=(0, 1, 2))(q, k, v)
     for actual, want in zip(grads, expected):
         _close(np.asarray(actual)[:, undo], want, devices)
 
@@ -258,7 +275,7 @@ def test_sequence_sharding_the_ring_cannot_run_is_gathered_and_correct():
     causal_lengths = functools.partial(jax_flash.attention, causal=True)
     expected = _one_device(devices, lambda q, k, v, l: causal_lengths(q, k, v, kv_lengths=l), q, k, v, lengths)
     _sharding._warned.clear()
-    with pytest.warns(UserWarning, match="align to the actual lengths of each batch row"):
+    with pytest.warns(UserWarning, match="pass one array to both"):
         out = jax.jit(lambda q, k, v, l: causal_lengths(q, k, v, kv_lengths=l))(
             *(jax.device_put(x, spec) for x in (q, k, v)), lengths)
     _close(out, expected, devices)
