@@ -1,4 +1,5 @@
-// Thin wrappers over the Ampere instructions only the sm80 family uses: cp.async, ldmatrix.trans, mma.sync m16n8k16.
+// Thin wrappers over the Ampere instructions only the sm80 family uses: ldmatrix.trans, mma.sync m16n8k16 (cp.async,
+// which the backward kernels share, is common/cp_async.cuh).
 // Loads from shared memory are `volatile` so the issue order chosen by the fragment-load knobs survives compilation.
 #pragma once
 
@@ -7,24 +8,10 @@
 
 #include <cstdint>
 
+#include "common/cp_async.cuh"
 #include "common/fragment_ops.cuh"  // smem_address, ldmatrix_x4, pack2, exp2_approx
 
 namespace jax_flash::sm80 {
-
-// 16-byte global->shared copy; src_bytes = 0 writes zeros (used for rows past the sequence end).
-__device__ __forceinline__ void cp_async_16(void* smem_dst, const void* gmem_src, bool valid) {
-  const int src_bytes = valid ? 16 : 0;
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem_address(smem_dst)), "l"(gmem_src),
-               "r"(src_bytes)
-               : "memory");
-}
-
-__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
-
-template <int kPending>
-__device__ __forceinline__ void cp_async_wait() {
-  asm volatile("cp.async.wait_group %0;\n" ::"n"(kPending) : "memory");
-}
 
 __device__ __forceinline__ void ldmatrix_x4_trans(uint32_t (&r)[4], uint32_t smem_row_address) {
   asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"

@@ -16,6 +16,7 @@
 
 #include "common/backward_params.h"
 #include "common/backward_rows.cuh"
+#include "common/cp_async.cuh"
 #include "common/visibility.h"
 #include "sm90/ptx.cuh"
 #include "sm90/wgmma_ops.cuh"
@@ -67,16 +68,8 @@ __device__ __forceinline__ void copy_panels(uint32_t smem_tile, const Element* g
     const int row = id / kRowChunks, chunk = id % kRowChunks;
     const bool valid = row < rows_valid;
     const Element* src = valid ? g + row * row_stride + chunk * 8 : g;
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem_tile + panel_offset<kRows>(row, chunk)),
-                 "l"(src), "r"(valid ? 16 : 0)
-                 : "memory");
+    cp_async_16(smem_tile + panel_offset<kRows>(row, chunk), src, valid);
   }
-}
-
-__device__ __forceinline__ void cp_async_commit_group() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
-template <int kPending>
-__device__ __forceinline__ void cp_async_wait_group() {
-  asm volatile("cp.async.wait_group %0;\n" ::"n"(kPending) : "memory");
 }
 
 template <class T, bool kMask, bool kSoftcap, bool kDeterministic>
@@ -130,7 +123,7 @@ __global__ void __launch_bounds__(T::kNumThreads, 1) attention_bwd_kernel(const 
     load_row_stats<kBlockQ>(bp, batch, head, q0, len, sLse2 + buf * kBlockQ, sDelta + buf * kBlockQ, tid);
   };
   if (num_items > 0) load_item(0);
-  cp_async_commit_group();
+  cp_async_commit();
 
   // Descriptors (ptx.cuh smem_descriptor): K-major operands step 32 bytes per k16 inside a panel and a panel per 4
   // steps; MN-major ones step 16 rows (2048 bytes) per k16, their 64-column panels kPanelBytes apart (LBO).
@@ -159,8 +152,8 @@ __global__ void __launch_bounds__(T::kNumThreads, 1) attention_bwd_kernel(const 
   for (int i = 0; i < num_items; ++i) {
     const int buf = i % 2;
     if (i + 1 < num_items) load_item(i + 1);
-    cp_async_commit_group();
-    cp_async_wait_group<1>();  // item i (and K, V) have landed
+    cp_async_commit();
+    cp_async_wait<1>();  // item i (and K, V) have landed
     fence_proxy_async_smem();  // cp.async wrote through the generic proxy; wgmma reads through the async one
     __syncthreads();
     const int q0 = (qb.begin + i % q_blocks) * kBlockQ;
@@ -287,7 +280,7 @@ __global__ void __launch_bounds__(T::kNumThreads, 1) attention_bwd_kernel(const 
     if constexpr (kDeterministic) dq_pass_turn(turn, tid);
     __syncthreads();  // every warpgroup is done with this item's buffers and dS^T before they are refilled
   }
-  cp_async_wait_group<0>();
+  cp_async_wait<0>();
 
   // ---- dK, dV: rows below seqlen_k (zeros where no row sees the key) ------------------------------------------------
   Element* gdK = static_cast<Element*>(bp.t.dk) + batch * p.k_batch_stride + kv_head * p.k_head_stride;
