@@ -1,0 +1,129 @@
+"""jax_flash.dot_product_attention: jax.nn.dot_product_attention's signature and results, on jax_flash's kernels.
+
+jax.nn's conventions differ from jax_flash.attention's in three places, each mapped here:
+- is_causal and local_window_size are aligned to the top-left corner (row i sees key j <= i), whatever the lengths;
+  jax_flash.attention aligns to the bottom-right corner of the actual lengths. A top-left band lo <= j - i <= hi is
+  a row and key slice of the call whose own bottom-right diagonal reproduces it (jax_flash._ring.pair_plan).
+- A row that sees no key gets the mean of V over all keys (every score is the same large negative number), and its
+  residual that number; jax_flash gives zeros and lse -inf.
+- return_residual is the lse in (B, T, N) and the input dtype.
+Calls the kernels cannot express yet run jax.nn's own XLA implementation (a one-time warning says which): bias and
+mask tensors, and causal or window masks with key lengths (the kernels would realign the diagonal to them), unless
+one array is passed as both query_seq_lengths and key_value_seq_lengths (padded self-attention).
+"""
+
+from __future__ import annotations
+
+import math
+import warnings
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from jax_flash._ring import pair_plan
+from jax_flash.attention import attention
+
+_IMPLEMENTATIONS = (None, "xla", "cudnn")
+_warned: set[str] = set()
+
+
+def _large_negative() -> float:
+    """jax.nn's masked score: -0.7 x the float32 maximum (its softmax runs in float32)."""
+    return -0.7 * float(np.finfo(np.float32).max)
+
+
+def dot_product_attention(query, key, value, bias=None, mask=None, *, scale: float | None = None,
+                          is_causal: bool = False, query_seq_lengths=None, key_value_seq_lengths=None,
+                          local_window_size: int | tuple[int, int] | None = None, implementation: str | None = None,
+                          return_residual: bool = False):
+    """A drop-in for jax.nn.dot_product_attention (same arguments, same results) that runs jax_flash's kernels.
+
+    query (B, T, N, H) or (T, N, H); key, value (B, S, K, H) or (S, K, H), N % K == 0. `implementation` is checked
+    (None, "xla" or "cudnn", as jax.nn allows) and otherwise ignored: the call runs jax_flash. Use this where code
+    was written for jax.nn (Flax's attention_fn: jax_flash.flax.attention_fn); use jax_flash.attention for
+    FlashAttention's conventions (bottom-right causal, lse output, paged caches, configs).
+    """
+    if implementation not in _IMPLEMENTATIONS:
+        raise ValueError(f"implementation must be one of {_IMPLEMENTATIONS} (accepted as jax.nn does and otherwise "
+                         f"ignored: jax_flash runs the call), got {implementation!r}")
+    query, key, value = (jnp.asarray(x) for x in (query, key, value))
+    squeeze = query.ndim == 3
+    if squeeze:
+        query, key, value = query[None], key[None], value[None]
+    if isinstance(local_window_size, int):
+        local_window_size = (local_window_size, local_window_size)
+    band = _band(is_causal, local_window_size)
+    plan = pair_plan(query.shape[1], key.shape[1], *band) if band != (None, None) else \
+        (0, query.shape[1], 0, key.shape[1], -1, -1)
+    reason = _xla_reason(bias, mask, band, plan, query_seq_lengths, key_value_seq_lengths)
+    if reason:
+        if reason not in _warned:
+            _warned.add(reason)
+            warnings.warn(f"jax_flash.dot_product_attention: {reason}, so this call runs jax.nn's XLA "
+                          f"implementation", UserWarning, stacklevel=2)
+        result = jax.nn.dot_product_attention(
+            query, key, value, bias, mask, scale=scale, is_causal=is_causal, query_seq_lengths=query_seq_lengths,
+            key_value_seq_lengths=key_value_seq_lengths, local_window_size=local_window_size,
+            implementation="xla", return_residual=return_residual)
+    else:
+        result = _on_kernels(query, key, value, scale, plan, query_seq_lengths, key_value_seq_lengths,
+                             return_residual)
+    if squeeze:
+        return tuple(x[0] for x in result) if return_residual else result[0]
+    return result
+
+
+def _band(is_causal, window):
+    """(lo, hi): row i sees key j when lo <= j - i <= hi (None: unbounded), jax.nn's top-left masks."""
+    lo = None if window is None else -int(window[0])
+    hi = None if window is None else int(window[1])
+    if is_causal:
+        hi = 0 if hi is None else min(hi, 0)
+    return lo, hi
+
+
+def _xla_reason(bias, mask, band, plan, q_lengths, kv_lengths) -> str | None:
+    """Why the kernels cannot run this call yet (None: they can)."""
+    if bias is not None or mask is not None:
+        return "the kernels do not read bias or mask tensors yet"
+    if band == (None, None) or kv_lengths is None or plan is None:
+        return None
+    r0, r1, c0, c1, _, _ = plan
+    if kv_lengths is q_lengths and r0 == c0 == 0 and r1 == c1:  # lengths and band share the origin and diagonal
+        return None
+    return ("the kernels align causal and window masks to the key lengths (jax.nn aligns them to the top-left "
+            "corner); one array passed as both query_seq_lengths and key_value_seq_lengths runs on them when the "
+            "band lies on a square")
+
+
+def _on_kernels(query, key, value, scale, plan, q_lengths, kv_lengths, return_residual):
+    batch, seq_q, heads, head_dim = query.shape
+    seq_k = key.shape[1]
+    scale = 1.0 / math.sqrt(head_dim) if scale is None else float(scale)
+    if plan is None:  # no pair is visible: every row is jax.nn's fully masked row
+        out = jnp.zeros(query.shape, query.dtype)
+        lse = jnp.full((batch, heads, seq_q), -jnp.inf, jnp.float32)
+    else:
+        r0, r1, c0, c1, left, right = plan
+        # lengths reach the kernel where they cannot move its diagonal: no band (plan (0, T, 0, S, -1, -1)), or one
+        # array on a square band at the origin (_xla_reason); query lengths alone are applied below
+        kv = dict(q_lengths=q_lengths, kv_lengths=kv_lengths) if kv_lengths is not None else {}
+        out, lse = attention(query[:, r0:r1], key[:, c0:c1], value[:, c0:c1], softmax_scale=scale,
+                             window=(left, right), return_lse=True, **kv)
+        out = jnp.pad(out, ((0, 0), (r0, seq_q - r1), (0, 0), (0, 0)))
+        lse = jnp.pad(lse, ((0, 0), (0, 0), (r0, seq_q - r1)), constant_values=-jnp.inf)
+    # jax.nn's fully masked rows: the mean of V over all keys, residual = the masked score (+ log S, lost in float32)
+    empty = jnp.isneginf(lse)  # (B, N, T)
+    group = heads // key.shape[2]
+    mean_v = jnp.repeat(jnp.mean(value.astype(jnp.float32), axis=1), group, axis=1)  # (B, N, H)
+    out = jnp.where(jnp.transpose(empty, (0, 2, 1))[..., None], mean_v[:, None].astype(out.dtype), out)
+    if q_lengths is not None:  # rows past the query length: zeros (jax.nn multiplies them out)
+        rows = jnp.arange(seq_q)[None, :] < q_lengths[:, None]
+        out = jnp.where(rows[:, :, None, None], out, 0).astype(query.dtype)
+        empty = empty | ~rows[:, None, :]
+    if not return_residual:
+        return out
+    masked = jnp.float32(_large_negative()) + jnp.log(jnp.float32(seq_k))
+    residual = jnp.where(empty, masked, lse).astype(key.dtype)
+    return out, jnp.transpose(residual, (0, 2, 1))
