@@ -227,3 +227,31 @@ def test_gpu_refuses_head_dim_zero():
     q = jax.device_put(jnp.ones((1, 4, 1, 0), jnp.float16), GPU_DEVICES[0])
     with pytest.raises(ValueError, match="head_dim=0 is not supported on GPU"):
         jax_flash.attention(q, q, q, return_lse=True)
+
+
+def test_aot_compile_and_the_persistent_compilation_cache(tmp_path):
+    """jit(...).lower().compile() runs; a second process loads the compiled call from jax's persistent cache (no
+    new cache entry) and gets the same result."""
+    q, k, v = random_qkv(10, 1, 40, 40, 2, 2, 16, jnp.float32, CPU)
+    compiled = jax.jit(lambda q, k, v: jax_flash.attention(q, k, v, causal=True)).lower(q, k, v).compile()
+    np.testing.assert_array_equal(np.asarray(compiled(q, k, v)), np.asarray(jax_flash.attention(q, k, v, causal=True)))
+
+    script = textwrap.dedent(f"""
+        import jax, jax.numpy as jnp, numpy as np
+        jax.config.update("jax_compilation_cache_dir", {str(tmp_path / "cache")!r})
+        jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
+        jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
+        import jax_flash
+        x = jnp.linspace(-1, 1, 40 * 2 * 16, dtype=jnp.float32).reshape(1, 40, 2, 16)
+        out = jax.jit(lambda q, k, v: jax_flash.attention(q, k, v, causal=True, window=(7, -1)))(x, x * 0.5, x)
+        import pathlib, sys
+        entries = len(list(pathlib.Path({str(tmp_path / "cache")!r}).iterdir()))
+        np.save({str(tmp_path)!r} + f"/out_{{sys.argv[1]}}_{{entries}}.npy", np.asarray(out))
+    """)
+    for run in range(2):
+        subprocess.run([sys.executable, "-c", script, str(run)], check=True, cwd=tmp_path, timeout=300)
+    saved = sorted(p.name for p in tmp_path.glob("out_*.npy"))
+    entries = [int(name[:-4].split("_")[2]) for name in saved]
+    assert entries[0] >= 1, f"the first run wrote no persistent cache entry: {saved}"
+    assert entries[1] == entries[0], f"the second run compiled again instead of loading the cache: {saved}"
+    np.testing.assert_array_equal(*(np.load(tmp_path / name) for name in saved))
