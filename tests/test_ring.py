@@ -322,6 +322,25 @@ def test_ring_attention_bad_uses_raise_clear_errors():
         jax.jit(lambda *a: jax.jvp(ring, a, a))(*args)
 
 
+def test_gspmd_partitioner_runs_the_ring_too():
+    devices = _devices("cpu", 4)
+    q, k, v = _inputs(devices)
+    causal = functools.partial(jax_flash.attention, causal=True)
+    expected = _one_device(devices, causal, q, k, v)
+    mesh = jax.make_mesh((4,), ("seq",), devices=devices)
+    args = [jax.device_put(x, NamedSharding(mesh, P(None, "seq"))) for x in (q, k, v)]
+    previous = jax.config.jax_use_shardy_partitioner
+    jax.config.update("jax_use_shardy_partitioner", False)
+    try:
+        jitted = jax.jit(causal)
+        out = jitted(*args)
+        hlo = jitted.lower(*args).compile().as_text()
+    finally:
+        jax.config.update("jax_use_shardy_partitioner", previous)
+    _close(out, expected, devices)
+    assert _collectives(hlo) == {"collective-permute"}, _collectives(hlo)
+
+
 def test_vmap_and_checkpoint_of_a_sequence_sharded_call():
     devices = _devices("cpu", 4)
     q, k, v = (jnp.stack([x, -x]) for x in _inputs(devices))  # a leading vmapped axis
