@@ -1,4 +1,5 @@
-"""examples/02_flax_module.py: the flax.nnx decoder with jax_flash attention matches Flax's default attention."""
+"""The examples: 02_flax_module.py (the flax.nnx decoder with jax_flash attention matches Flax's default
+attention), 04_decode.py, 05_train.py and 06_ring.py."""
 
 from __future__ import annotations
 
@@ -74,3 +75,18 @@ def test_train_example_loss_curve_matches_flax_default():
         default = example.train("flax", small=True, steps=200)
     assert flash["losses"][-1] < 0.1 * flash["losses"][0], flash["losses"][[0, -1]]
     assert abs(flash["losses"] - default["losses"]).max() < 1e-3
+
+
+def test_ring_example_equals_one_device_and_only_permutes():
+    """examples/06_ring.py: jit over sequence-sharded inputs, ring_attention in shard_map and the gradient all equal
+    one device's call, with collective-permutes as the only collectives."""
+    spec = importlib.util.spec_from_file_location("ring_example", EXAMPLE.parent / "06_ring.py")
+    example = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(example)
+    with jax.default_device(jax.devices("cpu")[0]):
+        results = example.run(seq=512, heads=4, head_dim=32, devices=jax.devices("cpu")[:4])
+    assert results.pop("devices").startswith("4 x ")
+    for name, (error, found, spec_text) in results.items():
+        assert error < 1e-4, (name, error)
+        assert found == ["collective-permute"], (name, found)
+        assert "'sp'" in spec_text, (name, spec_text)
