@@ -322,6 +322,26 @@ def test_ring_attention_bad_uses_raise_clear_errors():
         jax.jit(lambda *a: jax.jvp(ring, a, a))(*args)
 
 
+@pytest.mark.parametrize("kwargs", [dict(causal=True), dict(causal=True, window=(5, -1)), dict(window=(3, 4))])
+def test_odd_shards_run_the_contiguous_ring(kwargs):
+    """36 tokens over 4 devices: shards of 9 cannot be halved for zigzag, so causal runs the contiguous ring."""
+    devices = _devices("cpu", 4)
+    q, k, v = _inputs(devices, seq_q=36, seq_k=36)
+    lengths = jnp.array([36, 20], jnp.int32)
+    fn = functools.partial(jax_flash.attention, q_lengths=lengths, kv_lengths=lengths, **kwargs) \
+        if kwargs.get("causal") else functools.partial(jax_flash.attention, **kwargs)
+    expected = _one_device(devices, fn, q, k, v)
+    mesh = jax.make_mesh((4,), ("seq",), devices=devices)
+    args = [jax.device_put(x, NamedSharding(mesh, P(None, "seq"))) for x in (q, k, v)]
+    jitted = jax.jit(fn)
+    _close(jitted(*args), expected, devices)
+    assert _collectives(jitted.lower(*args).compile().as_text()) == {"collective-permute"}
+    grads = jax.jit(jax.grad(lambda *a: jnp.sum(fn(*a) ** 2), argnums=(0, 1, 2)))(*args)
+    for actual, want in zip(grads, _one_device(devices, jax.grad(lambda *a: jnp.sum(fn(*a) ** 2), argnums=(0, 1, 2)),
+                                               q, k, v)):
+        _close(actual, want, devices)
+
+
 def test_gspmd_partitioner_runs_the_ring_too():
     devices = _devices("cpu", 4)
     q, k, v = _inputs(devices)
