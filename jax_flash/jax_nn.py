@@ -7,9 +7,10 @@ jax.nn's conventions differ from jax_flash.attention's in three places, each map
 - A row that sees no key gets the mean of V over all keys (every score is the same large negative number), and its
   residual that number; jax_flash gives zeros and lse -inf.
 - return_residual is the lse in (B, T, N) and the input dtype.
-Calls the kernels cannot express yet run jax.nn's own XLA implementation (a one-time warning says which): bias and
-mask tensors, and causal or window masks with key lengths (the kernels would realign the diagonal to them), unless
-one array is passed as both query_seq_lengths and key_value_seq_lengths (padded self-attention).
+Key lengths with is_causal are two kernel calls (_causal_with_key_lengths). Calls the kernels cannot express yet run
+jax.nn's own XLA implementation (a one-time warning says which): bias and mask tensors, and windows with key lengths
+(the kernels would realign the band to them), unless one array is passed as both query_seq_lengths and
+key_value_seq_lengths (padded self-attention) and the band lies on a square.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from jax_flash._ring import pair_plan
 from jax_flash.attention import attention
 
 _IMPLEMENTATIONS = (None, "xla", "cudnn")
+_CAUSAL = (None, 0)  # the band of is_causal without a window
 _warned: set[str] = set()
 
 
@@ -67,7 +69,7 @@ def dot_product_attention(query, key, value, bias=None, mask=None, *, scale: flo
             key_value_seq_lengths=key_value_seq_lengths, local_window_size=local_window_size,
             implementation="xla", return_residual=return_residual)
     else:
-        result = _on_kernels(query, key, value, scale, plan, query_seq_lengths, key_value_seq_lengths,
+        result = _on_kernels(query, key, value, scale, band, plan, query_seq_lengths, key_value_seq_lengths,
                              return_residual)
     if squeeze:
         return tuple(x[0] for x in result) if return_residual else result[0]
@@ -87,7 +89,7 @@ def _xla_reason(bias, mask, band, plan, q_lengths, kv_lengths) -> str | None:
     """Why the kernels cannot run this call yet (None: they can)."""
     if bias is not None or mask is not None:
         return "the kernels do not read bias or mask tensors yet"
-    if band == (None, None) or kv_lengths is None or plan is None:
+    if band == (None, None) or kv_lengths is None or plan is None or band == _CAUSAL:
         return None
     r0, r1, c0, c1, _, _ = plan
     if kv_lengths is q_lengths and r0 == c0 == 0 and r1 == c1:  # lengths and band share the origin and diagonal
@@ -97,22 +99,47 @@ def _xla_reason(bias, mask, band, plan, q_lengths, kv_lengths) -> str | None:
             "band lies on a square")
 
 
-def _on_kernels(query, key, value, scale, plan, q_lengths, kv_lengths, return_residual):
+def _banded(query, key, value, scale, plan, q_lengths, kv_lengths):
+    """(out, lse) of jax.nn's band as the plan's slice; rows outside it see nothing."""
+    batch, seq_q, heads, _ = query.shape
+    if plan is None:  # no pair is visible: every row is jax.nn's fully masked row
+        return jnp.zeros(query.shape, query.dtype), jnp.full((batch, heads, seq_q), -jnp.inf, jnp.float32)
+    r0, r1, c0, c1, left, right = plan
+    # lengths reach the kernel where they cannot move its diagonal: no band (plan (0, T, 0, S, -1, -1)), or one
+    # array on a square band at the origin (_xla_reason); query lengths alone are applied by the caller
+    kv = dict(q_lengths=q_lengths, kv_lengths=kv_lengths) if kv_lengths is not None else {}
+    out, lse = attention(query[:, r0:r1], key[:, c0:c1], value[:, c0:c1], softmax_scale=scale, window=(left, right),
+                         return_lse=True, **kv)
+    out = jnp.pad(out, ((0, 0), (r0, seq_q - r1), (0, 0), (0, 0)))
+    lse = jnp.pad(lse, ((0, 0), (0, 0), (r0, seq_q - r1)), constant_values=-jnp.inf)
+    return out, lse
+
+
+def _causal_with_key_lengths(query, key, value, scale, kv_lengths):
+    """(out, lse) of top-left causal attention over the keys before kv_lengths (any query lengths apply later).
+    Rows i < L = min(kv_len, S, T) see keys j <= i: the kernel's causal mask with both lengths L (offset 0). Rows
+    i >= L see every valid key (then L = kv_len): a second call, unmasked, on the rows reversed so that they come
+    first and q_lengths = T - L stops it there."""
+    seq_q, seq_k = query.shape[1], key.shape[1]
+    first = jnp.minimum(jnp.clip(kv_lengths, 0, seq_k), seq_q).astype(jnp.int32)  # (the kernel clamps to seq_k)
+    out_a, lse_a = attention(query, key, value, softmax_scale=scale, causal=True, q_lengths=first, kv_lengths=first,
+                             return_lse=True)
+    out_b, lse_b = attention(query[:, ::-1], key, value, softmax_scale=scale, q_lengths=seq_q - first,
+                             kv_lengths=kv_lengths, return_lse=True)
+    late = jnp.arange(seq_q)[None, :] >= first[:, None]  # (B, T)
+    out = jnp.where(late[:, :, None, None], out_b[:, ::-1], out_a)
+    lse = jnp.where(late[:, None, :], lse_b[:, :, ::-1], lse_a)
+    return out, lse
+
+
+def _on_kernels(query, key, value, scale, band, plan, q_lengths, kv_lengths, return_residual):
     batch, seq_q, heads, head_dim = query.shape
     seq_k = key.shape[1]
     scale = 1.0 / math.sqrt(head_dim) if scale is None else float(scale)
-    if plan is None:  # no pair is visible: every row is jax.nn's fully masked row
-        out = jnp.zeros(query.shape, query.dtype)
-        lse = jnp.full((batch, heads, seq_q), -jnp.inf, jnp.float32)
+    if band == _CAUSAL and kv_lengths is not None:
+        out, lse = _causal_with_key_lengths(query, key, value, scale, kv_lengths)
     else:
-        r0, r1, c0, c1, left, right = plan
-        # lengths reach the kernel where they cannot move its diagonal: no band (plan (0, T, 0, S, -1, -1)), or one
-        # array on a square band at the origin (_xla_reason); query lengths alone are applied below
-        kv = dict(q_lengths=q_lengths, kv_lengths=kv_lengths) if kv_lengths is not None else {}
-        out, lse = attention(query[:, r0:r1], key[:, c0:c1], value[:, c0:c1], softmax_scale=scale,
-                             window=(left, right), return_lse=True, **kv)
-        out = jnp.pad(out, ((0, 0), (r0, seq_q - r1), (0, 0), (0, 0)))
-        lse = jnp.pad(lse, ((0, 0), (0, 0), (r0, seq_q - r1)), constant_values=-jnp.inf)
+        out, lse = _banded(query, key, value, scale, plan, q_lengths, kv_lengths)
     # jax.nn's fully masked rows: the mean of V over all keys, residual = the masked score (+ log S, lost in float32)
     empty = jnp.isneginf(lse)  # (B, N, T)
     group = heads // key.shape[2]

@@ -53,6 +53,7 @@ KERNEL_CASES = {
     "kv-lengths": dict(key_value_seq_lengths=LENGTHS_K),
     "both-lengths": dict(query_seq_lengths=LENGTHS_Q, key_value_seq_lengths=LENGTHS_K),
     "causal-q-lengths": dict(is_causal=True, query_seq_lengths=LENGTHS_Q),
+    "causal-kv-lengths": dict(is_causal=True, key_value_seq_lengths=LENGTHS_K),
     "implementation-xla": dict(implementation="xla"),
     "implementation-cudnn": dict(implementation="cudnn"),
     "residual": dict(return_residual=True, is_causal=True),
@@ -105,11 +106,24 @@ def test_bias_and_mask_tensors_give_jax_nns_result(bias_shape, mask_shape):
     _close(mine, jax.nn.dot_product_attention(q, k, v, bias, mask, is_causal=True))
 
 
-def test_causal_with_separate_key_lengths_gives_jax_nns_result():
+@pytest.mark.parametrize("shape", [(24, 24), (16, 40), (40, 16)], ids=["square", "fewer-queries", "more-queries"])
+@pytest.mark.parametrize("q_lengths", [None, LENGTHS_Q], ids=["keys", "both"])
+def test_causal_with_key_lengths_runs_on_the_kernels(shape, q_lengths):
+    """Top-left causal with key lengths (jax.nn's common padding call): two kernel calls, rows past the key length
+    seeing every valid key; lengths past the sequence, 0 and in between."""
+    q, k, v = _qkv(*shape)
+    for kv_lengths in (LENGTHS_K, jnp.array([shape[1], 1, 100], jnp.int32)):
+        mine, theirs, hlo = _both(q, k, v, is_causal=True, query_seq_lengths=q_lengths, key_value_seq_lengths=kv_lengths,
+                                  return_residual=True)
+        _close(mine, theirs)
+        assert _on_kernels(hlo)
+
+
+def test_window_with_separate_key_lengths_gives_jax_nns_result():
     q, k, v = _qkv()
     jax_nn._warned.clear()
     with pytest.warns(UserWarning, match="one array passed as both query_seq_lengths and key_value_seq_lengths"):
-        mine, theirs, hlo = _both(q, k, v, is_causal=True, key_value_seq_lengths=LENGTHS_K)
+        mine, theirs, hlo = _both(q, k, v, is_causal=True, local_window_size=(4, 0), key_value_seq_lengths=LENGTHS_K)
     _close(mine, theirs)
     assert not _on_kernels(hlo)
 
@@ -187,7 +201,8 @@ def test_flax_dropout_and_sown_weights_are_refused():
 
 
 @requires_gpu
-@pytest.mark.parametrize("case", ["causal", "causal-window", "both-lengths", "residual", "residual-lengths"])
+@pytest.mark.parametrize("case", ["causal", "causal-window", "both-lengths", "causal-kv-lengths", "residual",
+                                  "residual-lengths"])
 def test_gpu_matches_jax_nn(case):
     gpu = GPU_DEVICES[0]
     q, k, v = random_qkv(3, 3, 200, 328, 8, 2, 128, jnp.bfloat16, gpu)
