@@ -26,7 +26,7 @@ except AttributeError:  # moved out of the public jax.core in newer releases
 
 def attention(q, k, v, cfg: KernelConfig | None = None, *, causal: bool = False, softmax_scale: float | None = None,
               window: tuple[int, int] | None = None, softcap: float | None = None, q_lengths=None, kv_lengths=None,
-              page_table=None, return_lse: bool = False, deterministic: bool = False):
+              page_table=None, return_lse: bool = False, deterministic: bool = False, mask=None):
     """FlashAttention forward: softmax(scale * q k^T, masked) v, computed blockwise without the (Sq, Sk) matrix.
 
     Args:
@@ -56,12 +56,19 @@ def attention(q, k, v, cfg: KernelConfig | None = None, *, causal: bool = False,
       return_lse: also return the float32 (batch, heads_q, seq_q) natural log-sum-exp of the scaled scores.
       deterministic: the GPU backward adds each query block's dQ shares in key-block order instead of with float
         atomics, so gradients repeat bit for bit (slower; the CPU backward always does). Static.
+      mask: must be None. It exists so that a caller passing a mask tensor (Flax Linen's attention modules pass
+        `mask=` to any attention_fn that names it) gets an error rather than unmasked attention; masks are
+        jax_flash.dot_product_attention's and jax_flash.flax.attention_fn's.
 
     Returns:
       out (batch, seq_q, heads_q, head_dim) in q's dtype, or (out, lse) with return_lse. A row that sees no key
       gives zeros and lse -inf. Works eagerly and under jax.jit/vmap; differentiable (jax.grad, jax.jvp, on CPU and
       GPU: jax_flash/_autodiff.py).
     """
+    if mask is not None:
+        raise ValueError(f"jax_flash.attention takes no mask tensor (got one of shape {np.shape(mask)}): give causal, "
+                         f"window and lengths as its arguments, or call jax_flash.dot_product_attention (jax.nn's "
+                         f"arguments) or use jax_flash.flax.attention_fn as a Flax attention_fn; both honour masks")
     return _validated_call(q, k, v, cfg, causal=causal, softmax_scale=softmax_scale, window=window, softcap=softcap,
                            q_lengths=q_lengths, kv_lengths=kv_lengths, page_table=page_table, return_lse=return_lse,
                            deterministic=deterministic, ring=None)

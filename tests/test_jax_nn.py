@@ -190,6 +190,16 @@ def test_nnx_attention_fn_equals_flax_default(masking):
         _close(ours(x, **call), default(x, **call), rtol=1e-4, atol=1e-5)
 
 
+def test_attention_given_to_linen_with_a_mask_is_an_error_not_unmasked_attention():
+    """Linen passes `mask=` only to an attention_fn that names it; jax_flash.attention names it to refuse it."""
+    linen, _ = _flax()
+    x = jax.random.normal(jax.random.PRNGKey(3), (2, 16, 64), jnp.float32)
+    module = linen.MultiHeadDotProductAttention(num_heads=4, qkv_features=64, attention_fn=jax_flash.attention)
+    params = module.init(jax.random.PRNGKey(0), x)  # no mask: plain attention works
+    with pytest.raises(ValueError, match="jax_flash.attention takes no mask tensor .* jax_flash.flax.attention_fn"):
+        module.apply(params, x, mask=linen.make_causal_mask(jnp.ones((2, 16))))
+
+
 def test_flax_dropout_and_sown_weights_are_refused():
     q, k, v = _qkv()
     with pytest.raises(ValueError, match="has no attention dropout"):
