@@ -130,8 +130,9 @@ def test_window_with_separate_key_lengths_gives_jax_nns_result():
 
 def test_unbatched_gqa_and_gradients():
     q, k, v = _qkv(heads_q=6, heads_k=3)
-    for kwargs in (dict(is_causal=True), dict(local_window_size=(4, 1), query_seq_lengths=LENGTHS_Q)):
-        unbatched = {n: x[:1] if n == "query_seq_lengths" else x for n, x in kwargs.items()}
+    for kwargs in (dict(is_causal=True), dict(local_window_size=(4, 1), query_seq_lengths=LENGTHS_Q),
+                   dict(is_causal=True, key_value_seq_lengths=LENGTHS_K)):
+        unbatched = {n: x[:1] if n.endswith("seq_lengths") else x for n, x in kwargs.items()}
         mine, theirs, _ = _both(q[0], k[0], v[0], **unbatched)  # (T, N, H): no batch axis
         _close(mine, theirs)
         weights = jnp.cos(jnp.arange(q.size, dtype=jnp.float32)).reshape(q.shape)
