@@ -53,9 +53,10 @@ def dot_product_attention(query, key, value, bias=None, mask=None, *, scale: flo
     squeeze = query.ndim == 3
     if squeeze:
         query, key, value = query[None], key[None], value[None]
+    _check_arguments(query, is_causal, scale, local_window_size, query_seq_lengths, key_value_seq_lengths)
     if isinstance(local_window_size, int):
         local_window_size = (local_window_size, local_window_size)
-    band = _band(is_causal, local_window_size)
+    band = _band(bool(is_causal), local_window_size)
     plan = pair_plan(query.shape[1], key.shape[1], *band) if band != (None, None) else \
         (0, query.shape[1], 0, key.shape[1], -1, -1)
     reason = _xla_reason(bias, mask, band, plan, query_seq_lengths, key_value_seq_lengths)
@@ -74,6 +75,26 @@ def dot_product_attention(query, key, value, bias=None, mask=None, *, scale: flo
     if squeeze:
         return tuple(x[0] for x in result) if return_residual else result[0]
     return result
+
+
+def _check_arguments(query, is_causal, scale, window, q_lengths, kv_lengths) -> None:
+    """jax.nn's arguments checked under jax.nn's names (jax_flash.attention's own checks name its arguments)."""
+    # (jax.nn takes the truth value of a Python int too)
+    if not isinstance(is_causal, (bool, np.bool_, int, np.integer)):
+        raise TypeError(f"is_causal must be a bool, got {is_causal!r} of type {type(is_causal).__name__}")
+    if scale is not None and (isinstance(scale, (bool, np.bool_)) or not isinstance(scale, (int, float, np.number))):
+        raise TypeError(f"scale must be a real number or None, got {scale!r} of type {type(scale).__name__}")
+    pair = (window, window) if isinstance(window, (int, np.integer)) and not isinstance(window, bool) else window
+    if pair is not None and (not isinstance(pair, (tuple, list)) or len(pair) != 2 or
+                             not all(isinstance(w, (int, np.integer)) and not isinstance(w, bool) for w in pair)):
+        raise ValueError(f"local_window_size must be an int or a pair of ints (left, right), got {window!r}")
+    for name, lengths in (("query_seq_lengths", q_lengths), ("key_value_seq_lengths", kv_lengths)):
+        if lengths is None:
+            continue
+        shape, dtype = np.shape(lengths), jnp.dtype(getattr(lengths, "dtype", np.asarray(lengths).dtype))
+        if shape != (query.shape[0],) or dtype != jnp.int32:
+            raise ValueError(f"{name} must be an int32 array of shape (batch,) = ({query.shape[0]},), got "
+                             f"{dtype.name}{shape}")
 
 
 def _band(is_causal, window):

@@ -141,10 +141,21 @@ def test_unbatched_gqa_and_gradients():
         _close(grads[0], grads[1], rtol=1e-4, atol=1e-5)
 
 
-def test_bad_implementation_is_a_clear_error():
+def test_bad_arguments_are_clear_errors_under_jax_nns_names():
     q, k, v = _qkv()
-    with pytest.raises(ValueError, match=re.escape("implementation must be one of (None, 'xla', 'cudnn')")):
-        jax_flash.dot_product_attention(q, k, v, implementation="pallas")
+    cases = [
+        (dict(implementation="pallas"), ValueError, re.escape("implementation must be one of (None, 'xla', 'cudnn')")),
+        (dict(query_seq_lengths=jnp.array([3, 4], jnp.int32)), ValueError,
+         re.escape("query_seq_lengths must be an int32 array of shape (batch,) = (3,), got int32(2,)")),
+        (dict(key_value_seq_lengths=jnp.array([3, 4, 5], jnp.float32)), ValueError,
+         re.escape("key_value_seq_lengths must be an int32 array of shape (batch,) = (3,), got float32(3,)")),
+        (dict(local_window_size=(1, 2, 3)), ValueError, "local_window_size must be an int or a pair of ints"),
+        (dict(scale="0.1"), TypeError, "scale must be a real number or None, got '0.1'"),
+        (dict(is_causal="yes"), TypeError, "is_causal must be a bool, got 'yes'"),
+    ]
+    for kwargs, error, message in cases:
+        with pytest.raises(error, match=message):
+            jax_flash.dot_product_attention(q, k, v, **kwargs)
 
 
 # ---- Flax --------------------------------------------------------------------------------------------------------
