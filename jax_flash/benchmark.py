@@ -6,6 +6,7 @@
     python -m jax_flash.benchmark --order sequential     # all repetitions of one implementation, then the next
     python -m jax_flash.benchmark --suite decode         # decoding against a KV cache (jax_flash/benchmark_decode.py)
     python -m jax_flash.benchmark --suite ring           # ring attention over several devices (benchmark_ring.py)
+    python -m jax_flash.benchmark --suite short          # ViT / BERT shapes: short sequences, many small heads
 
 Sizes as in docs/PERFORMANCE.md: batch * seq = --tokens (16384), heads * head_dim = --hidden (2048).
 FLOPs = 4 * B * H * S * S * D (halved for causal: --causal on|both). On a CPU-only machine it compares the CPU path
@@ -134,15 +135,31 @@ def _pass_ms(pass_: str, forward_ms: float | None, both_ms: float | None) -> flo
     return None if forward_ms is None or both_ms is None else both_ms - forward_ms
 
 
+# --suite short: (name, batch, seq, heads, head_dim) of models with short sequences and many small heads, where tile
+# quantisation and per-call costs decide; the last has more (batch, head) pairs than a grid axis's 65535.
+SHORT_SHAPES = (("vit-b/16 224px", 64, 197, 12, 64), ("vit-b/16 224px", 256, 197, 12, 64),
+                ("vit-b/16 384px", 64, 577, 12, 64), ("bert-base 128", 256, 128, 12, 64),
+                ("bert-base 512", 32, 512, 12, 64), ("bert-base 512", 128, 512, 12, 64),
+                ("many heads", 8192, 64, 12, 64))
+
+
+def _cases(args, causal_flags) -> list[tuple]:
+    """(dtype name, head_dim, causal, seq, batch, heads, model name) of every row."""
+    if args.suite == "short":
+        return [(d, dim, c, seq, batch, heads, name) for d in args.dtypes for c in causal_flags
+                for name, batch, seq, heads, dim in SHORT_SHAPES]
+    return [(d, h, c, s, max(1, args.tokens // s), max(1, args.hidden // h), None)
+            for d in args.dtypes for h in args.head_dims for c in causal_flags for s in args.seqs]
+
+
 def run(args) -> list[dict]:
     platform = jax.default_backend()
     device = jax.devices()[0]
     rows = []
     causal_flags = {"off": [False], "on": [True], "both": [False, True]}[args.causal]
-    cases = [(d, h, c, s) for d in args.dtypes for h in args.head_dims for c in causal_flags for s in args.seqs]
-    for index, (dtype_name, head_dim, causal, seq) in enumerate(cases, 1):
+    cases = _cases(args, causal_flags)
+    for index, (dtype_name, head_dim, causal, seq, batch, heads, model) in enumerate(cases, 1):
         dtype = DTYPES[dtype_name]
-        batch, heads = max(1, args.tokens // seq), max(1, args.hidden // head_dim)
         kq, kk, kv = jax.random.split(jax.random.PRNGKey(index), 3)
         q, k, v = (jax.random.normal(key, (batch, seq, heads, head_dim), jnp.float32).astype(dtype)
                    for key in (kq, kk, kv))
@@ -178,7 +195,8 @@ def run(args) -> list[dict]:
                     error = failures[failed]
                     print(f"#   {failed} failed: {type(error).__name__}: {str(error)[:200]}", file=sys.stderr)
         rows.append({"dtype": dtype_name, "head_dim": head_dim, "seq": seq, "batch": batch, "heads": heads,
-                     "causal": causal, "device": _device_name(device), "results": results})
+                     "causal": causal, "device": _device_name(device), "results": results,
+                     **({"model": model} if model else {})})
     return rows
 
 
@@ -206,15 +224,15 @@ def print_table(rows: list[dict]) -> None:
         names += [n for n in row["results"] if n not in names]
     base = "cudnn" if any("cudnn" in r["results"] for r in rows) else "xla"
     print(f"\nTFLOP/s on {rows[0]['device'] if rows else '?'} ({datetime.date.today()}); ratio to {base} in brackets")
-    print(" | ".join(["dtype", "D", "causal", "S"] + names))
+    print(" | ".join(["dtype", "D", "causal", "S", "B x H"] + names))
     for row in rows:
         ref = row["results"].get(base, {}).get("tflops")
         cells = []
         for name in names:
             r = row["results"].get(name)
             cells.append("-" if r is None else f"{r['tflops']:.0f}" + (f" ({r['tflops'] / ref:.2f}x)" if ref else ""))
-        print(" | ".join([row["dtype"], str(row["head_dim"]), "yes" if row["causal"] else "no", str(row["seq"])]
-                         + cells))
+        print(" | ".join([row["dtype"], str(row["head_dim"]), "yes" if row["causal"] else "no", str(row["seq"]),
+                          f"{row['batch']} x {row['heads']}"] + cells))
 
 
 def plot(rows: list[dict], path: str) -> None:
@@ -242,8 +260,9 @@ def plot(rows: list[dict], path: str) -> None:
 def main(argv=None) -> int:
     on_gpu = jax.default_backend() == "gpu"
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--suite", choices=["prefill", "decode", "ring"], default="prefill",
-                        help="prefill: the standard grid (TFLOP/s); decode: a few query rows against a KV cache, "
+    parser.add_argument("--suite", choices=["prefill", "short", "decode", "ring"], default="prefill",
+                        help="prefill: the standard grid (TFLOP/s); short: ViT and BERT shapes and more (batch, "
+                             "head) pairs than 65535 (TFLOP/s); decode: a few query rows against a KV cache, "
                              "contiguous and paged (us, K/V GB/s, % of copy bandwidth); ring: ring attention "
                              "against the gather, and scaling over 1, 2, 4, ... devices")
     parser.add_argument("--ring-seqs", type=lambda s: [int(x) for x in s.split(",")],
@@ -295,7 +314,8 @@ def main(argv=None) -> int:
     rows = run(args)
     if args.json:
         with open(args.json, "w") as f:
-            json.dump({"date": str(datetime.date.today()), "jax": jax.__version__, "platform": jax.default_backend(),
+            json.dump({"suite": args.suite, "date": str(datetime.date.today()), "jax": jax.__version__,
+                       "platform": jax.default_backend(),
                        "device": _device_name(jax.devices()[0]), "matmul_gflops": matmul,
                        "pass": args.pass_,
                        "timing": {"iters": args.iters, "reps": args.reps, "loop": args.loop,

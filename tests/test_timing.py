@@ -157,3 +157,17 @@ def test_ring_benchmark_writes_ring_gather_and_scaling_rows(tmp_path, capsys):
         ("batch", 1, "one device"), ("batch", 2, "batch")]
     assert all(r["ms"] > 0 and r["speedup"] > 0 and r["causal"] for r in rows)
     assert "Ring attention on" in capsys.readouterr().out
+
+
+def test_short_suite_times_the_model_shapes(tmp_path, capsys, monkeypatch):
+    monkeypatch.setattr(benchmark, "SHORT_SHAPES", (("vit", 3, 17, 2, 64), ("many heads", 40, 8, 3, 64)))
+    path = tmp_path / "short.json"
+    dtype = "bf16" if jax.default_backend() == "gpu" else "fp32"
+    assert benchmark.main(["--suite", "short", "--dtypes", dtype, "--causal", "off", "--iters", "1", "--reps", "1",
+                           "--min-rep-ms", "0", "--json", str(path)]) == 0
+    written = json.loads(path.read_text())
+    assert written["suite"] == "short"
+    assert [(r["model"], r["batch"], r["seq"], r["heads"]) for r in written["rows"]] == [("vit", 3, 17, 2),
+                                                                                          ("many heads", 40, 8, 3)]
+    assert all(r["results"]["jax_flash"]["tflops"] > 0 for r in written["rows"])
+

@@ -8,7 +8,8 @@ A results file is `python -m jax_flash.benchmark --json` output (device, date, j
 is jax_flash's TFLOP/s and, in brackets, its ratio to cuDNN in the same run; each CPU table cell (platform "cpu") its
 GFLOP/s and its speed-up over XLA:CPU in the same run; a decode file (suite "decode") gives microseconds, the percent
 of the device's copy bandwidth and the ratio to cuDNN, contiguous and paged; a ring file (suite "ring")
-milliseconds and speed-ups over one device of ring attention, the gather and a batch split.
+milliseconds and speed-ups over one device of ring attention, the gather and a batch split; a short file (suite
+"short") TFLOP/s per model shape beside cuDNN.
 """
 
 from __future__ import annotations
@@ -131,11 +132,24 @@ def render_ring(results: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
+def render_short(results: dict) -> str:
+    rows = results["rows"]
+    head = ["model", "dtype", "B x S x H x D", "causal", "jax_flash TFLOP/s (vs cuDNN)", "cuDNN TFLOP/s"]
+    lines = [f"**{results['device']}**, {results['date']}, jax {results['jax']}, short sequences: TFLOP/s of "
+             f"`jax_flash.attention` (cfg=None), ratio to cuDNN in the same run in brackets.",
+             "", "| " + " | ".join(head) + " |", "| " + " | ".join("---" for _ in head) + " |"]
+    for r in rows:
+        cells = [r.get("model", "-"), r["dtype"], f"{r['batch']} x {r['seq']} x {r['heads']} x {r['head_dim']}",
+                 "yes" if r["causal"] else "no", _cell(r), _cell(r, "cudnn", ratio=False)]
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
 def render() -> str:
     files = sorted((ROOT / "benchmarks" / "results").glob("*.json"))
     results = [json.loads(f.read_text()) for f in files]
-    renderers = {"cpu": render_cpu, "decode": render_decode, "ring": render_ring}
-    return "\n".join(renderers.get(r["suite"] if r.get("suite") in ("decode", "ring") else r.get("platform"),
+    renderers = {"cpu": render_cpu, "decode": render_decode, "ring": render_ring, "short": render_short}
+    return "\n".join(renderers.get(r["suite"] if r.get("suite") in ("decode", "ring", "short") else r.get("platform"),
                                    render_device)(r) for r in results)
 
 
