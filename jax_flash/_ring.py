@@ -110,8 +110,6 @@ def step_plans(params, t: int, size: int, seq_q: int, seq_k: int, zigzag: bool):
         return ((0, seq_q, 0, seq_k, -1, -1),) * 2
     lo = -params["window_left"] if params["window_left"] >= 0 else None
     hi = 0 if params["causal"] else (params["window_right"] if params["window_right"] >= 0 else None)
-    if params["causal"] and params["window_right"] >= 0:
-        hi = min(hi, params["window_right"])
 
     def shifted(chunks):  # the visiting keys start `chunks` chunks after the local queries
         d = chunks * seq_k

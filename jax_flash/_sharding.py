@@ -205,7 +205,7 @@ def _decide(mesh, arg_shapes, params, split_shared_kv: bool = True) -> Decision:
             head_axes = ()
 
     used = set(batch_axes) | set(head_axes)
-    seq_axes, ring = _ring_axes(mesh, params, q.shape[1], k.shape[1], q_spec, k_spec, used)
+    seq_axes, ring, not_ring = _sequence_plan(mesh, params, q.shape[1], k.shape[1], q_spec, k_spec, used)
     used |= set(seq_axes)
     gathered = [name for name, spec in (("q", q_spec), ("k", k_spec), ("v", v_spec))
                 if any(a not in used for entry in (spec[1], spec[3]) for a in _axes(entry))]
@@ -215,7 +215,7 @@ def _decide(mesh, arg_shapes, params, split_shared_kv: bool = True) -> Decision:
     if gathered:
         _warn_once("sequence", f"jax_flash.attention: {', '.join(gathered)} sharded along the sequence or head_dim "
                                f"axis; it is gathered (replicated along that axis) before the kernel runs"
-                               f"{_gather_reason(mesh, params, q.shape[1], k.shape[1], q_spec, k_spec, used)}. "
+                               f"{not_ring or ', because every score needs all of head_dim'}. "
                                f"This costs an all-gather per call and memory for the whole sequence on each device")
 
     b, h, s = _entry(batch_axes), _entry(head_axes), _entry(seq_axes)
@@ -233,26 +233,22 @@ def _sequence_axes(q_spec, k_spec, used) -> tuple[str, ...]:
     return tuple(a for a in (_axes(q_spec[1]) or _axes(k_spec[1])) if a not in used)
 
 
-def _ring_axes(mesh, params, seq_q, seq_k, q_spec, k_spec, used):
-    """(sequence axes, ring parameter) when the call runs as ring attention over them, else ((), None)."""
+def _sequence_plan(mesh, params, seq_q, seq_k, q_spec, k_spec, used):
+    """(sequence axes kept split, ring parameter, why not a ring): ring attention over the sequence's mesh axes, or
+    nothing to split (a size-1 axis: the axes stay and no ring is needed), or ((), None, the reason it is gathered;
+    "" when the sequence is not split)."""
     axes = _sequence_axes(q_spec, k_spec, used)
     if not axes or params["ring"] is not None:
-        return (), None
+        return (), None, ""
     n = _split(mesh, axes)
-    if n == 1 or seq_q % n or seq_k % n or ring_refusal(params, seq_q // n, seq_k // n, n, "contiguous"):
-        return (), None
-    return axes, (axes, n, "contiguous")
-
-
-def _gather_reason(mesh, params, seq_q, seq_k, q_spec, k_spec, used) -> str:
-    """Why a sequence-sharded call is gathered rather than run as a ring ("" when only head_dim is sharded)."""
-    axes = _sequence_axes(q_spec, k_spec, used)
-    if not axes:
-        return ", because every score needs all of head_dim"
-    n = _split(mesh, axes)
+    if n == 1:
+        return axes, None, ""
     if seq_q % n or seq_k % n:
-        return (f" instead of running ring attention, because seq_q {seq_q} and seq_k {seq_k} must both divide by "
-                f"the {n} devices of mesh axes {axes} (pad the sequence at its end: causal self-attention's rows never "
-                f"see keys padded after them; otherwise mask them with kv_lengths)")
-    return (f" instead of running ring attention, because "
-            f"{ring_refusal(params, seq_q // n, seq_k // n, n, 'contiguous')}")
+        return (), None, (f" instead of running ring attention, because seq_q {seq_q} and seq_k {seq_k} must both "
+                          f"divide by the {n} devices of mesh axes {axes} (pad the sequence at its end: causal "
+                          f"self-attention's rows never see keys padded after them; otherwise mask them with "
+                          f"kv_lengths)")
+    refusal = ring_refusal(params, seq_q // n, seq_k // n, n, "contiguous")
+    if refusal:
+        return (), None, f" instead of running ring attention, because {refusal}"
+    return axes, (axes, n, "contiguous"), ""
