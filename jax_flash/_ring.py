@@ -123,6 +123,31 @@ def _steps(params, size, seq_q, seq_k, zigzag):
     return [(t, a, b) for t, (a, b) in enumerate(plans) if a is not None or b is not None]
 
 
+def _visits(steps, k, v, axis, size: int):
+    """Yields (t, plan when r >= t, plan when r < t, K, V, the next needed step or None) for every needed step; the
+    next step's K/V are permuted before this step's work is traced, so XLA may overlap the two."""
+    for index, (t, plan_ge, plan_lt) in enumerate(steps):
+        following = steps[index + 1][0] if index + 1 < len(steps) else None
+        if following is not None:
+            k_next, v_next = _shift(k, axis, size, following - t), _shift(v, axis, size, following - t)
+        yield t, plan_ge, plan_lt, k, v, following
+        if following is not None:
+            k, v = k_next, v_next
+
+
+def _by_side(r, t, plan_ge, plan_lt, pair, *args):
+    """pair(plan, *args) for this device's side of step t: one call where both sides share the plan."""
+    if plan_ge == plan_lt:
+        return pair(plan_ge, *args)
+    return lax.cond(r >= t, lambda *a: pair(plan_ge, *a), lambda *a: pair(plan_lt, *a), *args)
+
+
+def _layout(params, seq_q: int, size: int, layout: str):
+    """(whether the steps see zigzag shards, whether contiguous shards are permuted there and back)."""
+    zigzag = layout == "zigzag" or _uses_zigzag(params, seq_q, size)
+    return zigzag, zigzag and layout == "contiguous"
+
+
 # ---- collectives ---------------------------------------------------------------------------------------------------
 def _shift(x, axis, size: int, shift: int):
     """Device r receives device (r - shift) mod size's x."""
@@ -200,7 +225,11 @@ class _Lengths:
     def __init__(self, params, q_len, kv_len, positions):
         self.params, self.q_len, self.kv_len = params, q_len, kv_len
         self.by_diagonal = _offset_masked(params) and params["has_q_lengths"]
-        self.diagonal = jnp.sum(positions[None, :] < q_len[:, None], axis=1, dtype=jnp.int32)
+        self.diagonal = jnp.sum(self.valid_rows(positions), axis=1, dtype=jnp.int32)
+
+    def valid_rows(self, positions):
+        """(B, local rows) bool: the local rows (at these global positions) before each batch row's length."""
+        return positions[None, :] < self.q_len[:, None]
 
     def pair(self, t, q_start, kv_start, rows, keys, plan_offsets):
         """(q_lengths, kv_lengths, has_q, has_kv) of a block of `rows` x `keys` (sliced at plan_offsets)."""
@@ -241,37 +270,25 @@ def ring_forward(q, k, v, q_len, kv_len, params, bind):
     page_table, params)` runs the per-device kernel."""
     axis, size, layout = params["ring"]
     seq_q, seq_k = q.shape[1], k.shape[1]
-    zigzag = layout == "zigzag" or _uses_zigzag(params, seq_q, size)
-    if zigzag and layout == "contiguous":
+    zigzag, reorder = _layout(params, seq_q, size, layout)
+    if reorder:
         q, k, v = (to_zigzag(x, 1, axis, size) for x in (q, k, v))
     r = lax.axis_index(axis)
     positions = _positions(r, seq_q, size, zigzag)
     lengths = _Lengths(params, q_len, kv_len, positions)
     out = lse = None
-    steps = _steps(params, size, seq_q, seq_k, zigzag)
-    for index, (t, plan_ge, plan_lt) in enumerate(steps):
-        if index + 1 < len(steps):  # the next step's K/V, issued before this step's kernel so the two may overlap
-            shift = steps[index + 1][0] - t
-            k_next, v_next = _shift(k, axis, size, shift), _shift(v, axis, size, shift)
-        source = (r - t) % size
+    for t, plan_ge, plan_lt, k, v, _ in _visits(_steps(params, size, seq_q, seq_k, zigzag), k, v, axis, size):
+        def pair(plan, q, k, v, source, t=t):
+            return _pair_forward(plan, t, q, k, v, lengths, r * seq_q, source * seq_k, params, bind)
 
-        def branch(plan, t=t):
-            return lambda q, k, v, source: _pair_forward(plan, t, q, k, v, lengths, r * seq_q, source * seq_k,
-                                                         params, bind)
-
-        if plan_ge == plan_lt:
-            part = branch(plan_ge)(q, k, v, source)
-        else:
-            part = lax.cond(r >= t, branch(plan_ge), branch(plan_lt), q, k, v, source)
+        part = _by_side(r, t, plan_ge, plan_lt, pair, q, k, v, (r - t) % size)
         out, lse = part if out is None else merge_partials(out, lse, *part)
-        if index + 1 < len(steps):
-            k, v = k_next, v_next
     if lengths.by_diagonal:  # rows past the length: zeros and lse -inf, as the kernels give them
-        valid = positions[None, :] < q_len[:, None]  # (B, Sq)
+        valid = lengths.valid_rows(positions)
         out = jnp.where(valid[:, :, None, None], out, 0.0)
         lse = jnp.where(valid[:, None, :], lse, -jnp.inf)
     out = out.astype(q.dtype)
-    if zigzag and layout == "contiguous":
+    if reorder:
         out, lse = from_zigzag(out, 1, axis, size), from_zigzag(lse, 2, axis, size)
     return out, lse
 
@@ -295,8 +312,7 @@ def ring_backward(q, k, v, out, lse, d_out, d_lse, q_len, kv_len, params, bind_b
     the per-device backward kernel."""
     axis, size, layout = params["ring"]
     seq_q, seq_k = q.shape[1], k.shape[1]
-    zigzag = layout == "zigzag" or _uses_zigzag(params, seq_q, size)
-    reorder = zigzag and layout == "contiguous"
+    zigzag, reorder = _layout(params, seq_q, size, layout)
     if reorder:
         q, k, v, out, d_out = (to_zigzag(x, 1, axis, size) for x in (q, k, v, out, d_out))
         lse, d_lse = (to_zigzag(x, 2, axis, size) for x in (lse, d_lse))
@@ -304,32 +320,24 @@ def ring_backward(q, k, v, out, lse, d_out, d_lse, q_len, kv_len, params, bind_b
     positions = _positions(r, seq_q, size, zigzag)
     lengths = _Lengths(params, q_len, kv_len, positions)
     if lengths.by_diagonal:  # rows past the length have lse -inf (P = 0); their cotangents reach nothing
-        valid = positions[None, :] < q_len[:, None]
+        valid = lengths.valid_rows(positions)
         d_out = jnp.where(valid[:, :, None, None], d_out, 0).astype(d_out.dtype)
         d_lse = jnp.where(valid[:, None, :], d_lse, 0.0)
     dq = jnp.zeros(q.shape, jnp.float32)
     dk = jnp.zeros(k.shape, jnp.float32)
     dv = jnp.zeros(v.shape, jnp.float32)
     held = 0  # the step whose K/V shard (and its dK/dV) this device holds
-    steps = _steps(params, size, seq_q, seq_k, zigzag)
-    for index, (t, plan_ge, plan_lt) in enumerate(steps):
-        if index + 1 < len(steps):  # the next step's K/V, issued before this step's kernel
-            shift = steps[index + 1][0] - t
-            k_next, v_next = _shift(k, axis, size, shift), _shift(v, axis, size, shift)
-        source = (r - t) % size
+    for t, plan_ge, plan_lt, k_t, v_t, following in _visits(_steps(params, size, seq_q, seq_k, zigzag), k, v, axis,
+                                                             size):
+        def pair(plan, k, v, source, t=t):
+            return _pair_backward(plan, t, q, k, v, out, lse, d_out, d_lse, lengths, r * seq_q, source * seq_k,
+                                  params, bind_bwd)
 
-        def branch(plan, t=t):
-            return lambda k, v, source: _pair_backward(plan, t, q, k, v, out, lse, d_out, d_lse, lengths,
-                                                       r * seq_q, source * seq_k, params, bind_bwd)
-
-        if plan_ge == plan_lt:
-            parts = branch(plan_ge)(k, v, source)
-        else:
-            parts = lax.cond(r >= t, branch(plan_ge), branch(plan_lt), k, v, source)
+        parts = _by_side(r, t, plan_ge, plan_lt, pair, k_t, v_t, (r - t) % size)
         dq, dk, dv = dq + parts[0], dk + parts[1], dv + parts[2]
-        if index + 1 < len(steps):  # dK/dV travel with their K/V
-            dk, dv = (_shift(x, axis, size, steps[index + 1][0] - t) for x in (dk, dv))
-            k, v, held = k_next, v_next, steps[index + 1][0]
+        if following is not None:  # dK/dV travel with their K/V
+            dk, dv = (_shift(x, axis, size, following - t) for x in (dk, dv))
+            held = following
     dk, dv = (_shift(x, axis, size, -held) for x in (dk, dv))  # home: device s's shard sits on s + held
     dq, dk, dv = dq.astype(q.dtype), dk.astype(k.dtype), dv.astype(v.dtype)
     if reorder:
