@@ -61,7 +61,7 @@ def test_decode_grid(device, seq_q, heads_q, heads_k):
     np.testing.assert_allclose(np.asarray(lse), np.asarray(ref_lse), atol=2e-2, rtol=0)
 
 
-@pytest.mark.parametrize("num_splits", [1, 2, 3, 7, 16])
+@pytest.mark.parametrize("num_splits", [1, 2, 3, 7, 16, 256])
 @pytest.mark.parametrize("pack_gqa", [False, True])
 def test_every_split_count_gives_the_unsplit_result(device, num_splits, pack_gqa):
     """Forced split counts, packed or not, with causal, a window, softcap and both lengths: equal within tolerance,
@@ -120,7 +120,7 @@ def test_split_merge_keeps_nan_and_infinite_rows(device):
 
 
 # ---- paged KV cache -------------------------------------------------------------------------------------------------
-@pytest.mark.parametrize("page_size", [8, 16, 64, 256])
+@pytest.mark.parametrize("page_size", [8, 16, 24, 64, 256])
 def test_paged_equals_contiguous(device, page_size):
     """Shuffled pages (the unused ones NaN), table entries past each length set to -1, every feature at once."""
     q, k, v = random_qkv(page_size, 3, 4, 600, 8, 2, 64, jnp.bfloat16, device)
@@ -148,6 +148,31 @@ def test_paged_with_splits_and_packing(device, num_splits, pack_gqa):
     lengths = jnp.array([1000, 999], jnp.int32)
     out = jax_flash.attention(q, k_pages, v_pages, cfg, page_table=table, kv_lengths=lengths)
     assert_flash_close(out, q, k, v, kv_lengths=lengths)
+
+
+@pytest.mark.parametrize("head_dim", [128, 256])
+@pytest.mark.parametrize("page_size", [16, 40, 128])
+@pytest.mark.parametrize("seq_q", [1, 8])
+def test_paged_tiles_and_page_sizes(device, head_dim, page_size, seq_q):
+    """Pages smaller than a key block, not dividing it, and holding whole blocks, on the one-warp (1 row x 4 heads)
+    and four-warp (8 x 4) decode tiles of both head dims; a page id past the pool for a visible key reads as zeros
+    on the GPU and raises on CPU."""
+    q, k, v = random_qkv(head_dim + page_size + seq_q, 2, seq_q, 700, 8, 2, head_dim, jnp.bfloat16, device)
+    k_pages, v_pages, table = paged_cache(k, v, page_size, seed=page_size)
+    lengths = jnp.array([700, 450], jnp.int32)
+    attend = jax.jit(lambda *a: jax_flash.attention(a[0], a[1], a[2], page_table=a[3], kv_lengths=a[4], causal=True))
+    out = attend(q, k_pages, v_pages, table, lengths)
+    assert_flash_close(out, q, k, v, kv_lengths=lengths, causal=True)
+    bad_table = table.at[1, 0].set(k_pages.shape[0])  # sequence 1's first page: out of range
+    if device.platform == "cpu":
+        with pytest.raises(Exception, match="page"):
+            jax.block_until_ready(attend(q, k_pages, v_pages, bad_table, lengths))
+        return
+    zeroed = jnp.arange(700) >= page_size  # what the GPU reads for sequence 1: its first page as zeros
+    k1, v1 = (jnp.where(zeroed[None, :, None, None], x, 0) for x in (k, v))
+    out_bad = attend(q, k_pages, v_pages, bad_table, lengths)
+    np.testing.assert_array_equal(np.asarray(out_bad[0]), np.asarray(out[0]))
+    assert_flash_close(out_bad[1:], q[1:], k1[1:], v1[1:], kv_lengths=lengths[1:], causal=True)
 
 
 def test_new_page_table_does_not_recompile(device):
@@ -225,8 +250,8 @@ def test_page_size_must_be_a_multiple_of_8():
 
 
 def test_launch_fields_are_checked():
-    with pytest.raises(ValueError, match="num_splits=129 is not allowed"):
-        KernelConfig(num_splits=129)
+    with pytest.raises(ValueError, match="num_splits=257 is not allowed"):
+        KernelConfig(num_splits=257)
     with pytest.raises(TypeError, match="pack_gqa must be True, False or None"):
         KernelConfig(pack_gqa=1)
     assert KernelConfig(num_splits=4, pack_gqa=True).kernel() == KernelConfig()

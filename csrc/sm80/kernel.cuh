@@ -49,34 +49,41 @@ __global__ void __launch_bounds__(T::kNumThreads) attention_kernel(const __grid_
     gV += t.batch * p.v_batch_stride;
   }
   // Paged: lane i of every warp holds the id of page kv0 / page_size + i of the block being loaded (at most
-  // kBlockKV / 8 + 1 pages: page sizes are multiples of 8), read once for K and V; each row takes its page by a
-  // shuffle. (A global load per row between the cp.async issues, whose memory clobber keeps them in order, made every
-  // row wait for its page id.)
+  // kBlockKV / 8 + 1 pages: page sizes are multiples of 8), each row takes its page by a shuffle. The ids of block
+  // j + 1 are loaded when block j's are taken, so no cp.async issue waits on the page table (a table read at the
+  // block's first copy stalled the warp for a memory latency per block, with one block of K / V in flight).
   static_assert(T::kBlockKV / 8 + 1 <= kWarpSize, "a block's pages must fit one per lane");
-  int paged_block = -1, lane_page = -1;
-  auto load_kv_block = [&](Element* sTile, const Element* g, int64_t batch_stride, int64_t seq_stride, int j) {
-    const int kv0 = j * T::kBlockKV;
-    if (page_row == nullptr) {
-      copy_tile_to_smem<T, T::kBlockKV>(sTile, g + kv0 * seq_stride, seq_stride, t.len.kv_len - kv0, tid);
-      return;
-    }
-    const int first_page = kv0 / p.page_size;
-    if (paged_block != j) {  // entries of pages at or past kv_len are never read
-      const int page_index = first_page + lane;
-      lane_page = int64_t{page_index} * p.page_size < t.len.kv_len ? page_row[page_index] : -1;
-      paged_block = j;
-    }
-    auto row_at = [&](int r) -> const Element* {
-      const int key = kv0 + r;
-      const int page = __shfl_sync(0xffffffffu, lane_page, key / p.page_size - first_page);
-      if (page < 0 || page >= p.num_pages) return nullptr;
-      return g + page * batch_stride + (key % p.page_size) * seq_stride;
-    };
-    copy_rows_to_smem<T, T::kBlockKV>(sTile, row_at, t.len.kv_len - kv0, g, tid);
+  auto fetch_page_ids = [&](int j) {  // entries of pages at or past kv_len are never read
+    const int page_index = j * T::kBlockKV / p.page_size + lane;
+    return int64_t{page_index} * p.page_size < t.len.kv_len ? page_row[page_index] : -1;
   };
-  auto load_k_block = [&](int j) { load_kv_block(sK, gK, p.k_batch_stride, p.k_seq_stride, j); };
-  auto load_v_block = [&](int j) { load_kv_block(sV, gV, p.v_batch_stride, p.v_seq_stride, j); };
   const int block_begin = t.block_begin, block_end = t.block_end;
+  int lane_page = -1, next_lane_page = page_row != nullptr ? fetch_page_ids(block_begin) : -1;
+  // Blocks are loaded in order, K_j before V_j: K_j's load takes block j's ids and fetches block j + 1's.
+  auto load_kv_block = [&](Element* sTile, const Element* g, int64_t page_stride, int64_t seq_stride, int j,
+                           bool next_block) {
+    const int kv0 = j * T::kBlockKV;
+    const Element* rows = g + kv0 * seq_stride;  // contiguous; paged: within the block's page, if it has one
+    int rows_valid = t.len.kv_len - kv0;
+    if (page_row != nullptr) {
+      if (next_block) {
+        lane_page = next_lane_page;
+        next_lane_page = fetch_page_ids(j + 1);
+      }
+      if (p.page_size % T::kBlockKV != 0) {  // pages smaller than the block (or not dividing it): row by row
+        copy_paged_rows_to_smem<T, T::kBlockKV>(sTile, g, page_stride, seq_stride, lane_page, kv0, p.page_size,
+                                                p.num_pages, rows_valid, tid);
+        return;
+      }
+      const int page = __shfl_sync(0xffffffffu, lane_page, 0);  // the block lies in one page: a strided tile
+      const bool page_valid = page >= 0 && page < p.num_pages;
+      rows = page_valid ? g + page * page_stride + (kv0 % p.page_size) * seq_stride : g;
+      rows_valid = page_valid ? rows_valid : 0;
+    }
+    copy_tile_to_smem<T, T::kBlockKV>(sTile, rows, seq_stride, rows_valid, tid);
+  };
+  auto load_k_block = [&](int j) { load_kv_block(sK, gK, p.k_batch_stride, p.k_seq_stride, j, true); };
+  auto load_v_block = [&](int j) { load_kv_block(sV, gV, p.v_batch_stride, p.v_seq_stride, j, false); };
 
   // ---- fragment loaders (shared -> registers), lane addressing of ldmatrix.x4 -------------------------------
   const int warp_row0 = warp * T::kRowsPerWarp;

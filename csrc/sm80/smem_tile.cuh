@@ -125,3 +125,61 @@ __device__ __forceinline__ void copy_rows_to_smem(typename T::Element* sTile, Ro
 }
 
 }  // namespace jax_flash::sm80
+
+namespace jax_flash::sm80 {
+
+// copy_tile_to_smem for a block of paged keys kv0 .. kv0 + kRows - 1: key kv0 + r is row (kv0 + r) % page_size of
+// the page whose id lane (kv0 + r) / page_size - kv0 / page_size holds in lane_page (a page in [0, num_pages), else
+// the row is zeros, as are rows r >= rows_valid). `g` is the kv head's row 0 of page 0; pages are page_stride
+// elements apart. Each thread walks its rows by adding the row step to its offset in the page, wrapping into the
+// next page: two divisions per block instead of two per row (a division by a run-time page size is about 20
+// instructions, and the one-warp decode tile copies 32 rows per thread per block).
+template <class T, int kRows>
+__device__ __forceinline__ void copy_paged_rows_to_smem(typename T::Element* sTile, const typename T::Element* g,
+                                                        int64_t page_stride, int64_t row_stride, int lane_page,
+                                                        int kv0, int page_size, int num_pages, int rows_valid,
+                                                        int tid) {
+  using Element = typename T::Element;
+  static_assert(T::kNumThreads % T::kRowChunks == 0, "threads must cover whole rows");
+  constexpr int kRowsPerStep = T::kNumThreads / T::kRowChunks;
+  static_assert(kRows % kRowsPerStep == 0, "tile rows must split evenly over the threads");
+  constexpr int kSteps = kRows / kRowsPerStep;
+  const int row = tid / T::kRowChunks, chunk = tid % T::kRowChunks;
+  const int first_key = kv0 + row;
+  int slot = first_key / page_size - kv0 / page_size;  // which lane holds this row's page id
+  int offset = first_key % page_size;                  // the row within its page
+  auto dst = [&](int i) { return sTile + tile_offset<T>(row + i * kRowsPerStep, chunk); };
+  auto src = [&](int i) -> const Element* {  // (every lane shuffles, valid row or not)
+    const int page = __shfl_sync(0xffffffffu, lane_page, slot);
+    const bool valid = row + i * kRowsPerStep < rows_valid && page >= 0 && page < num_pages;
+    const Element* from = valid ? g + page * page_stride + offset * row_stride + chunk * kChunkElems : nullptr;
+    // Next row: into the next page at most once per 8 rows (page sizes are multiples of 8), without a branch, so
+    // the copies of all steps issue back to back.
+    offset += kRowsPerStep;
+#pragma unroll
+    for (int wrap = 0; wrap < (kRowsPerStep + 7) / 8; ++wrap) {
+      const bool next_page = offset >= page_size;
+      offset -= next_page ? page_size : 0;
+      slot += next_page ? 1 : 0;
+    }
+    return from;
+  };
+  if constexpr (T::kAsyncCopy) {
+#pragma unroll
+    for (int i = 0; i < kSteps; ++i) {
+      const Element* from = src(i);
+      cp_async_16(dst(i), from != nullptr ? from : g, from != nullptr);
+    }
+  } else {
+    uint4 staged[kSteps];
+#pragma unroll
+    for (int i = 0; i < kSteps; ++i) {
+      const Element* from = src(i);
+      staged[i] = from != nullptr ? *reinterpret_cast<const uint4*>(from) : make_uint4(0, 0, 0, 0);
+    }
+#pragma unroll
+    for (int i = 0; i < kSteps; ++i) *reinterpret_cast<uint4*>(dst(i)) = staged[i];
+  }
+}
+
+}  // namespace jax_flash::sm80
