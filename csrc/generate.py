@@ -107,7 +107,9 @@ def render_headers(config_module) -> dict[pathlib.Path, str]:
     config_fields = (HEADER + "// KernelConfig's fields in declaration order as X-macro lists, X(C++ type, name): KernelKey declares them\n"
                      "// (common/kernel_key.h), the CUDA handler copies them from the FFI attributes, the nanobind module reports\n"
                      "// them. family is a number (80, 90); the per-family lists hold the fields each family reads.\n"
-                     "#pragma once\n\n" + fields + "\n" + per_family)
+                     "#pragma once\n\n" + fields + "\n" + per_family +
+                     "\nnamespace jax_flash {\n\n// The most key ranges per tile (KernelConfig.num_splits, the split plan, the combine step).\n"
+                     f"inline constexpr int kMaxSplits = {config_module.MAX_SPLITS};\n\n}}  // namespace jax_flash\n")
     families = ", ".join(f"{number} {name}" for name, number in config_module.FAMILIES.items())
     attr_type = {"int": "int64_t", "bool": "int64_t", "float": "float"}
     launch = config_module.launch_schema()

@@ -37,7 +37,10 @@ ffi::Error plan_splits(AttentionParams& params, const RegistryEntry& entry, cons
   const int64_t tiles = (rows + key.block_q - 1) / key.block_q * head_units * params.batch;
   const int64_t key_blocks = (int64_t{params.seqlen_k} + key.block_kv - 1) / key.block_kv;
   const int64_t slots = int64_t{limits.num_sms} * entry.resident_blocks();
-  int splits = forced > 0 ? static_cast<int>(forced) : choose_num_splits(tiles, slots, key_blocks);
+  const bool memory_bound = key.block_q <= 64;  // the decode tiles
+  int splits = forced > 0      ? static_cast<int>(forced)
+               : memory_bound ? choose_decode_splits(tiles, slots, limits.num_sms, key_blocks)
+                              : choose_num_splits(tiles, slots, key_blocks);
   params.num_splits = 1;
   if (key.family == 90 && splits > 1) {  // the sm90 family runs unsplit (its split tail balances the last wave)
     if (forced > 1) {

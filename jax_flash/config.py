@@ -32,8 +32,8 @@ _SM90_CONSUMERS = (2, 3)
 
 _SM80, _SM90, _BOTH = ("sm80",), ("sm90",), ("sm80", "sm90")
 # The most key ranges a tile's keys may be split into (KernelConfig.num_splits): the combine step reads one partial
-# per split. 256 (8 key blocks per split for one MQA tile at 131072 keys) ran slower than 128 (H100: 68 against 55 us).
-MAX_SPLITS = 128
+# per split and keeps one weight per split in shared memory.
+MAX_SPLITS = 256
 
 
 def _field(default, families: tuple[str, ...], *, launch: bool = False):

@@ -43,3 +43,10 @@
   X(int, consumer_warpgroups)    \
   X(bool, pingpong)              \
   X(bool, overlap)
+
+namespace jax_flash {
+
+// The most key ranges per tile (KernelConfig.num_splits, the split plan, the combine step).
+inline constexpr int kMaxSplits = 256;
+
+}  // namespace jax_flash

@@ -31,4 +31,19 @@ std::string opt_in_shared_memory(Kernel kernel, int bytes, std::atomic<uint64_t>
   return {};
 }
 
+// Whether the current device runs programmatic dependent launches (compute capability 9.0+): a kernel launched
+// with cudaLaunchAttributeProgrammaticStreamSerialization starts while the previous kernel on the stream drains,
+// and waits for its results at griddepcontrol.wait. Read once per device.
+inline bool programmatic_launch_supported() {
+  constexpr int kMaxDevices = 64;
+  static std::atomic<int> cached[kMaxDevices] = {};  // 0 unknown, 1 no, 2 yes
+  int device = 0;
+  if (cudaGetDevice(&device) != cudaSuccess) return false;
+  if (device < kMaxDevices && cached[device].load(std::memory_order_relaxed) != 0) return cached[device].load() == 2;
+  int major = 0;
+  if (cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device) != cudaSuccess) return false;
+  if (device < kMaxDevices) cached[device].store(major >= 9 ? 2 : 1, std::memory_order_relaxed);
+  return major >= 9;
+}
+
 }  // namespace jax_flash

@@ -5,19 +5,36 @@
 #include <algorithm>
 #include <cstdint>
 
-#include "common/visibility.h"  // JAX_FLASH_HOST_DEVICE
+#include "common/config_fields.h"  // kMaxSplits
+#include "common/visibility.h"     // JAX_FLASH_HOST_DEVICE
 
 namespace jax_flash {
 
-// The most ranges per tile (jax_flash/config.py MAX_SPLITS): the combine step reads one partial per range.
-inline constexpr int kMaxSplits = 128;
+// The split count for a grid of `tiles` thread blocks of at most 64 query rows (the decode tiles), on a GPU that
+// runs `slots` of them at once (SMs x blocks per SM), whose longest tile visits `key_blocks` key blocks. Such a
+// tile does at most 64 FLOPs per K/V byte, below the tensor cores' ridge, so its time is its K/V bytes, and the
+// split is there to keep enough copies in flight: kDecodeBlocksPerSm resident thread blocks per SM (fewer where
+// fewer fit), never more blocks than run at once, each range at least kDecodeMinRangeBlocks key blocks (its
+// prologue, epilogue and partial O cost about as much as that many blocks). Measured on an H200, bf16, D = 128, 32
+// query heads: 8 kv heads x 131072 keys on the one-warp tile ran 137 us at 64 ranges (512 blocks), 143 at 85
+// (FlashAttention-3's wave rule below, 680 blocks), 147 at 128 and 154 at 256; one MQA head of 8 x 16384 keys 30 us
+// at 32 ranges (8 key blocks each), 36 at 64 (4 each); the masked four-warp tile (two resident per SM) of 8 query
+// rows, 8 x 16384 keys, 140 us at 4 ranges (256 blocks), 181 at 9 (576).
+inline constexpr int kDecodeBlocksPerSm = 4;
+inline constexpr int kDecodeMinRangeBlocks = 8;
+inline int choose_decode_splits(int64_t tiles, int64_t slots, int64_t num_sms, int64_t key_blocks) {
+  const int64_t target = std::min<int64_t>(kDecodeBlocksPerSm * num_sms, slots);
+  if (tiles <= 0 || tiles >= target) return 1;
+  const int64_t most = std::min<int64_t>(kMaxSplits, key_blocks / kDecodeMinRangeBlocks);
+  return static_cast<int>(std::max<int64_t>(1, std::min(target / tiles, most)));
+}
 
-// The split count for a grid of `tiles` thread blocks on a GPU that runs `slots` of them at once (SMs x blocks per
-// SM), whose longest tile visits `key_blocks` key blocks. FlashAttention-3's rule (hopper/heuristics.h), with the
-// resident blocks as the unit: among 1 .. max the smallest count whose wave efficiency
-// (tiles x splits / slots) / ceil(tiles x splits / slots) is within 85% of the best. No split with four waves or
-// more (the last wave's idle slots cost under 25%), or when a range would hold fewer than 4 key blocks: each range
-// costs a prologue, an epilogue and a partial O to write and merge.
+// The split count for a grid of `tiles` compute-bound thread blocks on a GPU that runs `slots` of them at once
+// (SMs x blocks per SM), whose longest tile visits `key_blocks` key blocks. FlashAttention-3's rule
+// (hopper/heuristics.h), with the resident blocks as the unit: among 1 .. max the smallest count whose wave
+// efficiency (tiles x splits / slots) / ceil(tiles x splits / slots) is within 85% of the best. No split with four
+// waves or more (the last wave's idle slots cost under 25%), or when a range would hold fewer than 4 key blocks:
+// each range costs a prologue, an epilogue and a partial O to write and merge.
 inline int choose_num_splits(int64_t tiles, int64_t slots, int64_t key_blocks) {
   if (tiles <= 0 || slots <= 0 || tiles >= 4 * slots) return 1;
   const int64_t most = std::min<int64_t>({kMaxSplits, key_blocks / 4, 4 * slots / tiles + 1});
