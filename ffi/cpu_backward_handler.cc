@@ -11,17 +11,20 @@ namespace jax_flash {
 static ffi::Error attention_bwd_cpu_impl(ffi::ThreadPool thread_pool, ffi::AnyBuffer q, ffi::AnyBuffer k,
                                          ffi::AnyBuffer v, ffi::AnyBuffer out, ffi::AnyBuffer lse,
                                          ffi::AnyBuffer d_out, ffi::AnyBuffer d_lse, ffi::AnyBuffer q_lengths,
-                                         ffi::AnyBuffer kv_lengths, ffi::Result<ffi::AnyBuffer> dq,
+                                         ffi::AnyBuffer kv_lengths, ffi::AnyBuffer q_segment_ids,
+                                         ffi::AnyBuffer kv_segment_ids, ffi::Result<ffi::AnyBuffer> dq,
                                          ffi::Result<ffi::AnyBuffer> dk, ffi::Result<ffi::AnyBuffer> dv,
                                          AttentionAttrs attrs) {
   if (auto err = check_buffers(q, k, v, q_lengths, kv_lengths, nullptr, out, lse, attrs)) return std::move(*err);
   if (auto err = check_backward_buffers(q, k, d_out, d_lse, lse, *dq, *dk, *dv)) return std::move(*err);
+  if (auto err = check_segment_buffers(q, k, q_segment_ids, kv_segment_ids)) return std::move(*err);
   CpuElement element;
   if (auto err = cpu_element(q, attrs, element)) return std::move(*err);
   if (q.element_count() == 0 && k.element_count() == 0) return ffi::Error::Success();  // nothing to write
   CpuRuntime runtime;
   if (auto err = cpu_runtime(thread_pool, runtime)) return std::move(*err);
-  const AttentionParams params = params_from_buffers(q, k, v, q_lengths, kv_lengths, nullptr, out, lse, attrs);
+  AttentionParams params = params_from_buffers(q, k, v, q_lengths, kv_lengths, nullptr, out, lse, attrs);
+  set_segments(params, q_segment_ids, kv_segment_ids);
   const BackwardTensors tensors{out.untyped_data(),
                                 d_out.untyped_data(),
                                 static_cast<const float*>(lse.untyped_data()),
@@ -46,6 +49,8 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(AttentionBackwardCpu, attention_bwd_cpu_impl,
                                   .Arg<ffi::AnyBuffer>()  // d_lse
                                   .Arg<ffi::AnyBuffer>()  // q_lengths
                                   .Arg<ffi::AnyBuffer>()  // kv_lengths
+                                  .Arg<ffi::AnyBuffer>()  // q_segment_ids (batch, seq_q); (batch, 0): none
+                                  .Arg<ffi::AnyBuffer>()  // kv_segment_ids (batch, seq_k); (batch, 0): none
                                   .Ret<ffi::AnyBuffer>()  // dq
                                   .Ret<ffi::AnyBuffer>()  // dk
                                   .Ret<ffi::AnyBuffer>()  // dv

@@ -37,11 +37,13 @@ static std::optional<ffi::Error> check_page_table(const AttentionParams& p) {
 
 static ffi::Error attention_cpu_impl(ffi::ThreadPool thread_pool, ffi::AnyBuffer q, ffi::AnyBuffer k,
                                      ffi::AnyBuffer v, ffi::AnyBuffer q_lengths, ffi::AnyBuffer kv_lengths,
-                                     ffi::AnyBuffer page_table, ffi::Result<ffi::AnyBuffer> o,
+                                     ffi::AnyBuffer page_table, ffi::AnyBuffer q_segment_ids,
+                                     ffi::AnyBuffer kv_segment_ids, ffi::Result<ffi::AnyBuffer> o,
                                      ffi::Result<ffi::AnyBuffer> lse, AttentionAttrs attrs) {
   if (auto err = check_buffers(q, k, v, q_lengths, kv_lengths, &page_table, *o, *lse, attrs)) {
     return std::move(*err);
   }
+  if (auto err = check_segment_buffers(q, k, q_segment_ids, kv_segment_ids)) return std::move(*err);
   CpuElement element;
   if (auto err = cpu_element(q, attrs, element)) return std::move(*err);
   // No query row: nothing to write. (Head dim 0 still has rows: their lse is log of the visible keys' count.)
@@ -49,7 +51,8 @@ static ffi::Error attention_cpu_impl(ffi::ThreadPool thread_pool, ffi::AnyBuffer
   if (qd[0] == 0 || qd[1] == 0 || qd[2] == 0) return ffi::Error::Success();
   CpuRuntime runtime;
   if (auto err = cpu_runtime(thread_pool, runtime)) return std::move(*err);
-  const AttentionParams params = params_from_buffers(q, k, v, q_lengths, kv_lengths, &page_table, *o, *lse, attrs);
+  AttentionParams params = params_from_buffers(q, k, v, q_lengths, kv_lengths, &page_table, *o, *lse, attrs);
+  set_segments(params, q_segment_ids, kv_segment_ids);
   if (params.page_table != nullptr) {
     if (auto err = check_page_table(params)) return std::move(*err);
   }
@@ -66,6 +69,8 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(AttentionCpu, attention_cpu_impl,
                                   .Arg<ffi::AnyBuffer>()  // q_lengths
                                   .Arg<ffi::AnyBuffer>()  // kv_lengths
                                   .Arg<ffi::AnyBuffer>()  // page_table (batch, pages_per_seq); (batch, 0) unpaged
+                                  .Arg<ffi::AnyBuffer>()  // q_segment_ids (batch, seq_q); (batch, 0): none
+                                  .Arg<ffi::AnyBuffer>()  // kv_segment_ids (batch, seq_k); (batch, 0): none
                                   .Ret<ffi::AnyBuffer>()  // o
                                   .Ret<ffi::AnyBuffer>()  // lse
                                   .Attrs<AttentionAttrs>());

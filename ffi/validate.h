@@ -126,6 +126,35 @@ inline std::optional<ffi::Error> check_backward_buffers(const ffi::AnyBuffer& q,
 }
 
 // The params of valid buffers; num_splits and pack_gqa as the attributes give them (the handlers resolve 0 / 1).
+// Segment ids: int32 (batch, seq_q) and (batch, seq_k), or both (batch, 0) for none.
+inline std::optional<ffi::Error> check_segment_buffers(const ffi::AnyBuffer& q, const ffi::AnyBuffer& k,
+                                                       const ffi::AnyBuffer& q_segment_ids,
+                                                       const ffi::AnyBuffer& kv_segment_ids) {
+  const auto qd = q.dimensions(), kd = k.dimensions();
+  const auto qs = q_segment_ids.dimensions(), ks = kv_segment_ids.dimensions();
+  const bool none = qs.size() == 2 && ks.size() == 2 && qs[1] == 0 && ks[1] == 0;
+  const bool shaped = qs.size() == 2 && ks.size() == 2 && qs[1] == qd[1] && ks[1] == kd[1];
+  if (q_segment_ids.element_type() != ffi::DataType::S32 || kv_segment_ids.element_type() != ffi::DataType::S32 ||
+      (!none && !shaped) || qs[0] != qd[0] || ks[0] != qd[0]) {
+    return invalid("q_segment_ids and kv_segment_ids must be int32 of shapes (batch, seq_q) and (batch, seq_k) = (" +
+                   std::to_string(qd[0]) + ", " + std::to_string(qd[1]) + ") and (" + std::to_string(qd[0]) + ", " +
+                   std::to_string(kd[1]) + "), or both (batch, 0); got " + dims_string(qs) + " and " +
+                   dims_string(ks));
+  }
+  return std::nullopt;
+}
+
+// Sets the segment fields from buffers check_segment_buffers accepted ((batch, 0): none).
+inline void set_segments(AttentionParams& p, const ffi::AnyBuffer& q_segment_ids,
+                         const ffi::AnyBuffer& kv_segment_ids) {
+  const auto qs = q_segment_ids.dimensions(), ks = kv_segment_ids.dimensions();
+  if (qs[1] == 0 && ks[1] == 0) return;
+  p.q_segment_ids = static_cast<const int*>(q_segment_ids.untyped_data());
+  p.kv_segment_ids = static_cast<const int*>(kv_segment_ids.untyped_data());
+  p.q_segment_stride = qs[1];
+  p.kv_segment_stride = ks[1];
+}
+
 inline AttentionParams params_from_buffers(const ffi::AnyBuffer& q, const ffi::AnyBuffer& k,
                                            const ffi::AnyBuffer& v, const ffi::AnyBuffer& q_lengths,
                                            const ffi::AnyBuffer& kv_lengths, const ffi::AnyBuffer* page_table,

@@ -26,7 +26,8 @@ from jax.interpreters import ad, batching, mlir
 from jax._src import dispatch as _dispatch  # no public spelling of prim_requires_devices_during_lowering
 
 from jax_flash import native
-from jax_flash._primitive import _attrs, attention_p, result_aval
+from jax_flash._primitive import (_attrs, _reference_forward, attention_p, no_segments, result_aval,
+                                 segment_fallback_warning)
 from jax_flash._ring import ring_backward
 from jax_flash._sharding import make_partitioned_backward
 from jax_flash.reference import gather_pages, visibility_mask
@@ -37,11 +38,12 @@ try:
 except ImportError:  # moved out of the public jax.core in newer releases
     from jax._src.core import ShapedArray
 
-# Operands: q_dot, k_dot, v_dot (linear), then q, k, v, out, lse, q_lengths, kv_lengths, page_table (attention_p's
-# operands and results); params: attention_p's. Results: out_dot, lse_dot.
+# Operands: q_dot, k_dot, v_dot (linear), then q, k, v, out, lse, q_lengths, kv_lengths, page_table, q_segment_ids,
+# kv_segment_ids (attention_p's operands and results); params: attention_p's. Results: out_dot, lse_dot.
 attention_lin_p = Primitive("jax_flash_attention_lin")
 attention_lin_p.multiple_results = True
-# Operands: q, k, v, out, lse, d_out, d_lse, q_lengths, kv_lengths; params: attention_p's. Results: dq, dk, dv.
+# Operands: q, k, v, out, lse, d_out, d_lse, q_lengths, kv_lengths, q_segment_ids, kv_segment_ids ((B, 0) each
+# without segments); params: attention_p's. Results: dq, dk, dv.
 attention_bwd_p = Primitive("jax_flash_attention_bwd")
 attention_bwd_p.multiple_results = True
 attention_bwd_local_p = Primitive("jax_flash_attention_bwd_local")
@@ -79,7 +81,8 @@ def _scores(q, k, params):
     return cap * t, scale * (1 - t * t)
 
 
-def _lin_impl(q_dot, k_dot, v_dot, q, k, v, out, lse, q_lengths, kv_lengths, page_table, **params):
+def _lin_impl(q_dot, k_dot, v_dot, q, k, v, out, lse, q_lengths, kv_lengths, page_table, q_segment_ids,
+              kv_segment_ids, **params):
     if params["ring"] is not None:
         raise NotImplementedError("forward-mode differentiation (jax.jvp, jax.jacfwd) of ring attention is not "
                                   "supported: it would need every key on every device; use reverse mode (jax.grad, "
@@ -91,7 +94,8 @@ def _lin_impl(q_dot, k_dot, v_dot, q, k, v, out, lse, q_lengths, kv_lengths, pag
     window = (params["window_left"], params["window_right"])
     mask = visibility_mask(batch, seq_q, k.shape[1], causal=params["causal"], window=window,
                            q_lengths=q_lengths if params["has_q_lengths"] else None,
-                           kv_lengths=kv_lengths if params["has_kv_lengths"] else None)
+                           kv_lengths=kv_lengths if params["has_kv_lengths"] else None,
+                           q_segment_ids=q_segment_ids if params["segments"] else None, kv_segment_ids=kv_segment_ids)
     s, slope = _scores(q, k, params)
     lse_b = lse[..., None]
     p = jnp.where(mask & jnp.isfinite(lse_b), jnp.exp(s - jnp.where(jnp.isfinite(lse_b), lse_b, 0)), 0.0)
@@ -105,16 +109,18 @@ def _lin_impl(q_dot, k_dot, v_dot, q, k, v, out, lse, q_lengths, kv_lengths, pag
     return out_dot.astype(out.dtype), lse_dot.astype(lse.dtype)
 
 
-def _lin_transpose(cts, q_dot, k_dot, v_dot, q, k, v, out, lse, q_lengths, kv_lengths, page_table, **params):
+def _lin_transpose(cts, q_dot, k_dot, v_dot, q, k, v, out, lse, q_lengths, kv_lengths, page_table, q_segment_ids,
+                   kv_segment_ids, **params):
     ct_out, ct_lse = cts
-    residuals = [None] * 8
+    residuals = [None] * 10
     if type(ct_out) is ad.Zero and type(ct_lse) is ad.Zero:  # no cotangent reaches attention: no gradient
         return [None, None, None, *residuals]
     if params["paged"]:
         raise NotImplementedError(_PAGED)
     ct_out = jnp.zeros(out.shape, out.dtype) if type(ct_out) is ad.Zero else ct_out.astype(out.dtype)
     ct_lse = jnp.zeros(lse.shape, lse.dtype) if type(ct_lse) is ad.Zero else ct_lse.astype(lse.dtype)
-    dq, dk, dv = attention_bwd_p.bind(q, k, v, out, lse, ct_out, ct_lse, q_lengths, kv_lengths, **params)
+    dq, dk, dv = attention_bwd_p.bind(q, k, v, out, lse, ct_out, ct_lse, q_lengths, kv_lengths, q_segment_ids,
+                                      kv_segment_ids, **params)
     grads = [dq if ad.is_undefined_primal(q_dot) else None, dk if ad.is_undefined_primal(k_dot) else None,
              dv if ad.is_undefined_primal(v_dot) else None]
     return [*grads, *residuals]
@@ -137,7 +143,8 @@ batching.primitive_batchers[attention_lin_p] = _lin_batch_rule
 
 
 # ---- attention_bwd_p: the backward custom call -------------------------------------------------------------------
-def _bwd_abstract_eval(q, k, v, out, lse, d_out, d_lse, q_lengths, kv_lengths, **params):
+def _bwd_abstract_eval(q, k, v, out, lse, d_out, d_lse, q_lengths, kv_lengths, q_segment_ids, kv_segment_ids,
+                       **params):
     return result_aval(q, q.shape, q.dtype), result_aval(k, k.shape, k.dtype), result_aval(v, v.shape, v.dtype)
 
 
@@ -157,7 +164,23 @@ def _lower_bwd_cpu(ctx, *args, cfg, **params):
     return jax.ffi.ffi_lowering(native.BACKWARD_TARGET_NAME)(ctx, *args, **_bwd_attrs(cfg, params))
 
 
+def _reference_backward(q, k, v, out, lse, d_out, d_lse, q_lengths, kv_lengths, q_segment_ids, kv_segment_ids, *,
+                        params):
+    """(dq, dk, dv) by differentiating the plain jnp forward: the GPU's path for segment ids until its kernels take
+    them."""
+    def forward(q, k, v):
+        return _reference_forward(q, k, v, q_lengths, kv_lengths, None, q_segment_ids, kv_segment_ids, params=params)
+
+    _, pullback = jax.vjp(forward, q, k, v)
+    return pullback((d_out, d_lse))
+
+
 def _lower_bwd_cuda(ctx, *args, cfg, **params):
+    if params["segments"]:
+        segment_fallback_warning("the backward")
+        return mlir.lower_fun(functools.partial(_reference_backward, params=params), multiple_results=True)(ctx, *args)
+    # The CUDA handler takes no segment operands ((B, 0) here).
+    ctx, args = ctx.replace(avals_in=ctx.avals_in[:9]), args[:9]
     if not native.BUILT_WITH_CUDA:
         raise RuntimeError("jax_flash was built without its CUDA kernels (no CUDA compiler at install time), so its "
                            "backward cannot run on a GPU; reinstall on a machine with nvcc (README: Building on a GPU "
@@ -167,6 +190,8 @@ def _lower_bwd_cuda(ctx, *args, cfg, **params):
 
 def _bind_bwd_kernel(*args_and_params):
     *args, params = args_and_params
+    if len(args) == 9:  # the ring's steps (no segment ids there)
+        args += no_segments(args[0].shape[0])
     return tuple(attention_bwd_local_p.bind(*args, **params))
 
 
@@ -174,7 +199,7 @@ def _bind_bwd_local(*args_and_params):
     *args, params = args_and_params
     params = dict(params)
     if params["ring"] is not None:
-        return ring_backward(*args, params, _bind_bwd_kernel)
+        return ring_backward(*args[:9], params, _bind_bwd_kernel)  # (the ring refuses segment ids)
     return _bind_bwd_kernel(*args, params)
 
 

@@ -23,18 +23,20 @@ except ImportError:  # moved out of the public jax.core in newer releases
 
 from jax_flash import autotune_cache, native
 from jax_flash._ring import ring_forward
-from jax_flash._sharding import make_partitioned
+from jax_flash._sharding import _warn_once, make_partitioned
 from jax_flash.config import CALL_ATTRIBUTES, KernelConfig
 from jax_flash.selection import CPU_BASE, CPU_TILES, CallShape, resolve_cpu_pack, resolve_gpu_config
 
 # Operands: q (B, Sq, Hq, D), k, v (B, Sk, Hk, D) or, paged, (num_pages, page_size, Hk, D), q_lengths, kv_lengths
-# int32 (B), page_table int32 (B, pages_per_seq) ((B, 0) when not paged).
+# int32 (B), page_table int32 (B, pages_per_seq) ((B, 0) when not paged), q_segment_ids int32 (B, Sq) and
+# kv_segment_ids int32 (B, Sk) (both (B, 0) without segments).
 # Results: out (B, Sq, Hq, D), lse float32 (B, Hq, Sq) (written only when return_lse; dropped otherwise).
 # Params: cfg (KernelConfig or None) and the call's attributes (jax_flash.config.CALL_ATTRIBUTES: softmax_scale,
 # causal, window_left, window_right, softcap (0 = off), has_q_lengths, has_kv_lengths, return_lse, paged); they become
 # the FFI attributes of the generated ffi/attention_attrs.h; ring, None or (mesh axes, devices, layout): the call is
 # one device's part of ring attention over those axes (jax_flash/_ring.py); same_lengths: q_lengths and kv_lengths
-# are one array (padded self-attention), which lets the ring combine them with causal masks.
+# are one array (padded self-attention), which lets the ring combine them with causal masks; segments: the segment
+# id operands are given (packed sequences).
 attention_p = Primitive("jax_flash_attention")
 attention_p.multiple_results = True
 # The same call on one device's shard: what the FFI custom call computes. attention_p lowers to it through
@@ -54,8 +56,8 @@ def result_aval(template, shape, dtype):
                            sharding=template.sharding.update(spec=PartitionSpec(*(None,) * len(shape))))
 
 
-def _abstract_eval(q, k, v, q_lengths, kv_lengths, page_table, **params):
-    del k, v, q_lengths, kv_lengths, page_table, params
+def _abstract_eval(q, k, v, q_lengths, kv_lengths, page_table, q_segment_ids, kv_segment_ids, **params):
+    del k, v, q_lengths, kv_lengths, page_table, q_segment_ids, kv_segment_ids, params
     batch, seq_q, heads_q, _ = q.shape
     return result_aval(q, q.shape, q.dtype), result_aval(q, (batch, heads_q, seq_q), np.float32)
 
@@ -127,7 +129,32 @@ def _lower_cpu(ctx, *args, cfg, **params):
     return jax.ffi.ffi_lowering(native.TARGET_NAME)(ctx, *args, **attrs)
 
 
+def segment_fallback_warning(what: str) -> None:
+    _warn_once("segments", f"jax_flash: segment ids have no GPU kernel yet; {what} runs an XLA implementation "
+                           f"(O(Sq x Sk) memory) on the GPU. The CPU path computes them blockwise")
+
+
+def _reference_forward(q, k, v, q_lengths, kv_lengths, page_table, q_segment_ids, kv_segment_ids, *, params):
+    """The call in plain jnp (jax_flash.reference): the GPU's path for segment ids until its kernels take them."""
+    from jax_flash.reference import attention_reference, gather_pages
+
+    if params["paged"]:
+        k, v = gather_pages(k, page_table), gather_pages(v, page_table)
+    window = (params["window_left"], params["window_right"])
+    out, lse = attention_reference(
+        q, k, v, causal=params["causal"], softmax_scale=params["softmax_scale"], window=window,
+        softcap=params["softcap"] or None, q_lengths=q_lengths if params["has_q_lengths"] else None,
+        kv_lengths=kv_lengths if params["has_kv_lengths"] else None, q_segment_ids=q_segment_ids,
+        kv_segment_ids=kv_segment_ids, return_lse=True)
+    return out.astype(q.dtype), lse
+
+
 def _lower_cuda(ctx, *args, cfg, **params):
+    if params["segments"]:
+        segment_fallback_warning("the forward")
+        return mlir.lower_fun(functools.partial(_reference_forward, params=params), multiple_results=True)(ctx, *args)
+    # The CUDA handler takes no segment operands ((B, 0) here).
+    ctx, args = ctx.replace(avals_in=ctx.avals_in[:6]), args[:6]
     q_aval, k_aval = ctx.avals_in[0], ctx.avals_in[1]
     seq_k = _seq_k(k_aval, ctx.avals_in[5], params)
     tuned = _tuned("cuda", q_aval, seq_k, params) if cfg is None else None
@@ -143,17 +170,24 @@ mlir.register_lowering(attention_local_p, _lower_cpu, platform="cpu")
 mlir.register_lowering(attention_local_p, _lower_cuda, platform="cuda")
 
 
-def _bind_kernel(q, k, v, q_lengths, kv_lengths, page_table, params: dict):
-    return tuple(attention_local_p.bind(q, k, v, q_lengths, kv_lengths, page_table, **params))
+def no_segments(batch):
+    """The segment id operands of a call without segments: int32 (batch, 0) twice."""
+    empty = jnp.zeros((batch, 0), jnp.int32)
+    return empty, empty
 
 
-def _bind_local(q, k, v, q_lengths, kv_lengths, page_table, params):
+def _bind_kernel(q, k, v, q_lengths, kv_lengths, page_table, params: dict, segment_ids=None):
+    segment_ids = no_segments(q.shape[0]) if segment_ids is None else segment_ids
+    return tuple(attention_local_p.bind(q, k, v, q_lengths, kv_lengths, page_table, *segment_ids, **params))
+
+
+def _bind_local(q, k, v, q_lengths, kv_lengths, page_table, q_segment_ids, kv_segment_ids, params):
     """One device's call: the kernel on its shards, or, with the `ring` parameter, the ring over the sequence axis
-    (jax_flash/_ring.py) whose steps run the kernel."""
+    (jax_flash/_ring.py) whose steps run the kernel (never with segment ids: the ring refuses them)."""
     params = dict(params)
     if params["ring"] is not None:
         return ring_forward(q, k, v, q_lengths, kv_lengths, params, _bind_kernel)
-    return _bind_kernel(q, k, v, q_lengths, kv_lengths, page_table, params)
+    return _bind_kernel(q, k, v, q_lengths, kv_lengths, page_table, params, (q_segment_ids, kv_segment_ids))
 
 
 _partitioned_attention = make_partitioned(_bind_local)
@@ -180,10 +214,11 @@ def _batch_rule(args, dims, **params):
     def fold(x):
         return x.reshape((size * x.shape[1], *x.shape[2:]))  # (size * B, ...): the mapped axis joins the batch
 
-    q, k, v, q_lengths, kv_lengths, page_table = args
+    q, k, v, q_lengths, kv_lengths, page_table, q_segment_ids, kv_segment_ids = args
     q_dim, k_dim, v_dim, *rest_dims = dims
     batch = q.shape[0] if q_dim is None else jnp.moveaxis(q, q_dim, 0).shape[1]
-    batch_like = [fold(moved(x, d)) for x, d in zip((q, q_lengths, kv_lengths, page_table), (q_dim, *rest_dims))]
+    batch_like = [fold(moved(x, d)) for x, d in zip((q, q_lengths, kv_lengths, page_table), (q_dim, *rest_dims[:3]))]
+    segment_ids = [fold(moved(x, d)) for x, d in zip((q_segment_ids, kv_segment_ids), rest_dims[3:])]
     if not params["paged"]:
         k, v = fold(moved(k, k_dim)), fold(moved(v, v_dim))
     elif k_dim is not None or v_dim is not None:
@@ -198,7 +233,7 @@ def _batch_rule(args, dims, **params):
         batch_like[3] = table.reshape((size * batch, pages_per_seq))
         k, v = fold(k), fold(v)
     q, q_lengths, kv_lengths, page_table = batch_like
-    out, lse = attention_p.bind(q, k, v, q_lengths, kv_lengths, page_table, **params)
+    out, lse = attention_p.bind(q, k, v, q_lengths, kv_lengths, page_table, *segment_ids, **params)
     # (explicit shapes, not -1: a zero-size mapped axis or batch leaves -1 undetermined)
     return (out.reshape((size, batch, *out.shape[1:])), lse.reshape((size, batch, *lse.shape[1:]))), (0, 0)
 

@@ -4,8 +4,8 @@ The public primitive (jax_flash/_primitive.py) lowers through `partitioned_atten
 around the per-device primitive. Under jax.jit with sharded inputs, XLA's partitioner asks `_partition` how to split
 the call; each device then runs the FFI kernel on its own shard:
 
-  q (B, Sq, Hq, D), k/v (B, Sk, Hk, D), q_lengths/kv_lengths (B), page_table (B, P)  ->  out (B, Sq, Hq, D),
-  lse (B, Hq, Sq)
+  q (B, Sq, Hq, D), k/v (B, Sk, Hk, D), q_lengths/kv_lengths (B), page_table (B, P), segment ids (B, Sq) and
+  (B, Sk)  ->  out (B, Sq, Hq, D), lse (B, Hq, Sq)
 
 - batch: split freely (every operand and result carries it);
 - heads: q heads and kv heads split by the same mesh axes (GQA-consistent: query head h reads kv head h // group,
@@ -18,7 +18,8 @@ the call; each device then runs the FFI kernel on its own shard:
 - head_dim: never split. An operand sharded along it is gathered first, with a one-time warning, because every
   score needs the whole head_dim.
 - paged K/V, (num_pages, page_size, Hk, D): the pages are shared by the whole batch, so they are split over heads
-  only (replicated along the batch axes); the page table splits with the batch.
+  only (replicated along the batch axes); the page table splits with the batch, and so do segment ids (their
+  sequence axis is whole: the ring refuses segment ids).
 
 Inside shard_map (all mesh axes manual) the call lowers straight to the per-device kernel: shard_map already handed
 it local shards. On one device custom_partitioning is a no-op.
@@ -45,20 +46,20 @@ def _warn_once(key: str, message: str) -> None:
 
 
 def make_partitioned(local_attention):
-    """custom_partitioning around `local_attention(q, k, v, q_lengths, kv_lengths, page_table, params)`; params (a
-    hashable tuple of the primitive's parameters) is static."""
+    """custom_partitioning around `local_attention(q, k, v, q_lengths, kv_lengths, page_table, q_segment_ids,
+    kv_segment_ids, params)`; params (a hashable tuple of the primitive's parameters) is static."""
 
-    def partitioned_attention(q, k, v, q_lengths, kv_lengths, page_table, params):
-        return local_attention(q, k, v, q_lengths, kv_lengths, page_table, params)
+    def partitioned_attention(*args_and_params):
+        return local_attention(*args_and_params)
 
-    partitioned_attention = custom_partitioning(partitioned_attention, static_argnums=(6,))
+    partitioned_attention = custom_partitioning(partitioned_attention, static_argnums=(8,))
 
     def partition(params, mesh, arg_shapes, result_shape):
         decision = _decide(mesh, arg_shapes, params)
         local_params = _with_ring(params, decision.ring)
 
-        def lower_fn(q, k, v, q_lengths, kv_lengths, page_table):
-            return local_attention(q, k, v, q_lengths, kv_lengths, page_table, local_params)
+        def lower_fn(*args):
+            return local_attention(*args, local_params)
 
         return mesh, lower_fn, decision.outs, decision.args
 
@@ -74,20 +75,23 @@ def make_partitioned(local_attention):
 
 
 def make_partitioned_backward(local_backward):
-    """custom_partitioning around `local_backward(q, k, v, out, lse, d_out, d_lse, q_lengths, kv_lengths, params)`
-    -> (dq, dk, dv): split like the forward (batch, and heads where the kv heads split with the query heads); MQA's
-    one kv head is not split, so its gradient sums over every query head on one device."""
+    """custom_partitioning around `local_backward(q, k, v, out, lse, d_out, d_lse, q_lengths, kv_lengths,
+    q_segment_ids, kv_segment_ids, params)` -> (dq, dk, dv): split like the forward (batch, and heads where the kv
+    heads split with the query heads); MQA's one kv head is not split, so its gradient sums over every query head on
+    one device."""
 
-    def partitioned_backward(q, k, v, out, lse, d_out, d_lse, q_lengths, kv_lengths, params):
-        return local_backward(q, k, v, out, lse, d_out, d_lse, q_lengths, kv_lengths, params)
+    def partitioned_backward(*args_and_params):
+        return local_backward(*args_and_params)
 
-    partitioned_backward = custom_partitioning(partitioned_backward, static_argnums=(9,))
+    partitioned_backward = custom_partitioning(partitioned_backward, static_argnums=(11,))
 
     def shardings(params, mesh, arg_shapes):
-        # (the forward's decision on q, k, v and the lengths; its sixth operand, the page table, has no part here)
-        decision = _decide(mesh, arg_shapes[:3] + arg_shapes[7:9] + arg_shapes[7:8], params, split_shared_kv=False)
-        (q_s, kv_s, _, len_s, _, _), (_, lse_s) = decision.args, decision.outs
-        return (q_s, kv_s, kv_s, q_s, lse_s, q_s, lse_s, len_s, len_s), (q_s, kv_s, kv_s), decision.ring
+        # (the forward's decision on q, k, v, the lengths and segment ids; its page table has no part here)
+        decision = _decide(mesh, arg_shapes[:3] + arg_shapes[7:9] + arg_shapes[7:8] + arg_shapes[9:11], params,
+                           split_shared_kv=False)
+        (q_s, kv_s, _, len_s, _, _, seg_s, _), (_, lse_s) = decision.args, decision.outs
+        return ((q_s, kv_s, kv_s, q_s, lse_s, q_s, lse_s, len_s, len_s, seg_s, seg_s), (q_s, kv_s, kv_s),
+                decision.ring)
 
     def partition(params, mesh, arg_shapes, result_shape):
         arg_shardings, out_shardings, ring = shardings(params, mesh, arg_shapes)
@@ -111,12 +115,22 @@ def make_partitioned_backward(local_backward):
         else:
             h, hk, extra = "(hk g)", "hk", {"g": heads_q // heads_k}
         q, kv, lse = f"b sq {h} d", f"b sk {hk} d", f"b {h} sq"
-        return f"{q}, {kv}, {kv}, {q}, {lse}, {q}, {lse}, b, b -> {q}, {kv}, {kv}", extra
+        segments, extra = _segment_factors(params, extra)
+        return f"{q}, {kv}, {kv}, {q}, {lse}, {q}, {lse}, b, b, {segments} -> {q}, {kv}, {kv}", extra
 
     partitioned_backward.def_partition(partition=partition,
                                        infer_sharding_from_operands=infer_sharding_from_operands,
                                        sharding_rule=shardy_rule)
     return partitioned_backward
+
+
+def _segment_factors(params, extra: dict) -> tuple[str, dict]:
+    """The Shardy factors of the two segment id operands: (b sq, b sk), or, without segments, the (B, 0) operands'
+    own never-split factors."""
+    if dict(params)["segments"]:
+        return "b sq, b sk", extra
+    replicated = tuple(extra.get("need_replication_factors", ())) + ("zq", "zk")
+    return "b zq, b zk", {**extra, "need_replication_factors": replicated}
 
 
 def _shardy_rule(params, mesh, value_types, result_types):
@@ -128,11 +142,12 @@ def _shardy_rule(params, mesh, value_types, result_types):
     paged = dict(params)["paged"]
     kv = "p r" if paged else "b sk"
     extra = {"need_replication_factors": ("p", "r", "t")} if paged else {"need_replication_factors": ("t",)}
+    segments, extra = _segment_factors(params, extra)
     if heads_k == heads_q:  # MHA: one head factor (Shardy forbids size-1 parts of a compound factor)
-        return f"b sq h d, {kv} h d, {kv} h d, b, b, b t -> b sq h d, b h sq", extra
+        return f"b sq h d, {kv} h d, {kv} h d, b, b, b t, {segments} -> b sq h d, b h sq", extra
     if heads_k <= 1 or heads_q % heads_k:  # MQA (the one kv head cannot split) or empty heads
-        return f"b sq hq d, {kv} hk d, {kv} hk d, b, b, b t -> b sq hq d, b hq sq", extra
-    return (f"b sq (hk g) d, {kv} hk d, {kv} hk d, b, b, b t -> b sq (hk g) d, b (hk g) sq",
+        return f"b sq hq d, {kv} hk d, {kv} hk d, b, b, b t, {segments} -> b sq hq d, b hq sq", extra
+    return (f"b sq (hk g) d, {kv} hk d, {kv} hk d, b, b, b t, {segments} -> b sq (hk g) d, b (hk g) sq",
             {"g": heads_q // heads_k, **extra})
 
 
@@ -222,9 +237,10 @@ def _decide(mesh, arg_shapes, params, split_shared_kv: bool = True) -> Decision:
     q_sharding = NamedSharding(mesh, PartitionSpec(b, s, h, None))
     kv_sharding = NamedSharding(mesh, PartitionSpec(None if paged else b, s, h if shard_kv_heads else None, None))
     lengths_sharding = NamedSharding(mesh, PartitionSpec(b))
-    table_sharding = NamedSharding(mesh, PartitionSpec(b, None))
+    table_sharding = NamedSharding(mesh, PartitionSpec(b, None))  # also the segment ids' (no ring with them)
     lse_sharding = NamedSharding(mesh, PartitionSpec(b, h, s))
-    arg_shardings = (q_sharding, kv_sharding, kv_sharding, lengths_sharding, lengths_sharding, table_sharding)
+    arg_shardings = (q_sharding, kv_sharding, kv_sharding, lengths_sharding, lengths_sharding, table_sharding,
+                     table_sharding, table_sharding)
     return Decision(arg_shardings, (q_sharding, lse_sharding), ring)
 
 

@@ -9,7 +9,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jax_flash._primitive import attention_p
+from jax_flash._primitive import attention_p, no_segments
 from jax_flash._ring import ring_refusal
 from jax_flash.config import KernelConfig
 
@@ -26,7 +26,8 @@ except AttributeError:  # moved out of the public jax.core in newer releases
 
 def attention(q, k, v, cfg: KernelConfig | None = None, *, causal: bool = False, softmax_scale: float | None = None,
               window: tuple[int, int] | None = None, softcap: float | None = None, q_lengths=None, kv_lengths=None,
-              page_table=None, return_lse: bool = False, deterministic: bool = False, mask=None):
+              page_table=None, q_segment_ids=None, kv_segment_ids=None, return_lse: bool = False,
+              deterministic: bool = False, mask=None):
     """FlashAttention forward: softmax(scale * q k^T, masked) v, computed blockwise without the (Sq, Sk) matrix.
 
     Args:
@@ -53,6 +54,10 @@ def attention(q, k, v, cfg: KernelConfig | None = None, *, causal: bool = False,
         page_table[b, j // page_size] of k and v; seq_k = pages_per_seq * page_size. Entries of keys at or past
         kv_lengths[b] are never read and may hold anything (-1 included). A page id outside [0, num_pages) for a key
         some row sees raises on CPU and reads as zeros on GPU.
+      q_segment_ids, kv_segment_ids: int32 (batch, seq_q) and (batch, seq_k), given together (traced): packed
+        sequences. Query i sees key j only when q_segment_ids[b, i] == kv_segment_ids[b, j], on top of every other
+        mask; causal and window keep measuring positions in the row. Ids need not be sorted or contiguous. Key
+        tiles whose ids cannot meet a query tile's are skipped (CPU; GPUs run an XLA implementation for now).
       return_lse: also return the float32 (batch, heads_q, seq_q) natural log-sum-exp of the scaled scores.
       deterministic: the GPU backward adds each query block's dQ shares in key-block order instead of with float
         atomics, so gradients repeat bit for bit (slower; the CPU backward always does). Static.
@@ -70,12 +75,13 @@ def attention(q, k, v, cfg: KernelConfig | None = None, *, causal: bool = False,
                          f"window and lengths as its arguments, or call jax_flash.dot_product_attention (jax.nn's "
                          f"arguments) or use jax_flash.flax.attention_fn as a Flax attention_fn; both honour masks")
     return _validated_call(q, k, v, cfg, causal=causal, softmax_scale=softmax_scale, window=window, softcap=softcap,
-                           q_lengths=q_lengths, kv_lengths=kv_lengths, page_table=page_table, return_lse=return_lse,
+                           q_lengths=q_lengths, kv_lengths=kv_lengths, page_table=page_table,
+                           q_segment_ids=q_segment_ids, kv_segment_ids=kv_segment_ids, return_lse=return_lse,
                            deterministic=deterministic, ring=None)
 
 
 def _validated_call(q, k, v, cfg, *, causal, softmax_scale, window, softcap, q_lengths, kv_lengths, page_table,
-                    return_lse, deterministic, ring):
+                    return_lse, deterministic, ring, q_segment_ids=None, kv_segment_ids=None):
     """attention's checks and its primitive's bind; ring (axis names, devices, layout) or None (ring.py)."""
     q, k, v = (_as_array(x, name) for x, name in ((q, "q"), (k, "k"), (v, "v")))
     for name, x in (("q", q), ("k", k), ("v", v)):
@@ -138,17 +144,38 @@ def _validated_call(q, k, v, cfg, *, causal, softmax_scale, window, softcap, q_l
     kv_len_arr = lengths[1] if lengths[1] is not None else jnp.full((batch,), seq_k, jnp.int32)
     if not paged:
         page_table = jnp.zeros((batch, 0), jnp.int32)
+    segments = _check_segment_ids(q_segment_ids, kv_segment_ids, batch, q.shape[1], seq_k)
+    segment_ids = segments if segments is not None else no_segments(batch)
     params = dict(cfg=cfg, softmax_scale=float(softmax_scale), causal=bool(causal), window_left=window_left,
                   window_right=window_right, softcap=float(softcap or 0.0), has_q_lengths=lengths[0] is not None,
                   has_kv_lengths=lengths[1] is not None, return_lse=bool(return_lse), paged=paged,
-                  deterministic=bool(deterministic), ring=ring,
+                  deterministic=bool(deterministic), ring=ring, segments=segments is not None,
                   same_lengths=lengths[0] is not None and lengths[0] is lengths[1])
     if ring is not None:
         reason = ring_refusal(params, q.shape[1], seq_k, ring[1], ring[2])
         if reason:
             raise ValueError(f"ring_attention cannot run this call: {reason}")
-    out, lse = attention_p.bind(q, k, v, q_len_arr, kv_len_arr, page_table, **params)
+    out, lse = attention_p.bind(q, k, v, q_len_arr, kv_len_arr, page_table, *segment_ids, **params)
     return (out, lse) if return_lse else out
+
+
+def _check_segment_ids(q_segment_ids, kv_segment_ids, batch, seq_q, seq_k):
+    """(q_segment_ids, kv_segment_ids) as int32 (batch, seq_q) and (batch, seq_k) arrays, or None for neither."""
+    if q_segment_ids is None and kv_segment_ids is None:
+        return None
+    if q_segment_ids is None or kv_segment_ids is None:
+        given, missing = (("q_segment_ids", "kv_segment_ids") if kv_segment_ids is None
+                          else ("kv_segment_ids", "q_segment_ids"))
+        raise ValueError(f"{given} was given without {missing}: pass both (for self-attention, the same array "
+                         f"twice)")
+    checked = []
+    for x, name, seq in ((q_segment_ids, "q_segment_ids", seq_q), (kv_segment_ids, "kv_segment_ids", seq_k)):
+        x = _as_array(x, name)
+        if jnp.dtype(x.dtype) != jnp.int32 or x.ndim != 2 or x.shape[0] != batch or x.shape[1] != seq:
+            raise ValueError(f"{name} must be an int32 array of shape (batch, {'seq_q' if name[0] == 'q' else 'seq_k'})"
+                             f" = ({batch}, {seq}); got {jnp.dtype(x.dtype).name}{tuple(x.shape)}")
+        checked.append(x)
+    return tuple(checked)
 
 
 def _check_page_table(page_table, batch, kv_shape):

@@ -10,9 +10,11 @@ import math
 import jax.numpy as jnp
 
 
-def visibility_mask(batch, seq_q, seq_k, *, causal=False, window=None, q_lengths=None, kv_lengths=None):
+def visibility_mask(batch, seq_q, seq_k, *, causal=False, window=None, q_lengths=None, kv_lengths=None,
+                    q_segment_ids=None, kv_segment_ids=None):
     """(B, 1, Sq, Sk) bool: query row i sees key j (docs/DESIGN.md "Semantics"): j < kv_len, i < q_len and
-    i + (kv_len - q_len) - left <= j <= i + (kv_len - q_len) + right, with causal meaning right <= 0 and -1 unbounded."""
+    i + (kv_len - q_len) - left <= j <= i + (kv_len - q_len) + right, with causal meaning right <= 0 and -1 unbounded;
+    with segment ids also q_segment_ids[b, i] == kv_segment_ids[b, j]."""
     q_len = jnp.full((batch,), seq_q, jnp.int32) if q_lengths is None else jnp.clip(q_lengths, 0, seq_q)
     kv_len = jnp.full((batch,), seq_k, jnp.int32) if kv_lengths is None else jnp.clip(kv_lengths, 0, seq_k)
     left, right = (-1, -1) if window is None else window
@@ -26,11 +28,14 @@ def visibility_mask(batch, seq_q, seq_k, *, causal=False, window=None, q_lengths
         mask &= j >= i + offset - left
     if right >= 0:
         mask &= j <= i + offset + right
+    if q_segment_ids is not None:
+        mask &= q_segment_ids[:, :, None] == kv_segment_ids[:, None, :]
     return mask[:, None]
 
 
 def attention_reference(q, k, v, *, causal=False, softmax_scale=None, window=None, softcap=None, q_lengths=None,
-                        kv_lengths=None, return_lse=False, compute_dtype=None):
+                        kv_lengths=None, q_segment_ids=None, kv_segment_ids=None, return_lse=False,
+                        compute_dtype=None):
     """jax_flash.attention's semantics in plain jnp: q (B, Sq, Hq, D), k and v (B, Sk, Hk, D), Hq % Hk == 0.
 
     Returns (B, Sq, Hq, D) in `compute_dtype` (default float32), and with return_lse the float32 (B, Hq, Sq) natural
@@ -49,7 +54,7 @@ def attention_reference(q, k, v, *, causal=False, softmax_scale=None, window=Non
     if softcap:
         scores = softcap * jnp.tanh(scores / softcap)
     mask = visibility_mask(batch, seq_q, seq_k, causal=causal, window=window, q_lengths=q_lengths,
-                           kv_lengths=kv_lengths)
+                           kv_lengths=kv_lengths, q_segment_ids=q_segment_ids, kv_segment_ids=kv_segment_ids)
     scores = jnp.where(mask, scores, -jnp.inf)
     row_max = scores.max(axis=-1, keepdims=True, initial=-jnp.inf)
     safe_max = jnp.where(jnp.isfinite(row_max), row_max, 0)

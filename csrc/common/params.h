@@ -58,6 +58,13 @@ struct AttentionParams {
   int64_t page_table_stride;
   int page_size, num_pages;
 
+  // Segment ids (packed sequences; the CPU path): query i of batch row b sees key j only when
+  // q_segment_ids[b * q_segment_stride + i] == kv_segment_ids[b * kv_segment_stride + j], on top of the masks above
+  // (which keep measuring positions in the row). nullptr: no segments.
+  const int* q_segment_ids;
+  const int* kv_segment_ids;
+  int64_t q_segment_stride, kv_segment_stride;
+
   // Packed GQA: rows per query position in a tile. 1: a tile holds one query head's rows. q_heads_per_kv_head (the
   // group): a tile belongs to a kv head, and its row r is query position r / group of query head
   // kv_head * group + r % group, so each K/V block is read once for the whole group.

@@ -18,6 +18,7 @@
 
 #include "common/visibility.h"
 #include "cpu/elements.h"
+#include "cpu/segments.h"
 #include "cpu/vector_ops.h"
 
 namespace jax_flash {
@@ -89,6 +90,7 @@ class BackwardWorker {
     batch_ = slot / p_.heads_k;
     kv_head_ = slot % p_.heads_k;
     len_ = batch_lengths(p_, batch_);
+    segments_ = cpu::RowSegments(p_, batch_);
     float* dq = plan_.splits == 1 ? own_dq_.data() : split_dq_->dq.data() + item * split_dq_->per_range;
     std::fill(dq, dq + static_cast<size_t>(plan_.group) * p_.seqlen_q * D_, 0.0f);
     row_terms();
@@ -179,8 +181,13 @@ class BackwardWorker {
     const bool softcap = p_.softcap > 0.0f;
     const float alpha = softcap ? p_.softcap_scale : p_.scale;
     const float scale = softcap ? p_.softcap_scale * p_.softcap : p_.scale;  // the user's softmax scale
+    cpu::SegmentRange row_ids;
+    if (segments_.active()) {
+      for (int r = 0; r < rows; ++r) row_ids.add(segments_.q[r0 + r]);
+    }
     for (int64_t col0 = begin; col0 < end; col0 += bkv) {
       const int cols = static_cast<int>(std::min<int64_t>(bkv, end - col0));
+      if (segments_.active() && !row_ids.meets(segments_.keys(col0, col0 + cols))) continue;  // P = 0 on the tile
       const float* kt = k_.data() + (col0 - c0) * D_;
       const float* vt = v_.data() + (col0 - c0) * D_;
       // S = alpha Q K^T, then P = exp(s - lse) and g, row by row
@@ -228,6 +235,11 @@ class BackwardWorker {
       for (int j = begin; j < end; ++j) gr[j] = scale * (1.0f - (s[j] * inv_cap) * (s[j] * inv_cap));
     }
     cpu::exp_shifted_sum(s + begin, end - begin, lse);
+    if (segments_.active()) {  // keys of other segments: P = 0
+      const int id = segments_.q[row];
+      const int* kv = segments_.kv + col0;
+      for (int j = begin; j < end; ++j) s[j] = kv[j] == id ? s[j] : 0.0f;
+    }
   }
 
   void write_dq(const float* dq) {
@@ -253,6 +265,7 @@ class BackwardWorker {
   std::vector<float> s_, dp_, g_;       // (block_q, block_kv): S then P; dP then dX; ds / d(q.k)
   std::vector<float> row_d_;            // (group, Sq): rowsum(dO o O) - dlse
   std::vector<KeyRange> row_keys_;
+  cpu::RowSegments segments_;           // the item's batch row
   std::vector<float> own_dq_;           // (group, Sq, D) when the keys are not split
 };
 

@@ -17,6 +17,7 @@
 
 #include "common/visibility.h"
 #include "cpu/elements.h"
+#include "cpu/segments.h"
 #include "cpu/vector_ops.h"
 #include "cpu/work_plan.h"
 
@@ -55,6 +56,7 @@ class TileWorker {
     m_.resize(bq);
     l_.resize(bq);
     row_keys_.resize(bq);
+    row_segment_.resize(bq);
   }
 
   void operator()(int64_t item) {
@@ -117,6 +119,14 @@ class TileWorker {
     std::fill(o_.begin(), o_.begin() + static_cast<size_t>(rows) * D_, 0.0f);
     if (keys.begin >= keys.end) return;
     for (int r = 0; r < rows; ++r) row_keys_[r] = visible_keys(p_, u.len, u.position(r));
+    segments_ = cpu::RowSegments(p_, u.batch);
+    cpu::SegmentRange row_ids;  // of the rows that see a key
+    if (segments_.active()) {
+      for (int r = 0; r < rows; ++r) {
+        row_segment_[r] = segments_.q[u.position(r)];
+        if (row_keys_[r].first <= row_keys_[r].last) row_ids.add(row_segment_[r]);
+      }
+    }
     const bool softcap = p_.softcap > 0.0f;
     const float alpha = softcap ? p_.softcap_scale : p_.scale;  // softcap: s = c tanh(q.k * scale / c)
     // Packed rows step through the group's heads, then the positions: no single stride.
@@ -128,6 +138,7 @@ class TileWorker {
 
     for (int col0 = keys.begin; col0 < keys.end; col0 += bkv) {
       const int cols = std::min(bkv, keys.end - col0);
+      if (segments_.active() && !row_ids.meets(segments_.keys(col0, col0 + cols))) continue;  // no row sees a key
       int ldk = 0, ldv = 0;
       if (D_ > 0) {
         const float* k = operand([&](int r) { return k_row(u, col0 + r); }, kv_stride * p_.k_seq_stride, cols, k_,
@@ -159,6 +170,14 @@ class TileWorker {
       return false;
     }
     if (softcap) cpu::softcap(s + begin, end - begin, p_.softcap);
+    if (segments_.active()) {  // keys of other segments: -inf, and no key of the row's segment: as no key at all
+      const int* kv = segments_.kv + col0;
+      for (int j = begin; j < end; ++j) s[j] = kv[j] == row_segment_[r] ? s[j] : kNegInf;
+      if (cpu::row_max(s + begin, end - begin) == kNegInf) {
+        std::fill(s, s + cols, 0.0f);
+        return false;
+      }
+    }
     const float m_new = std::max(m_[r], cpu::row_max(s + begin, end - begin));
     const float rescale = std::exp(m_[r] - m_new);  // exp(-inf) = 0 on the row's first visible tile
     const float sum = cpu::exp_shifted_sum(s + begin, end - begin, m_new);
@@ -228,6 +247,8 @@ class TileWorker {
   std::vector<float> o_;          // (block_q, D) unnormalised output
   std::vector<float> m_, l_;      // (block_q) running maximum and sum
   std::vector<KeyRange> row_keys_;
+  std::vector<int> row_segment_;  // (block_q) the rows' segment ids (with segments)
+  cpu::RowSegments segments_;     // the current unit's batch row
 };
 
 template <CpuElement E>
