@@ -171,3 +171,22 @@ def test_short_suite_times_the_model_shapes(tmp_path, capsys, monkeypatch):
                                                                                           ("many heads", 40, 8, 3)]
     assert all(r["results"]["jax_flash"]["tflops"] > 0 for r in written["rows"])
 
+
+
+def test_packed_suite_counts_visible_pairs(tmp_path, capsys):
+    from jax_flash import benchmark_packed
+
+    ids = np.array([0, 0, 0, 1, 1, 2], np.int32)
+    assert benchmark_packed.visible_pairs(ids) == 6 + 3 + 1  # causal pairs inside documents of 3, 2 and 1 tokens
+    doc_ids = benchmark_packed.document_ids(4096, 256, seed=1)
+    assert doc_ids[0] == 0 and (np.diff(doc_ids) >= 0).all() and 5 <= doc_ids[-1] + 1 <= 40
+    path = tmp_path / "packed.json"
+    dtype = "bf16" if jax.default_backend() == "gpu" else "fp32"
+    assert benchmark.main(["--suite", "packed", "--dtypes", dtype, "--packed-tokens", "512", "--packed-means", "64",
+                           "--iters", "1", "--reps", "1", "--min-rep-ms", "0", "--json", str(path)]) == 0
+    written = json.loads(path.read_text())
+    assert written["suite"] == "packed"
+    (row,) = written["rows"]
+    assert row["tokens"] == 512 and row["mean"] == 64
+    assert {"packed", "unpacked", "xla"} <= set(row["results"]) and all(r["tflops"] > 0 for r in row["results"].values())
+    assert "Packed causal rows on" in capsys.readouterr().out
