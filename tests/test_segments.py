@@ -27,6 +27,10 @@ def _both(ids):
     return dict(q_segment_ids=ids, kv_segment_ids=ids)
 
 
+def _dtype(device):
+    return jnp.float32 if device.platform == "cpu" else jnp.float16  # (GPUs take 16-bit inputs)
+
+
 LAYOUTS = {
     "random": lambda b, s: packed_ids(3, b, s, 40),
     "one_segment": lambda b, s: jnp.zeros((b, s), jnp.int32),
@@ -48,7 +52,9 @@ def test_segment_layouts(device, layout, causal):
     np.testing.assert_array_equal(np.isneginf(np.asarray(lse)), np.isneginf(ref_lse))
     finite = np.isfinite(ref_lse)
     np.testing.assert_allclose(np.asarray(lse)[finite], ref_lse[finite], atol=2e-2, rtol=0)
-    if layout == "one_segment":  # one segment per row: the call without segments, bit for bit
+    # One segment per row is the call without segments, bit for bit on CPU (GPUs run XLA's implementation for
+    # segment ids, so there the two agree only within the tolerance above).
+    if layout == "one_segment" and device.platform == "cpu":
         plain = jax_flash.attention(q, k, v, causal=causal)
         np.testing.assert_array_equal(np.asarray(out.astype(jnp.float32)), np.asarray(plain.astype(jnp.float32)))
 
@@ -73,11 +79,11 @@ def test_segments_with_every_mask(device, feature, heads_q, heads_k):
 def test_query_without_a_key_of_its_segment(device):
     """Queries whose segment has no key (cross-attention ids that never meet, and causal rows whose segment starts
     after them) give zeros and lse -inf, never NaN."""
-    q, k, v = random_qkv(2, 1, 6, 8, 2, 2, 64, jnp.float32, device)
+    q, k, v = random_qkv(2, 1, 6, 8, 2, 2, 64, _dtype(device), device)
     q_ids = jnp.array([[0, 0, 5, 5, 1, 1]], jnp.int32)
     kv_ids = jnp.array([[0, 0, 0, 1, 1, 1, 1, 1]], jnp.int32)
     out, lse = jax_flash.attention(q, k, v, q_segment_ids=q_ids, kv_segment_ids=kv_ids, return_lse=True)
-    out, lse = np.asarray(out), np.asarray(lse)
+    out, lse = np.asarray(out.astype(jnp.float32)), np.asarray(lse)
     assert (out[0, 2:4] == 0).all() and np.isneginf(lse[0, :, 2:4]).all()
     assert np.isfinite(out).all() and np.isfinite(lse[0, :, [0, 1, 4, 5]]).all()
     assert_flash_close(out, q, k, v, q_segment_ids=q_ids, kv_segment_ids=kv_ids)
@@ -86,7 +92,7 @@ def test_query_without_a_key_of_its_segment(device):
 @pytest.mark.parametrize("feature", ["plain", "causal_lse", "lengths_gqa"])
 def test_segment_gradients(device, feature):
     heads_k = 1 if feature == "lengths_gqa" else 2
-    q, k, v = random_qkv(9, 2, 120, 120, 4, heads_k, 64, jnp.float32, device)
+    q, k, v = random_qkv(9, 2, 120, 120, 4, heads_k, 64, _dtype(device), device)
     ids = packed_ids(4, 2, 120, 25)
     kwargs = _both(ids)
     if feature == "causal_lse":
@@ -97,7 +103,7 @@ def test_segment_gradients(device, feature):
 
 
 def test_new_ids_do_not_recompile_and_vmap(device):
-    q, k, v = random_qkv(4, 3, 64, 64, 2, 2, 64, jnp.float32, device)
+    q, k, v = random_qkv(4, 3, 64, 64, 2, 2, 64, _dtype(device), device)
     traces = []
 
     @jax.jit
