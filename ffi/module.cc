@@ -4,6 +4,7 @@
 #include <nanobind/nanobind.h>
 #include <nanobind/stl/string.h>
 
+#include "common/split_plan.h"
 #include "cpu/blas.h"
 #include "ffi/handlers.h"
 #ifdef JAX_FLASH_WITH_CUDA
@@ -34,6 +35,14 @@ NB_MODULE(_jax_flash, m) {
     targets["jax_flash_attention_bwd"] = backward;
     return targets;
   });
+
+  // The split-KV plan of the CUDA handler (common/split_plan.h), for tests: the decode tiles' rule
+  // (memory_bound) or FlashAttention-3's wave rule, for a grid of `tiles` blocks on a GPU of `num_sms` SMs holding
+  // `slots` of them at once.
+  m.def("split_plan", [](int64_t tiles, int64_t slots, int64_t num_sms, int64_t key_blocks, bool memory_bound) {
+    return memory_bound ? jax_flash::choose_decode_splits(tiles, slots, num_sms, key_blocks)
+                        : jax_flash::choose_num_splits(tiles, slots, key_blocks);
+  }, nb::arg("tiles"), nb::arg("slots"), nb::arg("num_sms"), nb::arg("key_blocks"), nb::arg("memory_bound"));
 
 #ifdef JAX_FLASH_WITH_CUDA
   m.attr("built_with_cuda") = true;
