@@ -17,7 +17,7 @@ static ffi::Error attention_bwd_cpu_impl(ffi::ThreadPool thread_pool, ffi::AnyBu
                                          AttentionAttrs attrs) {
   if (auto err = check_buffers(q, k, v, q_lengths, kv_lengths, nullptr, out, lse, attrs)) return std::move(*err);
   if (auto err = check_backward_buffers(q, k, d_out, d_lse, lse, *dq, *dk, *dv)) return std::move(*err);
-  if (auto err = check_segment_buffers(q, k, q_segment_ids, kv_segment_ids)) return std::move(*err);
+  if (auto err = check_segment_buffers(q, k.dimensions()[1], q_segment_ids, kv_segment_ids)) return std::move(*err);
   CpuElement element;
   if (auto err = cpu_element(q, attrs, element)) return std::move(*err);
   if (q.element_count() == 0 && k.element_count() == 0) return ffi::Error::Success();  // nothing to write

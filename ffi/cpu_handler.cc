@@ -43,7 +43,6 @@ static ffi::Error attention_cpu_impl(ffi::ThreadPool thread_pool, ffi::AnyBuffer
   if (auto err = check_buffers(q, k, v, q_lengths, kv_lengths, &page_table, *o, *lse, attrs)) {
     return std::move(*err);
   }
-  if (auto err = check_segment_buffers(q, k, q_segment_ids, kv_segment_ids)) return std::move(*err);
   CpuElement element;
   if (auto err = cpu_element(q, attrs, element)) return std::move(*err);
   // No query row: nothing to write. (Head dim 0 still has rows: their lse is log of the visible keys' count.)
@@ -52,6 +51,7 @@ static ffi::Error attention_cpu_impl(ffi::ThreadPool thread_pool, ffi::AnyBuffer
   CpuRuntime runtime;
   if (auto err = cpu_runtime(thread_pool, runtime)) return std::move(*err);
   AttentionParams params = params_from_buffers(q, k, v, q_lengths, kv_lengths, &page_table, *o, *lse, attrs);
+  if (auto err = check_segment_buffers(q, params.seqlen_k, q_segment_ids, kv_segment_ids)) return std::move(*err);
   set_segments(params, q_segment_ids, kv_segment_ids);
   if (params.page_table != nullptr) {
     if (auto err = check_page_table(params)) return std::move(*err);

@@ -126,19 +126,21 @@ inline std::optional<ffi::Error> check_backward_buffers(const ffi::AnyBuffer& q,
 }
 
 // The params of valid buffers; num_splits and pack_gqa as the attributes give them (the handlers resolve 0 / 1).
-// Segment ids: int32 (batch, seq_q) and (batch, seq_k), or both (batch, 0) for none.
-inline std::optional<ffi::Error> check_segment_buffers(const ffi::AnyBuffer& q, const ffi::AnyBuffer& k,
+// Segment ids: int32 (batch, seq_q) and (batch, seq_k), or both (batch, 0) for none; seq_k is the logical key length
+// (pages_per_seq x page_size when paged: AttentionParams::seqlen_k).
+inline std::optional<ffi::Error> check_segment_buffers(const ffi::AnyBuffer& q, int64_t seq_k,
                                                        const ffi::AnyBuffer& q_segment_ids,
                                                        const ffi::AnyBuffer& kv_segment_ids) {
-  const auto qd = q.dimensions(), kd = k.dimensions();
+  const auto qd = q.dimensions();
   const auto qs = q_segment_ids.dimensions(), ks = kv_segment_ids.dimensions();
-  const bool none = qs.size() == 2 && ks.size() == 2 && qs[1] == 0 && ks[1] == 0;
-  const bool shaped = qs.size() == 2 && ks.size() == 2 && qs[1] == qd[1] && ks[1] == kd[1];
+  const bool ranked = qs.size() == 2 && ks.size() == 2;
+  const bool none = ranked && qs[1] == 0 && ks[1] == 0;
+  const bool shaped = ranked && qs[1] == qd[1] && ks[1] == seq_k;
   if (q_segment_ids.element_type() != ffi::DataType::S32 || kv_segment_ids.element_type() != ffi::DataType::S32 ||
       (!none && !shaped) || qs[0] != qd[0] || ks[0] != qd[0]) {
     return invalid("q_segment_ids and kv_segment_ids must be int32 of shapes (batch, seq_q) and (batch, seq_k) = (" +
                    std::to_string(qd[0]) + ", " + std::to_string(qd[1]) + ") and (" + std::to_string(qd[0]) + ", " +
-                   std::to_string(kd[1]) + "), or both (batch, 0); got " + dims_string(qs) + " and " +
+                   std::to_string(seq_k) + "), or both (batch, 0); got " + dims_string(qs) + " and " +
                    dims_string(ks));
   }
   return std::nullopt;

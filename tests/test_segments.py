@@ -188,3 +188,17 @@ def test_cuda_lowering_with_and_without_segment_ids():
         sharding._warned.discard("segments")
         text = lowered(jax.grad(loss), q, k, v, ids)
     assert "jax_flash_attention" not in text
+
+
+def test_segments_with_a_paged_cache(device):
+    """Packed prompts against a paged cache: kv_segment_ids index the logical keys."""
+    from test_decode import paged_cache
+
+    q, k, v = random_qkv(11, 2, 8, 208, 4, 2, 64, jnp.bfloat16, device)
+    k_pages, v_pages, table = paged_cache(k, v, 16, seed=3)
+    kv_ids = packed_ids(5, 2, 208, 50)
+    q_ids = kv_ids[:, -8:]  # the last 8 tokens of each row are its queries
+    kwargs = dict(causal=True, q_segment_ids=q_ids, kv_segment_ids=kv_ids)
+    out = jax.jit(lambda q, kp, vp, t: jax_flash.attention(q, kp, vp, page_table=t, **kwargs))(
+        q, k_pages, v_pages, table)
+    assert_flash_close(out, q, k, v, **kwargs)
