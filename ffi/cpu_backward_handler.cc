@@ -12,8 +12,9 @@ static ffi::Error attention_bwd_cpu_impl(ffi::ThreadPool thread_pool, ffi::AnyBu
                                          ffi::AnyBuffer v, ffi::AnyBuffer out, ffi::AnyBuffer lse,
                                          ffi::AnyBuffer d_out, ffi::AnyBuffer d_lse, ffi::AnyBuffer q_lengths,
                                          ffi::AnyBuffer kv_lengths, ffi::AnyBuffer q_segment_ids,
-                                         ffi::AnyBuffer kv_segment_ids, ffi::Result<ffi::AnyBuffer> dq,
-                                         ffi::Result<ffi::AnyBuffer> dk, ffi::Result<ffi::AnyBuffer> dv,
+                                         ffi::AnyBuffer kv_segment_ids, ffi::AnyBuffer bias, ffi::AnyBuffer mask,
+                                         ffi::Result<ffi::AnyBuffer> dq, ffi::Result<ffi::AnyBuffer> dk,
+                                         ffi::Result<ffi::AnyBuffer> dv,
                                          AttentionAttrs attrs) {
   if (auto err = check_buffers(q, k, v, q_lengths, kv_lengths, nullptr, out, lse, attrs)) return std::move(*err);
   if (auto err = check_backward_buffers(q, k, d_out, d_lse, lse, *dq, *dk, *dv)) return std::move(*err);
@@ -25,6 +26,8 @@ static ffi::Error attention_bwd_cpu_impl(ffi::ThreadPool thread_pool, ffi::AnyBu
   if (auto err = cpu_runtime(thread_pool, runtime)) return std::move(*err);
   AttentionParams params = params_from_buffers(q, k, v, q_lengths, kv_lengths, nullptr, out, lse, attrs);
   set_segments(params, q_segment_ids, kv_segment_ids);
+  if (auto err = check_tensor_buffers(q, k.dimensions()[1], bias, mask)) return std::move(*err);
+  set_tensors(params, bias, mask);
   const BackwardTensors tensors{out.untyped_data(),
                                 d_out.untyped_data(),
                                 static_cast<const float*>(lse.untyped_data()),
@@ -51,6 +54,8 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(AttentionBackwardCpu, attention_bwd_cpu_impl,
                                   .Arg<ffi::AnyBuffer>()  // kv_lengths
                                   .Arg<ffi::AnyBuffer>()  // q_segment_ids (batch, seq_q); (batch, 0): none
                                   .Arg<ffi::AnyBuffer>()  // kv_segment_ids (batch, seq_k); (batch, 0): none
+                                  .Arg<ffi::AnyBuffer>()  // bias float32 (B|1, Hq|1, Sq|1, Sk|1); (0, 0, 0, 0): none
+                                  .Arg<ffi::AnyBuffer>()  // mask bool, the same shapes
                                   .Ret<ffi::AnyBuffer>()  // dq
                                   .Ret<ffi::AnyBuffer>()  // dk
                                   .Ret<ffi::AnyBuffer>()  // dv

@@ -38,7 +38,8 @@ static std::optional<ffi::Error> check_page_table(const AttentionParams& p) {
 static ffi::Error attention_cpu_impl(ffi::ThreadPool thread_pool, ffi::AnyBuffer q, ffi::AnyBuffer k,
                                      ffi::AnyBuffer v, ffi::AnyBuffer q_lengths, ffi::AnyBuffer kv_lengths,
                                      ffi::AnyBuffer page_table, ffi::AnyBuffer q_segment_ids,
-                                     ffi::AnyBuffer kv_segment_ids, ffi::Result<ffi::AnyBuffer> o,
+                                     ffi::AnyBuffer kv_segment_ids, ffi::AnyBuffer bias, ffi::AnyBuffer mask,
+                                     ffi::Result<ffi::AnyBuffer> o,
                                      ffi::Result<ffi::AnyBuffer> lse, AttentionAttrs attrs) {
   if (auto err = check_buffers(q, k, v, q_lengths, kv_lengths, &page_table, *o, *lse, attrs)) {
     return std::move(*err);
@@ -53,6 +54,8 @@ static ffi::Error attention_cpu_impl(ffi::ThreadPool thread_pool, ffi::AnyBuffer
   AttentionParams params = params_from_buffers(q, k, v, q_lengths, kv_lengths, &page_table, *o, *lse, attrs);
   if (auto err = check_segment_buffers(q, params.seqlen_k, q_segment_ids, kv_segment_ids)) return std::move(*err);
   set_segments(params, q_segment_ids, kv_segment_ids);
+  if (auto err = check_tensor_buffers(q, params.seqlen_k, bias, mask)) return std::move(*err);
+  set_tensors(params, bias, mask);
   if (params.page_table != nullptr) {
     if (auto err = check_page_table(params)) return std::move(*err);
   }
@@ -71,6 +74,8 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(AttentionCpu, attention_cpu_impl,
                                   .Arg<ffi::AnyBuffer>()  // page_table (batch, pages_per_seq); (batch, 0) unpaged
                                   .Arg<ffi::AnyBuffer>()  // q_segment_ids (batch, seq_q); (batch, 0): none
                                   .Arg<ffi::AnyBuffer>()  // kv_segment_ids (batch, seq_k); (batch, 0): none
+                                  .Arg<ffi::AnyBuffer>()  // bias float32 (B|1, Hq|1, Sq|1, Sk|1); (0, 0, 0, 0): none
+                                  .Arg<ffi::AnyBuffer>()  // mask bool, the same shapes
                                   .Ret<ffi::AnyBuffer>()  // o
                                   .Ret<ffi::AnyBuffer>()  // lse
                                   .Attrs<AttentionAttrs>());

@@ -5,6 +5,7 @@
 #include <cmath>
 #include <cstdint>
 #include <optional>
+#include <tuple>
 #include <string>
 
 #include "common/params.h"
@@ -155,6 +156,47 @@ inline void set_segments(AttentionParams& p, const ffi::AnyBuffer& q_segment_ids
   p.kv_segment_ids = static_cast<const int*>(kv_segment_ids.untyped_data());
   p.q_segment_stride = qs[1];
   p.kv_segment_stride = ks[1];
+}
+
+// Bias (float32) and mask (bool) tensors: rank 4, each dimension of (batch, heads_q, seq_q, seq_k) full or 1, or
+// of shape (0, 0, 0, 0) for none; seq_k is the logical key length.
+inline std::optional<ffi::Error> check_tensor_buffers(const ffi::AnyBuffer& q, int64_t seq_k, const ffi::AnyBuffer& bias,
+                                                      const ffi::AnyBuffer& mask) {
+  const auto qd = q.dimensions();
+  const int64_t full[4] = {qd[0], qd[2], qd[1], seq_k};
+  for (const auto& [buffer, name, type] : {std::tuple{&bias, "bias", ffi::DataType::F32},
+                                           std::tuple{&mask, "mask", ffi::DataType::PRED}}) {
+    const auto d = buffer->dimensions();
+    bool ok = buffer->element_type() == type && d.size() == 4;
+    const bool none = ok && d[0] == 0 && d[1] == 0 && d[2] == 0 && d[3] == 0;
+    for (int i = 0; ok && !none && i < 4; ++i) ok = d[i] == full[i] || d[i] == 1;
+    if (!ok) {
+      return invalid(std::string(name) + " must be " + (type == ffi::DataType::F32 ? "float32" : "bool") +
+                     " of rank 4 with each dimension of (batch, heads_q, seq_q, seq_k) = (" +
+                     std::to_string(full[0]) + ", " + std::to_string(full[1]) + ", " + std::to_string(full[2]) +
+                     ", " + std::to_string(full[3]) + ") or 1, or (0, 0, 0, 0) for none; got " + dims_string(d));
+    }
+  }
+  return std::nullopt;
+}
+
+// Sets the bias and mask fields from buffers check_tensor_buffers accepted.
+inline void set_tensors(AttentionParams& p, const ffi::AnyBuffer& bias, const ffi::AnyBuffer& mask) {
+  auto strides = [](const auto& d, int64_t* out) {  // row-major, 0 where broadcast
+    int64_t stride = 1;
+    for (int i = 3; i >= 0; --i) {
+      out[i] = d[i] == 1 ? 0 : stride;
+      stride *= d[i];
+    }
+  };
+  if (bias.dimensions()[0] != 0) {
+    p.bias = static_cast<const float*>(bias.untyped_data());
+    strides(bias.dimensions(), p.bias_strides);
+  }
+  if (mask.dimensions()[0] != 0) {
+    p.mask = static_cast<const uint8_t*>(mask.untyped_data());
+    strides(mask.dimensions(), p.mask_strides);
+  }
 }
 
 inline AttentionParams params_from_buffers(const ffi::AnyBuffer& q, const ffi::AnyBuffer& k,

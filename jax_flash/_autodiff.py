@@ -26,8 +26,8 @@ from jax.interpreters import ad, batching, mlir
 from jax._src import dispatch as _dispatch  # no public spelling of prim_requires_devices_during_lowering
 
 from jax_flash import native
-from jax_flash._primitive import (_attrs, _reference_forward, attention_p, no_segments, result_aval,
-                                 segment_fallback_warning)
+from jax_flash._primitive import (_attrs, _reference_forward, attention_p, fold_tensor, needs_xla_on_gpu,
+                                 no_segments, no_tensor, result_aval, xla_fallback_warning)
 from jax_flash._ring import ring_backward
 from jax_flash._sharding import make_partitioned_backward
 from jax_flash.reference import gather_pages, visibility_mask
@@ -38,12 +38,13 @@ try:
 except ImportError:  # moved out of the public jax.core in newer releases
     from jax._src.core import ShapedArray
 
-# Operands: q_dot, k_dot, v_dot (linear), then q, k, v, out, lse, q_lengths, kv_lengths, page_table, q_segment_ids,
-# kv_segment_ids (attention_p's operands and results); params: attention_p's. Results: out_dot, lse_dot.
+# Operands: q_dot, k_dot, v_dot, bias_dot (linear), then q, k, v, out, lse, q_lengths, kv_lengths, page_table,
+# q_segment_ids, kv_segment_ids, bias, mask (attention_p's operands and results); params: attention_p's. Results:
+# out_dot, lse_dot.
 attention_lin_p = Primitive("jax_flash_attention_lin")
 attention_lin_p.multiple_results = True
 # Operands: q, k, v, out, lse, d_out, d_lse, q_lengths, kv_lengths, q_segment_ids, kv_segment_ids ((B, 0) each
-# without segments); params: attention_p's. Results: dq, dk, dv.
+# without segments), bias, mask ((0, 0, 0, 0) without); params: attention_p's. Results: dq, dk, dv.
 attention_bwd_p = Primitive("jax_flash_attention_bwd")
 attention_bwd_p.multiple_results = True
 attention_bwd_local_p = Primitive("jax_flash_attention_bwd_local")
@@ -57,8 +58,9 @@ _PAGED = ("jax_flash.attention has no gradient for paged K/V (page_table): diffe
 def _jvp(primals, tangents, **params):
     fwd_params = dict(params, return_lse=True)  # the backward reads the lse even when the caller does not
     out, lse = attention_p.bind(*primals, **fwd_params)
-    q_dot, k_dot, v_dot = (ad.instantiate_zeros(t) for t in tangents[:3])
-    out_dot, lse_dot = attention_lin_p.bind(q_dot, k_dot, v_dot, *primals[:3], out, lse, *primals[3:], **params)
+    q_dot, k_dot, v_dot, bias_dot = (ad.instantiate_zeros(t) for t in (*tangents[:3], tangents[8]))
+    out_dot, lse_dot = attention_lin_p.bind(q_dot, k_dot, v_dot, bias_dot, *primals[:3], out, lse, *primals[3:],
+                                            **params)
     return (out, lse), (out_dot, lse_dot)
 
 
@@ -66,7 +68,7 @@ ad.primitive_jvps[attention_p] = _jvp
 
 
 # ---- attention_lin_p: forward mode in jnp, transposed to the backward custom call --------------------------------
-def _lin_abstract_eval(q_dot, k_dot, v_dot, q, k, v, out, lse, *rest, **params):
+def _lin_abstract_eval(q_dot, k_dot, v_dot, bias_dot, q, k, v, out, lse, *rest, **params):
     return result_aval(out, out.shape, out.dtype), result_aval(lse, lse.shape, lse.dtype)
 
 
@@ -81,48 +83,76 @@ def _scores(q, k, params):
     return cap * t, scale * (1 - t * t)
 
 
-def _lin_impl(q_dot, k_dot, v_dot, q, k, v, out, lse, q_lengths, kv_lengths, page_table, q_segment_ids,
-              kv_segment_ids, **params):
+def _visible(q, k, q_lengths, kv_lengths, q_segment_ids, kv_segment_ids, mask, params):
+    """(B, 1 | Hq, Sq, Sk) bool: which keys each row sees (jax_flash.reference.visibility_mask and the mask tensor)."""
+    window = (params["window_left"], params["window_right"])
+    visible = visibility_mask(q.shape[0], q.shape[1], k.shape[1], causal=params["causal"], window=window,
+                              q_lengths=q_lengths if params["has_q_lengths"] else None,
+                              kv_lengths=kv_lengths if params["has_kv_lengths"] else None,
+                              q_segment_ids=q_segment_ids if params["segments"] else None,
+                              kv_segment_ids=kv_segment_ids)
+    return visible & mask if params["has_mask"] else visible
+
+
+def _lin_impl(q_dot, k_dot, v_dot, bias_dot, q, k, v, out, lse, q_lengths, kv_lengths, page_table, q_segment_ids,
+              kv_segment_ids, bias, mask, **params):
     if params["ring"] is not None:
         raise NotImplementedError("forward-mode differentiation (jax.jvp, jax.jacfwd) of ring attention is not "
                                   "supported: it would need every key on every device; use reverse mode (jax.grad, "
                                   "jax.vjp)")
     if params["paged"]:
         k, v, k_dot, v_dot = (gather_pages(x, page_table) for x in (k, v, k_dot, v_dot))
-    batch, seq_q, heads_q, _ = q.shape
+    heads_q = q.shape[2]
     group = heads_q // k.shape[2] if k.shape[2] else 1
-    window = (params["window_left"], params["window_right"])
-    mask = visibility_mask(batch, seq_q, k.shape[1], causal=params["causal"], window=window,
-                           q_lengths=q_lengths if params["has_q_lengths"] else None,
-                           kv_lengths=kv_lengths if params["has_kv_lengths"] else None,
-                           q_segment_ids=q_segment_ids if params["segments"] else None, kv_segment_ids=kv_segment_ids)
+    mask = _visible(q, k, q_lengths, kv_lengths, q_segment_ids, kv_segment_ids, mask, params)
     s, slope = _scores(q, k, params)
+    if params["has_bias"]:
+        s = s + bias
     lse_b = lse[..., None]
     p = jnp.where(mask & jnp.isfinite(lse_b), jnp.exp(s - jnp.where(jnp.isfinite(lse_b), lse_b, 0)), 0.0)
     f32 = jnp.float32
     qk_dot = (jnp.einsum("bqhd,bkhd->bhqk", q_dot.astype(f32), jnp.repeat(k, group, axis=2).astype(f32)) +
               jnp.einsum("bqhd,bkhd->bhqk", q.astype(f32), jnp.repeat(k_dot, group, axis=2).astype(f32)))
-    ds = qk_dot * slope
+    ds = qk_dot * slope + (bias_dot if params["has_bias"] else 0.0)
     lse_dot = jnp.sum(p * ds, axis=-1)
     out_dot = (jnp.einsum("bhqk,bkhd->bqhd", p * (ds - lse_dot[..., None]), jnp.repeat(v, group, axis=2).astype(f32)) +
                jnp.einsum("bhqk,bkhd->bqhd", p, jnp.repeat(v_dot, group, axis=2).astype(f32)))
     return out_dot.astype(out.dtype), lse_dot.astype(lse.dtype)
 
 
-def _lin_transpose(cts, q_dot, k_dot, v_dot, q, k, v, out, lse, q_lengths, kv_lengths, page_table, q_segment_ids,
-                   kv_segment_ids, **params):
+def _bias_gradient(q, k, v, out, lse, ct_out, ct_lse, q_lengths, kv_lengths, q_segment_ids, kv_segment_ids, bias,
+                   mask, params):
+    """d(loss)/d(bias) = dS = P o (dO V^T - D), D = rowsum(dO o O) - dlse, summed over the bias's broadcast
+    dimensions: by XLA, O(Sq x Sk) per (batch, head)."""
+    f32 = jnp.float32
+    group = q.shape[2] // k.shape[2] if k.shape[2] else 1
+    visible = _visible(q, k, q_lengths, kv_lengths, q_segment_ids, kv_segment_ids, mask, params)
+    s, _ = _scores(q, k, params)
+    lse_b = lse[..., None]
+    p = jnp.where(visible & jnp.isfinite(lse_b), jnp.exp(s + bias - jnp.where(jnp.isfinite(lse_b), lse_b, 0)), 0.0)
+    dp = jnp.einsum("bqhd,bkhd->bhqk", ct_out.astype(f32), jnp.repeat(v, group, axis=2).astype(f32))
+    d = jnp.einsum("bqhd,bqhd->bhq", ct_out.astype(f32), out.astype(f32)) - ct_lse
+    ds = p * (dp - d[..., None])
+    axes = tuple(i for i, n in enumerate(bias.shape) if n == 1 and ds.shape[i] != 1)
+    return jnp.sum(ds, axis=axes, keepdims=True).astype(bias.dtype)
+
+
+def _lin_transpose(cts, q_dot, k_dot, v_dot, bias_dot, q, k, v, out, lse, q_lengths, kv_lengths, page_table,
+                   q_segment_ids, kv_segment_ids, bias, mask, **params):
     ct_out, ct_lse = cts
-    residuals = [None] * 10
+    residuals = [None] * 12
     if type(ct_out) is ad.Zero and type(ct_lse) is ad.Zero:  # no cotangent reaches attention: no gradient
-        return [None, None, None, *residuals]
+        return [None, None, None, None, *residuals]
     if params["paged"]:
         raise NotImplementedError(_PAGED)
     ct_out = jnp.zeros(out.shape, out.dtype) if type(ct_out) is ad.Zero else ct_out.astype(out.dtype)
     ct_lse = jnp.zeros(lse.shape, lse.dtype) if type(ct_lse) is ad.Zero else ct_lse.astype(lse.dtype)
-    dq, dk, dv = attention_bwd_p.bind(q, k, v, out, lse, ct_out, ct_lse, q_lengths, kv_lengths, q_segment_ids,
-                                      kv_segment_ids, **params)
+    lengths_and_masks = (q_lengths, kv_lengths, q_segment_ids, kv_segment_ids, bias, mask)
+    dq, dk, dv = attention_bwd_p.bind(q, k, v, out, lse, ct_out, ct_lse, *lengths_and_masks, **params)
     grads = [dq if ad.is_undefined_primal(q_dot) else None, dk if ad.is_undefined_primal(k_dot) else None,
-             dv if ad.is_undefined_primal(v_dot) else None]
+             dv if ad.is_undefined_primal(v_dot) else None, None]
+    if ad.is_undefined_primal(bias_dot) and params["has_bias"]:
+        grads[3] = _bias_gradient(q, k, v, out, lse, ct_out, ct_lse, *lengths_and_masks, params)
     return [*grads, *residuals]
 
 
@@ -130,7 +160,7 @@ def _lin_batch_rule(args, dims, **params):
     if params["paged"]:
         raise NotImplementedError("jax.vmap of a forward-mode derivative of paged attention is not supported; "
                                   + _PAGED)
-    folded, size, batch = _fold(args, dims)
+    folded, size, batch = _fold(args, dims, tensors=(3, 14, 15))
     out_dot, lse_dot = attention_lin_p.bind(*folded, **params)
     return (_unfold(out_dot, size, batch), _unfold(lse_dot, size, batch)), (0, 0)
 
@@ -143,8 +173,7 @@ batching.primitive_batchers[attention_lin_p] = _lin_batch_rule
 
 
 # ---- attention_bwd_p: the backward custom call -------------------------------------------------------------------
-def _bwd_abstract_eval(q, k, v, out, lse, d_out, d_lse, q_lengths, kv_lengths, q_segment_ids, kv_segment_ids,
-                       **params):
+def _bwd_abstract_eval(q, k, v, out, lse, d_out, d_lse, *rest, **params):
     return result_aval(q, q.shape, q.dtype), result_aval(k, k.shape, k.dtype), result_aval(v, v.shape, v.dtype)
 
 
@@ -164,22 +193,23 @@ def _lower_bwd_cpu(ctx, *args, cfg, **params):
     return jax.ffi.ffi_lowering(native.BACKWARD_TARGET_NAME)(ctx, *args, **_bwd_attrs(cfg, params))
 
 
-def _reference_backward(q, k, v, out, lse, d_out, d_lse, q_lengths, kv_lengths, q_segment_ids, kv_segment_ids, *,
-                        params):
-    """(dq, dk, dv) by differentiating the plain jnp forward: the GPU's path for segment ids until its kernels take
-    them."""
+def _reference_backward(q, k, v, out, lse, d_out, d_lse, q_lengths, kv_lengths, q_segment_ids, kv_segment_ids,
+                        bias, mask, *, params):
+    """(dq, dk, dv) by differentiating the plain jnp forward: the GPU's path for segment ids and bias / mask tensors
+    until its kernels take them."""
     def forward(q, k, v):
-        return _reference_forward(q, k, v, q_lengths, kv_lengths, None, q_segment_ids, kv_segment_ids, params=params)
+        return _reference_forward(q, k, v, q_lengths, kv_lengths, None, q_segment_ids, kv_segment_ids, bias, mask,
+                                  params=params)
 
     _, pullback = jax.vjp(forward, q, k, v)
     return pullback((d_out, d_lse))
 
 
 def _lower_bwd_cuda(ctx, *args, cfg, **params):
-    if params["segments"]:
-        segment_fallback_warning("the backward")
+    if needs_xla_on_gpu(params):
+        xla_fallback_warning("the backward")
         return mlir.lower_fun(functools.partial(_reference_backward, params=params), multiple_results=True)(ctx, *args)
-    # The CUDA handler takes no segment operands ((B, 0) here).
+    # The CUDA handler takes no segment, bias or mask operands (empty here).
     ctx, args = ctx.replace(avals_in=ctx.avals_in[:9]), args[:9]
     if not native.BUILT_WITH_CUDA:
         raise RuntimeError("jax_flash was built without its CUDA kernels (no CUDA compiler at install time), so its "
@@ -190,8 +220,8 @@ def _lower_bwd_cuda(ctx, *args, cfg, **params):
 
 def _bind_bwd_kernel(*args_and_params):
     *args, params = args_and_params
-    if len(args) == 9:  # the ring's steps (no segment ids there)
-        args += no_segments(args[0].shape[0])
+    if len(args) == 9:  # the ring's steps (no segment ids or tensors there)
+        args += (*no_segments(args[0].shape[0]), no_tensor(jnp.float32), no_tensor(jnp.bool_))
     return tuple(attention_bwd_local_p.bind(*args, **params))
 
 
@@ -217,7 +247,7 @@ def _jitted_bwd(params):
 
 
 def _bwd_batch_rule(args, dims, **params):
-    folded, size, batch = _fold(args, dims)
+    folded, size, batch = _fold(args, dims, tensors=(11, 12))
     grads = attention_bwd_p.bind(*folded, **params)
     return tuple(_unfold(g, size, batch) for g in grads), (0, 0, 0)
 
@@ -234,12 +264,16 @@ _dispatch.prim_requires_devices_during_lowering.add(attention_bwd_p)
 
 
 # ---- vmap: every operand's axis 0 is the batch (contiguous K/V) -------------------------------------------------
-def _fold(args, dims):
-    """The operands with the mapped axis folded into their batch axis: (folded, mapped size, batch)."""
+def _fold(args, dims, tensors: tuple[int, ...]):
+    """The operands with the mapped axis folded into their batch axis: (folded, mapped size, batch). The operands at
+    `tensors` are bias / mask tensors (or their tangents), whose batch dimension may be broadcast (fold_tensor)."""
     size = next(x.shape[d] for x, d in zip(args, dims) if d is not None)
     batch = next((x.shape[0] if d is None else jnp.moveaxis(x, d, 0).shape[1]) for x, d in zip(args, dims))
     folded = []
-    for x, d in zip(args, dims):
+    for i, (x, d) in enumerate(zip(args, dims)):
+        if i in tensors:
+            folded.append(fold_tensor(x, d, size, batch))
+            continue
         x = jnp.broadcast_to(x, (size, *x.shape)) if d is None else jnp.moveaxis(x, d, 0)
         folded.append(x.reshape((size * x.shape[1], *x.shape[2:])))
     return folded, size, batch

@@ -29,14 +29,15 @@ from jax_flash.selection import CPU_BASE, CPU_TILES, CallShape, resolve_cpu_pack
 
 # Operands: q (B, Sq, Hq, D), k, v (B, Sk, Hk, D) or, paged, (num_pages, page_size, Hk, D), q_lengths, kv_lengths
 # int32 (B), page_table int32 (B, pages_per_seq) ((B, 0) when not paged), q_segment_ids int32 (B, Sq) and
-# kv_segment_ids int32 (B, Sk) (both (B, 0) without segments).
+# kv_segment_ids int32 (B, Sk) (both (B, 0) without segments), bias float32 and mask bool of rank 4, each dimension
+# of (B, Hq, Sq, Sk) or 1 ((0, 0, 0, 0) without).
 # Results: out (B, Sq, Hq, D), lse float32 (B, Hq, Sq) (written only when return_lse; dropped otherwise).
 # Params: cfg (KernelConfig or None) and the call's attributes (jax_flash.config.CALL_ATTRIBUTES: softmax_scale,
 # causal, window_left, window_right, softcap (0 = off), has_q_lengths, has_kv_lengths, return_lse, paged); they become
 # the FFI attributes of the generated ffi/attention_attrs.h; ring, None or (mesh axes, devices, layout): the call is
 # one device's part of ring attention over those axes (jax_flash/_ring.py); same_lengths: q_lengths and kv_lengths
-# are one array (padded self-attention), which lets the ring combine them with causal masks; segments: the segment
-# id operands are given (packed sequences).
+# are one array (padded self-attention), which lets the ring combine them with causal masks; segments, has_bias,
+# has_mask: those operands are given.
 attention_p = Primitive("jax_flash_attention")
 attention_p.multiple_results = True
 # The same call on one device's shard: what the FFI custom call computes. attention_p lowers to it through
@@ -56,8 +57,8 @@ def result_aval(template, shape, dtype):
                            sharding=template.sharding.update(spec=PartitionSpec(*(None,) * len(shape))))
 
 
-def _abstract_eval(q, k, v, q_lengths, kv_lengths, page_table, q_segment_ids, kv_segment_ids, **params):
-    del k, v, q_lengths, kv_lengths, page_table, q_segment_ids, kv_segment_ids, params
+def _abstract_eval(q, *rest, **params):
+    del rest, params
     batch, seq_q, heads_q, _ = q.shape
     return result_aval(q, q.shape, q.dtype), result_aval(q, (batch, heads_q, seq_q), np.float32)
 
@@ -129,12 +130,18 @@ def _lower_cpu(ctx, *args, cfg, **params):
     return jax.ffi.ffi_lowering(native.TARGET_NAME)(ctx, *args, **attrs)
 
 
-def segment_fallback_warning(what: str) -> None:
-    _warn_once("segments", f"jax_flash: segment ids have no GPU kernel yet; {what} runs an XLA implementation "
-                           f"(O(Sq x Sk) memory) on the GPU. The CPU path computes them blockwise")
+def needs_xla_on_gpu(params) -> bool:
+    """Segment ids and bias / mask tensors have no GPU kernel yet: such calls run XLA's implementation there."""
+    return params["segments"] or params["has_bias"] or params["has_mask"]
 
 
-def _reference_forward(q, k, v, q_lengths, kv_lengths, page_table, q_segment_ids, kv_segment_ids, *, params):
+def xla_fallback_warning(what: str) -> None:
+    _warn_once("xla on gpu", f"jax_flash: segment ids and bias / mask tensors have no GPU kernel yet; {what} runs an "
+                             f"XLA implementation (O(Sq x Sk) memory) on the GPU. The CPU path computes them blockwise")
+
+
+def _reference_forward(q, k, v, q_lengths, kv_lengths, page_table, q_segment_ids, kv_segment_ids, bias, mask, *,
+                       params):
     """The call in plain jnp (jax_flash.reference): the GPU's path for segment ids until its kernels take them."""
     from jax_flash.reference import attention_reference, gather_pages
 
@@ -144,16 +151,17 @@ def _reference_forward(q, k, v, q_lengths, kv_lengths, page_table, q_segment_ids
     out, lse = attention_reference(
         q, k, v, causal=params["causal"], softmax_scale=params["softmax_scale"], window=window,
         softcap=params["softcap"] or None, q_lengths=q_lengths if params["has_q_lengths"] else None,
-        kv_lengths=kv_lengths if params["has_kv_lengths"] else None, q_segment_ids=q_segment_ids,
-        kv_segment_ids=kv_segment_ids, return_lse=True)
+        kv_lengths=kv_lengths if params["has_kv_lengths"] else None,
+        q_segment_ids=q_segment_ids if params["segments"] else None, kv_segment_ids=kv_segment_ids,
+        bias=bias if params["has_bias"] else None, mask=mask if params["has_mask"] else None, return_lse=True)
     return out.astype(q.dtype), lse
 
 
 def _lower_cuda(ctx, *args, cfg, **params):
-    if params["segments"]:
-        segment_fallback_warning("the forward")
+    if needs_xla_on_gpu(params):
+        xla_fallback_warning("the forward")
         return mlir.lower_fun(functools.partial(_reference_forward, params=params), multiple_results=True)(ctx, *args)
-    # The CUDA handler takes no segment operands ((B, 0) here).
+    # The CUDA handler takes no segment, bias or mask operands (empty here).
     ctx, args = ctx.replace(avals_in=ctx.avals_in[:6]), args[:6]
     q_aval, k_aval = ctx.avals_in[0], ctx.avals_in[1]
     seq_k = _seq_k(k_aval, ctx.avals_in[5], params)
@@ -176,18 +184,26 @@ def no_segments(batch):
     return empty, empty
 
 
-def _bind_kernel(q, k, v, q_lengths, kv_lengths, page_table, params: dict, segment_ids=None):
-    segment_ids = no_segments(q.shape[0]) if segment_ids is None else segment_ids
-    return tuple(attention_local_p.bind(q, k, v, q_lengths, kv_lengths, page_table, *segment_ids, **params))
+def no_tensor(dtype):
+    """The bias or mask operand of a call without one: (0, 0, 0, 0)."""
+    return jnp.zeros((0, 0, 0, 0), dtype)
 
 
-def _bind_local(q, k, v, q_lengths, kv_lengths, page_table, q_segment_ids, kv_segment_ids, params):
+def _bind_kernel(q, k, v, q_lengths, kv_lengths, page_table, params: dict, extra=None):
+    """The per-device primitive; `extra`: (q_segment_ids, kv_segment_ids, bias, mask), or None for none of them
+    (the ring's steps)."""
+    extra = (*no_segments(q.shape[0]), no_tensor(jnp.float32), no_tensor(jnp.bool_)) if extra is None else extra
+    return tuple(attention_local_p.bind(q, k, v, q_lengths, kv_lengths, page_table, *extra, **params))
+
+
+def _bind_local(q, k, v, q_lengths, kv_lengths, page_table, q_segment_ids, kv_segment_ids, bias, mask, params):
     """One device's call: the kernel on its shards, or, with the `ring` parameter, the ring over the sequence axis
-    (jax_flash/_ring.py) whose steps run the kernel (never with segment ids: the ring refuses them)."""
+    (jax_flash/_ring.py) whose steps run the kernel (never with segment ids or tensors: the ring refuses them)."""
     params = dict(params)
     if params["ring"] is not None:
         return ring_forward(q, k, v, q_lengths, kv_lengths, params, _bind_kernel)
-    return _bind_kernel(q, k, v, q_lengths, kv_lengths, page_table, params, (q_segment_ids, kv_segment_ids))
+    return _bind_kernel(q, k, v, q_lengths, kv_lengths, page_table, params,
+                        (q_segment_ids, kv_segment_ids, bias, mask))
 
 
 _partitioned_attention = make_partitioned(_bind_local)
@@ -214,11 +230,12 @@ def _batch_rule(args, dims, **params):
     def fold(x):
         return x.reshape((size * x.shape[1], *x.shape[2:]))  # (size * B, ...): the mapped axis joins the batch
 
-    q, k, v, q_lengths, kv_lengths, page_table, q_segment_ids, kv_segment_ids = args
+    q, k, v, q_lengths, kv_lengths, page_table, q_segment_ids, kv_segment_ids, bias, mask = args
     q_dim, k_dim, v_dim, *rest_dims = dims
     batch = q.shape[0] if q_dim is None else jnp.moveaxis(q, q_dim, 0).shape[1]
     batch_like = [fold(moved(x, d)) for x, d in zip((q, q_lengths, kv_lengths, page_table), (q_dim, *rest_dims[:3]))]
-    segment_ids = [fold(moved(x, d)) for x, d in zip((q_segment_ids, kv_segment_ids), rest_dims[3:])]
+    segment_ids = [fold(moved(x, d)) for x, d in zip((q_segment_ids, kv_segment_ids), rest_dims[3:5])]
+    tensors = [fold_tensor(x, d, size, batch) for x, d in zip((bias, mask), rest_dims[5:])]
     if not params["paged"]:
         k, v = fold(moved(k, k_dim)), fold(moved(v, v_dim))
     elif k_dim is not None or v_dim is not None:
@@ -233,9 +250,19 @@ def _batch_rule(args, dims, **params):
         batch_like[3] = table.reshape((size * batch, pages_per_seq))
         k, v = fold(k), fold(v)
     q, q_lengths, kv_lengths, page_table = batch_like
-    out, lse = attention_p.bind(q, k, v, q_lengths, kv_lengths, page_table, *segment_ids, **params)
+    out, lse = attention_p.bind(q, k, v, q_lengths, kv_lengths, page_table, *segment_ids, *tensors, **params)
     # (explicit shapes, not -1: a zero-size mapped axis or batch leaves -1 undetermined)
     return (out.reshape((size, batch, *out.shape[1:])), lse.reshape((size, batch, *lse.shape[1:]))), (0, 0)
 
 
 batching.primitive_batchers[attention_p] = _batch_rule
+
+
+def fold_tensor(x, d, size, batch):
+    """A bias or mask operand for the folded batch (size x batch): an unmapped one broadcast over the batch stays as
+    it is; otherwise its batch dimension is made full (batch) before the mapped axis joins it."""
+    if x.shape[0] == 0 or (d is None and x.shape[0] == 1):
+        return x
+    x = jnp.broadcast_to(x, (size, *x.shape)) if d is None else jnp.moveaxis(x, d, 0)
+    x = jnp.broadcast_to(x, (size, batch, *x.shape[2:]))
+    return x.reshape((size * batch, *x.shape[2:]))

@@ -48,6 +48,8 @@ def ring_refusal(params, seq_q: int, seq_k: int, size: int, layout: str) -> str 
         return "paged K/V (page_table) are shared pages, not a sequence to shard"
     if params["segments"]:
         return "segment ids would have to travel with their K/V shards, which the ring does not do yet"
+    if params["has_bias"] or params["has_mask"]:
+        return "bias and mask tensors would have to travel with their K/V shards, which the ring does not do yet"
     if layout == "zigzag" and not (params["causal"] and params["window_left"] < 0):
         return "the zigzag layout is for causal attention without a left window"
     if layout == "zigzag" and (seq_q != seq_k or seq_q % 2):

@@ -19,7 +19,8 @@ the call; each device then runs the FFI kernel on its own shard:
   score needs the whole head_dim.
 - paged K/V, (num_pages, page_size, Hk, D): the pages are shared by the whole batch, so they are split over heads
   only (replicated along the batch axes); the page table splits with the batch, and so do segment ids (their
-  sequence axis is whole: the ring refuses segment ids).
+  sequence axis is whole: the ring refuses segment ids). Bias and mask tensors split with the batch and the query
+  heads where those dimensions are full (not broadcast), and are whole along the sequences.
 
 Inside shard_map (all mesh axes manual) the call lowers straight to the per-device kernel: shard_map already handed
 it local shards. On one device custom_partitioning is a no-op.
@@ -47,12 +48,12 @@ def _warn_once(key: str, message: str) -> None:
 
 def make_partitioned(local_attention):
     """custom_partitioning around `local_attention(q, k, v, q_lengths, kv_lengths, page_table, q_segment_ids,
-    kv_segment_ids, params)`; params (a hashable tuple of the primitive's parameters) is static."""
+    kv_segment_ids, bias, mask, params)`; params (a hashable tuple of the primitive's parameters) is static."""
 
     def partitioned_attention(*args_and_params):
         return local_attention(*args_and_params)
 
-    partitioned_attention = custom_partitioning(partitioned_attention, static_argnums=(8,))
+    partitioned_attention = custom_partitioning(partitioned_attention, static_argnums=(10,))
 
     def partition(params, mesh, arg_shapes, result_shape):
         decision = _decide(mesh, arg_shapes, params)
@@ -76,22 +77,22 @@ def make_partitioned(local_attention):
 
 def make_partitioned_backward(local_backward):
     """custom_partitioning around `local_backward(q, k, v, out, lse, d_out, d_lse, q_lengths, kv_lengths,
-    q_segment_ids, kv_segment_ids, params)` -> (dq, dk, dv): split like the forward (batch, and heads where the kv
-    heads split with the query heads); MQA's one kv head is not split, so its gradient sums over every query head on
-    one device."""
+    q_segment_ids, kv_segment_ids, bias, mask, params)` -> (dq, dk, dv): split like the forward (batch, and heads where
+    the kv heads split with the query heads); MQA's one kv head is not split, so its gradient sums over every query
+    head on one device."""
 
     def partitioned_backward(*args_and_params):
         return local_backward(*args_and_params)
 
-    partitioned_backward = custom_partitioning(partitioned_backward, static_argnums=(11,))
+    partitioned_backward = custom_partitioning(partitioned_backward, static_argnums=(13,))
 
     def shardings(params, mesh, arg_shapes):
-        # (the forward's decision on q, k, v, the lengths and segment ids; its page table has no part here)
-        decision = _decide(mesh, arg_shapes[:3] + arg_shapes[7:9] + arg_shapes[7:8] + arg_shapes[9:11], params,
+        # (the forward's decision on q, k, v, the lengths, segment ids and tensors; its page table has no part here)
+        decision = _decide(mesh, arg_shapes[:3] + arg_shapes[7:9] + arg_shapes[7:8] + arg_shapes[9:13], params,
                            split_shared_kv=False)
-        (q_s, kv_s, _, len_s, _, _, seg_s, _), (_, lse_s) = decision.args, decision.outs
-        return ((q_s, kv_s, kv_s, q_s, lse_s, q_s, lse_s, len_s, len_s, seg_s, seg_s), (q_s, kv_s, kv_s),
-                decision.ring)
+        (q_s, kv_s, _, len_s, _, _, seg_s, _, bias_s, mask_s), (_, lse_s) = decision.args, decision.outs
+        return ((q_s, kv_s, kv_s, q_s, lse_s, q_s, lse_s, len_s, len_s, seg_s, seg_s, bias_s, mask_s),
+                (q_s, kv_s, kv_s), decision.ring)
 
     def partition(params, mesh, arg_shapes, result_shape):
         arg_shardings, out_shardings, ring = shardings(params, mesh, arg_shapes)
@@ -116,7 +117,9 @@ def make_partitioned_backward(local_backward):
             h, hk, extra = "(hk g)", "hk", {"g": heads_q // heads_k}
         q, kv, lse = f"b sq {h} d", f"b sk {hk} d", f"b {h} sq"
         segments, extra = _segment_factors(params, extra)
-        return f"{q}, {kv}, {kv}, {q}, {lse}, {q}, {lse}, b, b, {segments} -> {q}, {kv}, {kv}", extra
+        tensors, extra = _tensor_factors(value_types[11:13], value_types[0].shape, value_types[1].shape[1], h,
+                                         extra)
+        return f"{q}, {kv}, {kv}, {q}, {lse}, {q}, {lse}, b, b, {segments}, {tensors} -> {q}, {kv}, {kv}", extra
 
     partitioned_backward.def_partition(partition=partition,
                                        infer_sharding_from_operands=infer_sharding_from_operands,
@@ -133,6 +136,25 @@ def _segment_factors(params, extra: dict) -> tuple[str, dict]:
     return "b zq, b zk", {**extra, "need_replication_factors": replicated}
 
 
+def _tensor_factors(types, q_shape, seq_k, heads: str, extra: dict) -> tuple[str, dict]:
+    """The Shardy factors of the bias and mask operands: b, the query heads' factor, sq and sk where a dimension is
+    full, and a never-split factor of its own where it is broadcast, or the operand absent, or the keys are paged
+    (seq_k None: the rule has no sk factor)."""
+    batch, seq_q, heads_q, _ = q_shape
+    full = (batch, heads_q, seq_q, seq_k)
+    specs, replicated = [], list(extra.get("need_replication_factors", ()))
+    for t, name in zip(types, ("bias", "mask")):
+        factors = []
+        for i, (n, shared) in enumerate(zip(t.shape, ("b", heads, "sq", "sk"))):
+            if n == full[i] and t.shape[0] != 0:
+                factors.append(shared)
+            else:
+                factors.append(f"{name}{i}")
+                replicated.append(f"{name}{i}")
+        specs.append(" ".join(factors))
+    return ", ".join(specs), {**extra, "need_replication_factors": tuple(replicated)}
+
+
 def _shardy_rule(params, mesh, value_types, result_types):
     """The Shardy rule: batch `b` everywhere; the query heads are the compound factor (hk g) of the kv heads hk and
     the group g = Hq // Hk, so Shardy propagates a head split to q, k, v, out and lse together. Paged K/V's page
@@ -144,11 +166,16 @@ def _shardy_rule(params, mesh, value_types, result_types):
     extra = {"need_replication_factors": ("p", "r", "t")} if paged else {"need_replication_factors": ("t",)}
     segments, extra = _segment_factors(params, extra)
     if heads_k == heads_q:  # MHA: one head factor (Shardy forbids size-1 parts of a compound factor)
-        return f"b sq h d, {kv} h d, {kv} h d, b, b, b t, {segments} -> b sq h d, b h sq", extra
-    if heads_k <= 1 or heads_q % heads_k:  # MQA (the one kv head cannot split) or empty heads
-        return f"b sq hq d, {kv} hk d, {kv} hk d, b, b, b t, {segments} -> b sq hq d, b hq sq", extra
-    return (f"b sq (hk g) d, {kv} hk d, {kv} hk d, b, b, b t, {segments} -> b sq (hk g) d, b (hk g) sq",
-            {"g": heads_q // heads_k, **extra})
+        h = hk = "h"
+    elif heads_k <= 1 or heads_q % heads_k:  # MQA (the one kv head cannot split) or empty heads
+        h, hk = "hq", "hk"
+    else:
+        h, hk = "(hk g)", "hk"
+        extra = {"g": heads_q // heads_k, **extra}
+    seq_k = None if paged else value_types[1].shape[1]
+    tensors, extra = _tensor_factors(value_types[8:10], value_types[0].shape, seq_k, h, extra)
+    return (f"b sq {h} d, {kv} {hk} d, {kv} {hk} d, b, b, b t, {segments}, {tensors} -> b sq {h} d, b {h} sq",
+            extra)
 
 
 def _spec(sharding, ndim: int) -> tuple:
@@ -239,8 +266,12 @@ def _decide(mesh, arg_shapes, params, split_shared_kv: bool = True) -> Decision:
     lengths_sharding = NamedSharding(mesh, PartitionSpec(b))
     table_sharding = NamedSharding(mesh, PartitionSpec(b, None))  # also the segment ids' (no ring with them)
     lse_sharding = NamedSharding(mesh, PartitionSpec(b, h, s))
+    tensor_shardings = tuple(  # bias, mask: batch and heads where full; whole along the sequences (no ring)
+        NamedSharding(mesh, PartitionSpec(b if t.shape[0] == batch and t.shape[0] else None,
+                                          h if t.shape[1] == heads_q and t.shape[1] else None, None, None))
+        for t in arg_shapes[8:10])
     arg_shardings = (q_sharding, kv_sharding, kv_sharding, lengths_sharding, lengths_sharding, table_sharding,
-                     table_sharding, table_sharding)
+                     table_sharding, table_sharding, *tensor_shardings)
     return Decision(arg_shardings, (q_sharding, lse_sharding), ring)
 
 

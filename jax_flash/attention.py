@@ -9,7 +9,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jax_flash._primitive import attention_p, no_segments
+from jax_flash._primitive import attention_p, no_segments, no_tensor
 from jax_flash._ring import ring_refusal
 from jax_flash.config import KernelConfig
 
@@ -26,8 +26,8 @@ except AttributeError:  # moved out of the public jax.core in newer releases
 
 def attention(q, k, v, cfg: KernelConfig | None = None, *, causal: bool = False, softmax_scale: float | None = None,
               window: tuple[int, int] | None = None, softcap: float | None = None, q_lengths=None, kv_lengths=None,
-              page_table=None, q_segment_ids=None, kv_segment_ids=None, return_lse: bool = False,
-              deterministic: bool = False, mask=None):
+              page_table=None, q_segment_ids=None, kv_segment_ids=None, bias=None, mask=None,
+              return_lse: bool = False, deterministic: bool = False):
     """FlashAttention forward: softmax(scale * q k^T, masked) v, computed blockwise without the (Sq, Sk) matrix.
 
     Args:
@@ -61,27 +61,26 @@ def attention(q, k, v, cfg: KernelConfig | None = None, *, causal: bool = False,
       return_lse: also return the float32 (batch, heads_q, seq_q) natural log-sum-exp of the scaled scores.
       deterministic: the GPU backward adds each query block's dQ shares in key-block order instead of with float
         atomics, so gradients repeat bit for bit (slower; the CPU backward always does). Static.
-      mask: must be None. It exists so that a caller passing a mask tensor (Flax Linen's attention modules pass
-        `mask=` to any attention_fn that names it) gets an error rather than unmasked attention; masks are
-        jax_flash.dot_product_attention's and jax_flash.flax.attention_fn's.
+      bias, mask: rank-4 tensors broadcastable to (batch, heads_q, seq_q, seq_k) (each dimension full or 1, as
+        jax.nn.dot_product_attention takes them; traced). The bias (any float dtype, used in float32) is added to the
+        scaled, soft-capped scores; a False (zero) mask entry hides the key, on top of every other mask. Broadcast
+        dimensions are never materialised; the CPU path skips key tiles the mask hides entirely (GPUs run an XLA
+        implementation for now). The bias gets a gradient (computed by XLA, O(Sq x Sk) per batch row and head).
 
     Returns:
       out (batch, seq_q, heads_q, head_dim) in q's dtype, or (out, lse) with return_lse. A row that sees no key
       gives zeros and lse -inf. Works eagerly and under jax.jit/vmap; differentiable (jax.grad, jax.jvp, on CPU and
       GPU: jax_flash/_autodiff.py).
     """
-    if mask is not None:
-        raise ValueError(f"jax_flash.attention takes no mask tensor (got one of shape {np.shape(mask)}): give causal, "
-                         f"window and lengths as its arguments, or call jax_flash.dot_product_attention (jax.nn's "
-                         f"arguments) or use jax_flash.flax.attention_fn as a Flax attention_fn; both honour masks")
     return _validated_call(q, k, v, cfg, causal=causal, softmax_scale=softmax_scale, window=window, softcap=softcap,
                            q_lengths=q_lengths, kv_lengths=kv_lengths, page_table=page_table,
-                           q_segment_ids=q_segment_ids, kv_segment_ids=kv_segment_ids, return_lse=return_lse,
-                           deterministic=deterministic, ring=None)
+                           q_segment_ids=q_segment_ids, kv_segment_ids=kv_segment_ids, bias=bias, mask=mask,
+                           return_lse=return_lse, deterministic=deterministic, ring=None)
 
 
 def _validated_call(q, k, v, cfg, *, causal, softmax_scale, window, softcap, q_lengths, kv_lengths, page_table,
-                    return_lse, deterministic, ring, q_segment_ids=None, kv_segment_ids=None):
+                    return_lse, deterministic, ring, q_segment_ids=None, kv_segment_ids=None, bias=None,
+                    mask=None):
     """attention's checks and its primitive's bind; ring (axis names, devices, layout) or None (ring.py)."""
     q, k, v = (_as_array(x, name) for x, name in ((q, "q"), (k, "k"), (v, "v")))
     for name, x in (("q", q), ("k", k), ("v", v)):
@@ -146,17 +145,37 @@ def _validated_call(q, k, v, cfg, *, causal, softmax_scale, window, softcap, q_l
         page_table = jnp.zeros((batch, 0), jnp.int32)
     segments = _check_segment_ids(q_segment_ids, kv_segment_ids, batch, q.shape[1], seq_k)
     segment_ids = segments if segments is not None else no_segments(batch)
+    full = (batch, heads_q, q.shape[1], seq_k)
+    bias = _check_tensor(bias, "bias", full, jnp.float32)
+    mask = _check_tensor(mask, "mask", full, jnp.bool_)
+    tensors = (no_tensor(jnp.float32) if bias is None else bias, no_tensor(jnp.bool_) if mask is None else mask)
     params = dict(cfg=cfg, softmax_scale=float(softmax_scale), causal=bool(causal), window_left=window_left,
                   window_right=window_right, softcap=float(softcap or 0.0), has_q_lengths=lengths[0] is not None,
                   has_kv_lengths=lengths[1] is not None, return_lse=bool(return_lse), paged=paged,
                   deterministic=bool(deterministic), ring=ring, segments=segments is not None,
+                  has_bias=bias is not None, has_mask=mask is not None,
                   same_lengths=lengths[0] is not None and lengths[0] is lengths[1])
     if ring is not None:
         reason = ring_refusal(params, q.shape[1], seq_k, ring[1], ring[2])
         if reason:
             raise ValueError(f"ring_attention cannot run this call: {reason}")
-    out, lse = attention_p.bind(q, k, v, q_len_arr, kv_len_arr, page_table, *segment_ids, **params)
+    out, lse = attention_p.bind(q, k, v, q_len_arr, kv_len_arr, page_table, *segment_ids, *tensors, **params)
     return (out, lse) if return_lse else out
+
+
+def _check_tensor(x, name, full, dtype):
+    """A bias or mask tensor as a rank-4 `dtype` array whose dimensions each equal `full`'s or 1, or None."""
+    if x is None:
+        return None
+    x = _as_array(x, name)
+    # (masks: bool, or numbers whose nonzero entries are visible, as Flax's float masks)
+    kind_ok = jnp.issubdtype(x.dtype, jnp.floating) or (dtype == jnp.bool_ and (
+        jnp.dtype(x.dtype) == jnp.bool_ or jnp.issubdtype(x.dtype, jnp.integer)))
+    if not kind_ok or x.ndim != 4 or any(n not in (1, f) for n, f in zip(x.shape, full)):
+        kind = "a floating-point" if dtype == jnp.float32 else "a bool or numeric"
+        raise ValueError(f"{name} must be {kind} array of rank 4 whose dimensions each equal (batch, heads_q, seq_q, "
+                         f"seq_k) = {full} or 1 (broadcast); got {jnp.dtype(x.dtype).name}{tuple(x.shape)}")
+    return x.astype(dtype) if dtype == jnp.float32 else (x if x.dtype == jnp.bool_ else x != 0)
 
 
 def _check_segment_ids(q_segment_ids, kv_segment_ids, batch, seq_q, seq_k):

@@ -34,12 +34,13 @@ def visibility_mask(batch, seq_q, seq_k, *, causal=False, window=None, q_lengths
 
 
 def attention_reference(q, k, v, *, causal=False, softmax_scale=None, window=None, softcap=None, q_lengths=None,
-                        kv_lengths=None, q_segment_ids=None, kv_segment_ids=None, return_lse=False,
-                        compute_dtype=None):
+                        kv_lengths=None, q_segment_ids=None, kv_segment_ids=None, bias=None, mask=None,
+                        return_lse=False, compute_dtype=None):
     """jax_flash.attention's semantics in plain jnp: q (B, Sq, Hq, D), k and v (B, Sk, Hk, D), Hq % Hk == 0.
 
+    bias (added to the soft-capped scores) and mask (False hides the key) broadcast to (B, Hq, Sq, Sk).
     Returns (B, Sq, Hq, D) in `compute_dtype` (default float32), and with return_lse the float32 (B, Hq, Sq) natural
-    log-sum-exp of the scaled (soft-capped) scores over visible keys. Rows that see no key give zeros and lse -inf.
+    log-sum-exp of the scores over visible keys. Rows that see no key give zeros and lse -inf.
     Passing the input dtype as compute_dtype gives the plain low-precision attention of the tests' tolerance rule.
     """
     compute = compute_dtype or (jnp.float64 if q.dtype == jnp.float64 else jnp.float32)
@@ -53,9 +54,13 @@ def attention_reference(q, k, v, *, causal=False, softmax_scale=None, window=Non
     scores = jnp.einsum("bqhd,bkhd->bhqk", q, k) * jnp.asarray(scale, compute)  # (B, Hq, Sq, Sk)
     if softcap:
         scores = softcap * jnp.tanh(scores / softcap)
-    mask = visibility_mask(batch, seq_q, seq_k, causal=causal, window=window, q_lengths=q_lengths,
-                           kv_lengths=kv_lengths, q_segment_ids=q_segment_ids, kv_segment_ids=kv_segment_ids)
-    scores = jnp.where(mask, scores, -jnp.inf)
+    if bias is not None:
+        scores = scores + jnp.asarray(bias).astype(compute)
+    visible = visibility_mask(batch, seq_q, seq_k, causal=causal, window=window, q_lengths=q_lengths,
+                              kv_lengths=kv_lengths, q_segment_ids=q_segment_ids, kv_segment_ids=kv_segment_ids)
+    if mask is not None:
+        visible = visible & jnp.asarray(mask, bool)
+    scores = jnp.where(visible, scores, -jnp.inf)
     row_max = scores.max(axis=-1, keepdims=True, initial=-jnp.inf)
     safe_max = jnp.where(jnp.isfinite(row_max), row_max, 0)
     probs = jnp.exp(scores - safe_max)

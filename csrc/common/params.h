@@ -65,6 +65,13 @@ struct AttentionParams {
   const int* kv_segment_ids;
   int64_t q_segment_stride, kv_segment_stride;
 
+  // Bias and mask tensors (the CPU path): logical shape (B, Hq, Sq, Sk), each dimension full or broadcast (stride
+  // 0), strides in elements in that order. The bias is added to the (soft-capped) score, s += bias[b, h, i, j]; a
+  // mask entry 0 hides the key, on top of every mask above. nullptr: none.
+  const float* bias;
+  const uint8_t* mask;
+  int64_t bias_strides[4], mask_strides[4];
+
   // Packed GQA: rows per query position in a tile. 1: a tile holds one query head's rows. q_heads_per_kv_head (the
   // group): a tile belongs to a kv head, and its row r is query position r / group of query head
   // kv_head * group + r % group, so each K/V block is read once for the whole group.

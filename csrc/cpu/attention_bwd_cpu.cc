@@ -81,6 +81,7 @@ class BackwardWorker {
     q_.resize(bq * D), do_.resize(bq * D), s_.resize(bq * bkv), dp_.resize(bq * bkv), g_.resize(bq * bkv);
     row_d_.resize(static_cast<size_t>(plan.group) * p.seqlen_q);
     row_keys_.resize(bq);
+    row_tensors_.resize(bq);
     if (plan.splits == 1) own_dq_.resize(static_cast<size_t>(plan.group) * p.seqlen_q * D);
   }
 
@@ -185,9 +186,12 @@ class BackwardWorker {
     if (segments_.active()) {
       for (int r = 0; r < rows; ++r) row_ids.add(segments_.q[r0 + r]);
     }
+    const bool tensors = p_.bias != nullptr || p_.mask != nullptr;
+    for (int r = 0; tensors && r < rows; ++r) row_tensors_[r] = cpu::TensorRow(p_, batch_, head(g), r0 + r);
     for (int64_t col0 = begin; col0 < end; col0 += bkv) {
       const int cols = static_cast<int>(std::min<int64_t>(bkv, end - col0));
       if (segments_.active() && !row_ids.meets(segments_.keys(col0, col0 + cols))) continue;  // P = 0 on the tile
+      if (p_.mask != nullptr && !any_unmasked(rows, col0, cols)) continue;
       const float* kt = k_.data() + (col0 - c0) * D_;
       const float* vt = v_.data() + (col0 - c0) * D_;
       // S = alpha Q K^T, then P = exp(s - lse) and g, row by row
@@ -234,12 +238,21 @@ class BackwardWorker {
       const float inv_cap = 1.0f / p_.softcap;
       for (int j = begin; j < end; ++j) gr[j] = scale * (1.0f - (s[j] * inv_cap) * (s[j] * inv_cap));
     }
+    if (p_.bias != nullptr || p_.mask != nullptr) row_tensors_[r].apply(s, col0, begin, end, kNegInf);
     cpu::exp_shifted_sum(s + begin, end - begin, lse);
     if (segments_.active()) {  // keys of other segments: P = 0
       const int id = segments_.q[row];
       const int* kv = segments_.kv + col0;
       for (int j = begin; j < end; ++j) s[j] = kv[j] == id ? s[j] : 0.0f;
     }
+  }
+
+  // Whether the mask tensor leaves some row a key of [col0, col0 + cols) (else the tile is skipped: P = 0).
+  bool any_unmasked(int rows, int64_t col0, int cols) const {
+    for (int r = 0; r < rows; ++r) {
+      if (row_tensors_[r].any_visible(col0, col0 + cols)) return true;
+    }
+    return false;
   }
 
   void write_dq(const float* dq) {
@@ -266,6 +279,7 @@ class BackwardWorker {
   std::vector<float> row_d_;            // (group, Sq): rowsum(dO o O) - dlse
   std::vector<KeyRange> row_keys_;
   cpu::RowSegments segments_;           // the item's batch row
+  std::vector<cpu::TensorRow> row_tensors_;  // (block_q) the rows' bias and mask entries (with those tensors)
   std::vector<float> own_dq_;           // (group, Sq, D) when the keys are not split
 };
 

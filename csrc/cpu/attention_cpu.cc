@@ -57,6 +57,7 @@ class TileWorker {
     l_.resize(bq);
     row_keys_.resize(bq);
     row_segment_.resize(bq);
+    row_tensors_.resize(bq);
   }
 
   void operator()(int64_t item) {
@@ -127,6 +128,8 @@ class TileWorker {
         if (row_keys_[r].first <= row_keys_[r].last) row_ids.add(row_segment_[r]);
       }
     }
+    const bool tensors = p_.bias != nullptr || p_.mask != nullptr;
+    for (int r = 0; tensors && r < rows; ++r) row_tensors_[r] = cpu::TensorRow(p_, u.batch, u.head_of(r), u.position(r));
     const bool softcap = p_.softcap > 0.0f;
     const float alpha = softcap ? p_.softcap_scale : p_.scale;  // softcap: s = c tanh(q.k * scale / c)
     // Packed rows step through the group's heads, then the positions: no single stride.
@@ -139,6 +142,7 @@ class TileWorker {
     for (int col0 = keys.begin; col0 < keys.end; col0 += bkv) {
       const int cols = std::min(bkv, keys.end - col0);
       if (segments_.active() && !row_ids.meets(segments_.keys(col0, col0 + cols))) continue;  // no row sees a key
+      if (p_.mask != nullptr && !any_unmasked(rows, col0, cols)) continue;
       int ldk = 0, ldv = 0;
       if (D_ > 0) {
         const float* k = operand([&](int r) { return k_row(u, col0 + r); }, kv_stride * p_.k_seq_stride, cols, k_,
@@ -170,13 +174,15 @@ class TileWorker {
       return false;
     }
     if (softcap) cpu::softcap(s + begin, end - begin, p_.softcap);
-    if (segments_.active()) {  // keys of other segments: -inf, and no key of the row's segment: as no key at all
+    const bool tensors = p_.bias != nullptr || p_.mask != nullptr;
+    if (tensors) row_tensors_[r].apply(s, col0, begin, end, kNegInf);
+    if (segments_.active()) {  // keys of other segments: -inf
       const int* kv = segments_.kv + col0;
       for (int j = begin; j < end; ++j) s[j] = kv[j] == row_segment_[r] ? s[j] : kNegInf;
-      if (cpu::row_max(s + begin, end - begin) == kNegInf) {
-        std::fill(s, s + cols, 0.0f);
-        return false;
-      }
+    }
+    if ((tensors || segments_.active()) && cpu::row_max(s + begin, end - begin) == kNegInf) {
+      std::fill(s, s + cols, 0.0f);  // no key left (or only -inf scores): as no key at all
+      return false;
     }
     const float m_new = std::max(m_[r], cpu::row_max(s + begin, end - begin));
     const float rescale = std::exp(m_[r] - m_new);  // exp(-inf) = 0 on the row's first visible tile
@@ -187,6 +193,14 @@ class TileWorker {
     m_[r] = m_new;
     if (rescale != 1.0f) cpu::scale(o_.data() + static_cast<size_t>(r) * D_, D_, rescale);
     return true;
+  }
+
+  // Whether the mask tensor leaves some row a key of [col0, col0 + cols) (else the tile is skipped).
+  bool any_unmasked(int rows, int col0, int cols) const {
+    for (int r = 0; r < rows; ++r) {
+      if (row_tensors_[r].any_visible(col0, col0 + cols)) return true;
+    }
+    return false;
   }
 
   void save_partial(int64_t item, int rows) {
@@ -248,6 +262,7 @@ class TileWorker {
   std::vector<float> m_, l_;      // (block_q) running maximum and sum
   std::vector<KeyRange> row_keys_;
   std::vector<int> row_segment_;  // (block_q) the rows' segment ids (with segments)
+  std::vector<cpu::TensorRow> row_tensors_;  // (block_q) the rows' bias and mask entries (with those tensors)
   cpu::RowSegments segments_;     // the current unit's batch row
 };
 

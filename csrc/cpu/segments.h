@@ -1,6 +1,7 @@
-// Segment ids on the CPU path (common/params.h): the ids of one batch row, the range of ids a set of query rows or a
-// key tile holds, and the per-score test. A tile whose key ids cannot meet its rows' ids is skipped without its
-// products: a packed row then costs about the sum of its documents.
+// Masks from tensors on the CPU path (common/params.h). Segment ids: the ids of one batch row, the range of ids a set
+// of query rows or a key tile holds; a tile whose key ids cannot meet its rows' ids is skipped without its products,
+// so a packed row costs about the sum of its documents. Bias and mask tensors: one query row's entries over the keys
+// (strides 0 where broadcast).
 #pragma once
 
 #include <algorithm>
@@ -34,6 +35,42 @@ struct RowSegments {
     SegmentRange range;
     for (int64_t j = begin; j < end; ++j) range.add(kv[j]);
     return range;
+  }
+};
+
+// Row (b, h, i) of the bias and mask tensors: entry j of the keys. Absent tensors give nullptr rows.
+struct TensorRow {
+  const float* bias = nullptr;
+  const uint8_t* mask = nullptr;
+  int64_t bias_step = 0, mask_step = 0;
+
+  TensorRow() = default;
+  TensorRow(const AttentionParams& p, int64_t b, int64_t h, int64_t i) {
+    if (p.bias != nullptr) {
+      bias = p.bias + b * p.bias_strides[0] + h * p.bias_strides[1] + i * p.bias_strides[2];
+      bias_step = p.bias_strides[3];
+    }
+    if (p.mask != nullptr) {
+      mask = p.mask + b * p.mask_strides[0] + h * p.mask_strides[1] + i * p.mask_strides[2];
+      mask_step = p.mask_strides[3];
+    }
+  }
+  // Adds the bias to s[begin, end) (keys col0 + begin ...) and sets the masked keys' scores to `masked`.
+  void apply(float* s, int64_t col0, int begin, int end, float masked) const {
+    if (bias != nullptr) {
+      for (int j = begin; j < end; ++j) s[j] += bias[(col0 + j) * bias_step];
+    }
+    if (mask != nullptr) {
+      for (int j = begin; j < end; ++j) s[j] = mask[(col0 + j) * mask_step] ? s[j] : masked;
+    }
+  }
+  // Whether any key of [begin, end) is unmasked.
+  bool any_visible(int64_t begin, int64_t end) const {
+    if (mask == nullptr) return begin < end;
+    for (int64_t j = begin; j < end; ++j) {
+      if (mask[j * mask_step]) return true;
+    }
+    return false;
   }
 };
 

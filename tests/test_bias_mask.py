@@ -1,0 +1,156 @@
+"""Bias and mask tensors: jax_flash.attention(bias=, mask=) against attention_reference for broadcast shapes, with
+the other masks, their gradients (the bias's too), vmap, sharding and clear errors. CPU always; on a GPU the same
+checks run (its path for these tensors is an XLA implementation until the kernels take them)."""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from jax.sharding import Mesh, NamedSharding, PartitionSpec
+
+import jax_flash
+from conftest import assert_flash_close, random_qkv
+
+B, S, HQ, HK, D = 2, 96, 4, 2, 64
+
+
+def _dtype(device):
+    return jnp.float32 if device.platform == "cpu" else jnp.float16  # (GPUs take 16-bit inputs)
+
+
+def _bias(shape, seed=1):
+    return 2.0 * jax.random.normal(jax.random.PRNGKey(seed), shape, jnp.float32)
+
+
+def _mask(shape, seed=2, p=0.7):
+    return jax.random.bernoulli(jax.random.PRNGKey(seed), p, shape)
+
+
+SHAPES = {"full": (B, HQ, S, S), "heads": (1, HQ, S, S), "keys": (B, 1, 1, S), "rows": (1, 1, S, 1)}
+
+
+@pytest.mark.parametrize("shape", SHAPES)
+@pytest.mark.parametrize("causal", [False, True])
+def test_bias_shapes(device, shape, causal):
+    q, k, v = random_qkv(3, B, S, S, HQ, HK, D, _dtype(device), device)
+    bias = _bias(SHAPES[shape])
+    out, lse = jax.jit(lambda q, k, v, b: jax_flash.attention(q, k, v, bias=b, causal=causal, return_lse=True))(
+        q, k, v, bias)
+    assert_flash_close(out, q, k, v, bias=bias, causal=causal)
+    _, ref_lse = jax_flash.attention_reference(q, k, v, bias=bias, causal=causal, return_lse=True)
+    np.testing.assert_allclose(np.asarray(lse), np.asarray(ref_lse), atol=2e-2, rtol=1e-3)
+
+
+@pytest.mark.parametrize("shape", SHAPES)
+def test_mask_shapes_with_every_other_mask(device, shape):
+    q, k, v = random_qkv(4, B, S, S, HQ, HK, D, _dtype(device), device)
+    mask = _mask(SHAPES[shape])
+    ids = jnp.cumsum(jax.random.bernoulli(jax.random.PRNGKey(7), 0.05, (B, S)).astype(jnp.int32), axis=1)
+    kwargs = dict(mask=mask, causal=True, window=(40, -1), softcap=15.0, kv_lengths=jnp.array([S, 61], jnp.int32),
+                  q_segment_ids=ids, kv_segment_ids=ids, bias=_bias((1, HQ, S, S)))
+    assert_flash_close(jax_flash.attention(q, k, v, **kwargs), q, k, v, **kwargs)
+
+
+def test_a_dense_causal_mask_equals_causal(device):
+    q, k, v = random_qkv(5, B, S, S, HQ, HK, D, _dtype(device), device)
+    dense = jnp.tril(jnp.ones((S, S), bool))[None, None]
+    out, lse = jax_flash.attention(q, k, v, mask=dense, return_lse=True)
+    ref, ref_lse = jax_flash.attention(q, k, v, causal=True, return_lse=True)
+    np.testing.assert_allclose(np.asarray(out.astype(jnp.float32)), np.asarray(ref.astype(jnp.float32)), atol=2e-3)
+    np.testing.assert_allclose(np.asarray(lse), np.asarray(ref_lse), atol=1e-4)
+
+
+def test_rows_the_mask_hides_entirely(device):
+    """Rows whose every key is masked (or biased to -inf) give zeros and lse -inf, never NaN."""
+    q, k, v = random_qkv(6, 1, 8, 16, 2, 2, 64, _dtype(device), device)
+    mask = jnp.ones((1, 1, 8, 16), bool).at[0, 0, 3].set(False)
+    bias = jnp.zeros((1, 1, 8, 16), jnp.float32).at[0, 0, 5].set(-jnp.inf)
+    out, lse = jax_flash.attention(q, k, v, mask=mask, bias=bias, return_lse=True)
+    out, lse = np.asarray(out.astype(jnp.float32)), np.asarray(lse)
+    assert (out[0, [3, 5]] == 0).all() and np.isneginf(lse[0, :, [3, 5]]).all()
+    assert np.isfinite(out).all() and np.isfinite(np.delete(lse, [3, 5], axis=2)).all()
+
+
+@pytest.mark.parametrize("shape", ["full", "heads", "keys"])
+def test_gradients_with_bias_and_mask(device, shape):
+    """Gradients to q, k, v and the bias (summed over its broadcast dimensions) against the reference's."""
+    dtype = _dtype(device)
+    q, k, v = random_qkv(8, B, 64, 64, HQ, HK, D, dtype, device)
+    bias = _bias(SHAPES[shape][:2] + (64, 64) if shape != "keys" else (B, 1, 1, 64))
+    mask = _mask((B, 1, 1, 64), p=0.8)
+    weights = jax.random.normal(jax.random.PRNGKey(9), q.shape, jnp.float32)
+
+    def loss(attention, q, k, v, b, **kw):
+        out, lse = attention(q, k, v, bias=b, mask=mask, causal=True, return_lse=True, **kw)
+        return (out.astype(jnp.float32) * weights).sum() + jnp.where(jnp.isfinite(lse), lse, 0).sum()
+
+    grads = jax.jit(jax.grad(lambda *a: loss(jax_flash.attention, *a), argnums=(0, 1, 2, 3)))(q, k, v, bias)
+    f32 = [x.astype(jnp.float32) for x in (q, k, v)]
+    ref = jax.grad(lambda *a: loss(jax_flash.attention_reference, *a), argnums=(0, 1, 2, 3))(*f32, bias)
+    low = jax.grad(lambda *a: loss(jax_flash.attention_reference, *a, compute_dtype=dtype), argnums=(0, 1, 2, 3))(
+        q, k, v, bias)
+    atol = 1e-4 if dtype == jnp.float32 else 2e-3
+    for name, g, r, l in zip(("dq", "dk", "dv", "dbias"), grads, ref, low):
+        g, r, l = (np.asarray(x.astype(jnp.float32)) for x in (g, r, l))
+        assert g.shape == r.shape, name
+        bound = 2 * np.abs(l - r).max() + atol * max(1.0, np.abs(r).max())
+        assert np.abs(g - r).max() <= bound, f"{name}: {np.abs(g - r).max():.3g} > {bound:.3g}"
+
+
+def test_vmap_over_bias_mapped_and_shared(device):
+    q, k, v = random_qkv(10, B, 48, 48, HQ, HK, D, _dtype(device), device)
+    biases = _bias((3, 1, HQ, 48, 48))
+    stack = lambda x: jnp.broadcast_to(x, (3, *x.shape))
+    mapped = jax.vmap(lambda q, k, v, b: jax_flash.attention(q, k, v, bias=b))(stack(q), stack(k), stack(v), biases)
+    for i in range(3):
+        assert_flash_close(mapped[i], q, k, v, bias=biases[i])
+    mask = _mask((B, 1, 1, 48))
+    shared = jax.vmap(lambda q: jax_flash.attention(q, k, v, mask=mask, bias=biases[0]))(stack(q))
+    assert_flash_close(shared[2], q, k, v, mask=mask, bias=biases[0])
+
+
+def test_sharded_over_batch_and_heads():
+    """A heads-shaped bias splits with the query heads and a keys-shaped mask with the batch: no all-gather."""
+    devices = jax.devices("cpu")[:4]
+    mesh = Mesh(np.array(devices).reshape(2, 2), ("b", "h"))
+    q, k, v = random_qkv(11, 4, 64, 64, HQ, HK, D, jnp.float32)
+    bias, mask = _bias((1, HQ, 64, 64)), _mask((4, 1, 1, 64))
+    expected = jax_flash.attention(q, k, v, bias=bias, mask=mask, causal=True)
+    put = lambda x, *spec: jax.device_put(x, NamedSharding(mesh, PartitionSpec(*spec)))
+    args = (put(q, "b", None, "h", None), put(k, "b", None, "h", None), put(v, "b", None, "h", None),
+            put(bias, None, "h", None, None), put(mask, "b", None, None, None))
+    attend = jax.jit(lambda q, k, v, b, m: jax_flash.attention(q, k, v, bias=b, mask=m, causal=True))
+    assert "all-gather" not in attend.lower(*args).compile().as_text()
+    np.testing.assert_allclose(np.asarray(attend(*args)), np.asarray(expected), atol=1e-6)
+
+
+def test_bias_and_mask_errors():
+    q, k, v = random_qkv(1, 2, 16, 24, 2, 2, 64, jnp.float32)
+    with pytest.raises(ValueError, match=r"bias must be a floating-point array of rank 4 whose dimensions each equal "
+                                         r"\(batch, heads_q, seq_q, seq_k\) = \(2, 2, 16, 24\) or 1 \(broadcast\); "
+                                         r"got float32\(2, 2, 16\)"):
+        jax_flash.attention(q, k, v, bias=jnp.zeros((2, 2, 16)))
+    with pytest.raises(ValueError, match=r"bias .* got float32\(2, 2, 16, 16\)"):
+        jax_flash.attention(q, k, v, bias=jnp.zeros((2, 2, 16, 16)))
+    with pytest.raises(ValueError, match=r"bias .* got int32\(1, 1, 1, 1\)"):
+        jax_flash.attention(q, k, v, bias=jnp.zeros((1, 1, 1, 1), jnp.int32))
+    with pytest.raises(ValueError, match=r"mask must be a bool or numeric array .* got bool\(3, 1, 16, 24\)"):
+        jax_flash.attention(q, k, v, mask=jnp.ones((3, 1, 16, 24), bool))
+    # numeric masks (Flax's are float): nonzero entries are visible
+    ones = jnp.ones((1, 1, 16, 24))
+    np.testing.assert_array_equal(np.asarray(jax_flash.attention(q, k, v, mask=ones.at[..., 5].set(0))),
+                                  np.asarray(jax_flash.attention(q, k, v, mask=(ones.at[..., 5].set(0) != 0))))
+
+
+@pytest.mark.skipif(not jax_flash.native.BUILT_WITH_CUDA, reason="module built without CUDA")
+def test_cuda_lowering_of_bias_and_mask_is_xla():
+    q, k, v = random_qkv(2, 1, 32, 32, 2, 2, 64, jnp.float16)
+    loss = lambda q, k, v, b: jax_flash.attention(q, k, v, bias=b).astype(jnp.float32).sum()
+    import jax_flash._sharding as sharding
+    sharding._warned.discard("xla on gpu")
+    with pytest.warns(UserWarning, match="bias / mask tensors have no GPU kernel yet"):
+        text = jax.jit(jax.grad(loss, argnums=(0, 3))).trace(q, k, v, _bias((1, 2, 32, 32))).lower(
+            lowering_platforms=("cuda",)).as_text()
+    assert "jax_flash_attention" not in text
