@@ -7,10 +7,11 @@ jax.nn's conventions differ from jax_flash.attention's in three places, each map
 - A row that sees no key gets the mean of V over all keys (every score is the same large negative number), and its
   residual that number; jax_flash gives zeros and lse -inf.
 - return_residual is the lse in (B, T, N) and the input dtype.
-Key lengths with is_causal are two kernel calls (_causal_with_key_lengths). Calls the kernels cannot express yet run
-jax.nn's own XLA implementation (a one-time warning says which): bias and mask tensors, and windows with key lengths
-(the kernels would realign the band to them), unless one array is passed as both query_seq_lengths and
-key_value_seq_lengths (padded self-attention) and the band lies on a square.
+Key lengths with is_causal are two kernel calls (_causal_with_key_lengths). Bias and mask tensors go to the kernels'
+own (sliced with the band). Calls the kernels cannot express yet run jax.nn's own XLA implementation (a one-time
+warning says which): windows with key lengths (the kernels would realign the band to them), unless one array is
+passed as both query_seq_lengths and key_value_seq_lengths (padded self-attention) and the band lies on a square,
+and bias or mask tensors with is_causal and key lengths.
 """
 
 from __future__ import annotations
@@ -53,6 +54,9 @@ def dot_product_attention(query, key, value, bias=None, mask=None, *, scale: flo
     squeeze = query.ndim == 3
     if squeeze:
         query, key, value = query[None], key[None], value[None]
+    # (jax.nn takes bias and mask of rank 2 to 4, leading dimensions added)
+    bias, mask = (None if x is None else jnp.reshape(jnp.asarray(x), (1,) * (4 - jnp.ndim(x)) + jnp.shape(x))
+                  for x in (bias, mask))
     _check_arguments(query, is_causal, scale, local_window_size, query_seq_lengths, key_value_seq_lengths)
     if isinstance(local_window_size, int):
         local_window_size = (local_window_size, local_window_size)
@@ -71,7 +75,7 @@ def dot_product_attention(query, key, value, bias=None, mask=None, *, scale: flo
             implementation="xla", return_residual=return_residual)
     else:
         result = _on_kernels(query, key, value, scale, band, plan, query_seq_lengths, key_value_seq_lengths,
-                             return_residual)
+                             return_residual, bias, mask)
     if squeeze:
         return tuple(x[0] for x in result) if return_residual else result[0]
     return result
@@ -108,8 +112,8 @@ def _band(is_causal, window):
 
 def _xla_reason(bias, mask, band, plan, q_lengths, kv_lengths) -> str | None:
     """Why the kernels cannot run this call yet (None: they can)."""
-    if bias is not None or mask is not None:
-        return "the kernels do not read bias or mask tensors yet"
+    if (bias is not None or mask is not None) and band == _CAUSAL and kv_lengths is not None:
+        return "is_causal with key lengths runs as two kernel calls, which bias and mask tensors do not follow yet"
     if band == (None, None) or kv_lengths is None or plan is None or band == _CAUSAL:
         return None
     r0, r1, c0, c1, _, _ = plan
@@ -120,7 +124,16 @@ def _xla_reason(bias, mask, band, plan, q_lengths, kv_lengths) -> str | None:
             "band lies on a square")
 
 
-def _banded(query, key, value, scale, plan, q_lengths, kv_lengths):
+def _sliced(x, r0, r1, c0, c1):
+    """A bias or mask tensor (None, or rank 4 with broadcast dimensions of size 1) cut to rows r0:r1, keys c0:c1."""
+    if x is None:
+        return None
+    rows = slice(r0, r1) if x.shape[2] != 1 else slice(None)
+    keys = slice(c0, c1) if x.shape[3] != 1 else slice(None)
+    return x[:, :, rows, keys]
+
+
+def _banded(query, key, value, scale, plan, q_lengths, kv_lengths, bias=None, mask=None):
     """(out, lse) of jax.nn's band as the plan's slice; rows outside it see nothing."""
     batch, seq_q, heads, _ = query.shape
     if plan is None:  # no pair is visible: every row is jax.nn's fully masked row
@@ -130,7 +143,8 @@ def _banded(query, key, value, scale, plan, q_lengths, kv_lengths):
     # array on a square band at the origin (_xla_reason); query lengths alone are applied by the caller
     kv = dict(q_lengths=q_lengths, kv_lengths=kv_lengths) if kv_lengths is not None else {}
     out, lse = attention(query[:, r0:r1], key[:, c0:c1], value[:, c0:c1], softmax_scale=scale, window=(left, right),
-                         return_lse=True, **kv)
+                         bias=_sliced(bias, r0, r1, c0, c1), mask=_sliced(mask, r0, r1, c0, c1), return_lse=True,
+                         **kv)
     out = jnp.pad(out, ((0, 0), (r0, seq_q - r1), (0, 0), (0, 0)))
     lse = jnp.pad(lse, ((0, 0), (0, 0), (r0, seq_q - r1)), constant_values=-jnp.inf)
     return out, lse
@@ -153,14 +167,15 @@ def _causal_with_key_lengths(query, key, value, scale, kv_lengths):
     return out, lse
 
 
-def _on_kernels(query, key, value, scale, band, plan, q_lengths, kv_lengths, return_residual):
+def _on_kernels(query, key, value, scale, band, plan, q_lengths, kv_lengths, return_residual, bias=None,
+                mask=None):
     batch, seq_q, heads, head_dim = query.shape
     seq_k = key.shape[1]
     scale = 1.0 / math.sqrt(head_dim) if scale is None else float(scale)
     if band == _CAUSAL and kv_lengths is not None:
         out, lse = _causal_with_key_lengths(query, key, value, scale, kv_lengths)
     else:
-        out, lse = _banded(query, key, value, scale, plan, q_lengths, kv_lengths)
+        out, lse = _banded(query, key, value, scale, plan, q_lengths, kv_lengths, bias, mask)
     # jax.nn's fully masked rows: the mean of V over all keys, residual = the masked score (+ log S, lost in float32)
     empty = jnp.isneginf(lse)  # (B, N, T)
     group = heads // key.shape[2]

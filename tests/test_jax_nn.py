@@ -92,18 +92,31 @@ def test_rows_that_see_no_key_give_jax_nns_mean_of_v():
     np.testing.assert_allclose(np.asarray(mine[0][0]), np.broadcast_to(mean_v, mine[0][0].shape), atol=1e-5)
 
 
-@pytest.mark.parametrize("bias_shape,mask_shape", [((3, 4, 24, 24), None), ((1, 4, 24, 24), None),
-                                                   ((3, 1, 24, 24), (3, 1, 1, 24)), (None, (1, 1, 24, 24)),
-                                                   (None, (3, 4, 24, 24))])
-def test_bias_and_mask_tensors_give_jax_nns_result(bias_shape, mask_shape):
-    q, k, v = _qkv()
+@pytest.mark.parametrize("bias_shape,mask_shape", [((3, 4, 16, 40), None), ((1, 4, 16, 40), None),
+                                                   ((3, 1, 16, 40), (3, 1, 1, 40)), (None, (1, 1, 16, 40)),
+                                                   (None, (3, 4, 16, 40)), ((16, 40), (1, 40))])
+@pytest.mark.parametrize("band", [dict(is_causal=True), dict(local_window_size=(5, 3)), {}],
+                         ids=["causal", "window", "none"])
+def test_bias_and_mask_tensors_give_jax_nns_result(bias_shape, mask_shape, band):
+    """On the kernels (sliced with the top-left band, which lies off the kernel's diagonal for T < S), including
+    jax.nn's rank-2 and rank-3 tensors and its fully masked rows."""
+    q, k, v = _qkv(seq_q=16, seq_k=40)
     rng = np.random.default_rng(0)
     bias = None if bias_shape is None else jnp.asarray(rng.standard_normal(bias_shape), jnp.float32)
     mask = None if mask_shape is None else jnp.asarray(rng.random(mask_shape) > 0.3)
+    call = jax.jit(lambda q, k, v, b, m: jax_flash.dot_product_attention(q, k, v, b, m, **band))
+    assert "jax_flash_attention" in call.lower(q, k, v, bias, mask).as_text()
+    _close(call(q, k, v, bias, mask), jax.nn.dot_product_attention(q, k, v, bias, mask, **band))
+
+
+def test_bias_with_causal_and_key_lengths_runs_xla_with_a_warning():
+    q, k, v = _qkv()
+    bias = jnp.asarray(np.random.default_rng(1).standard_normal((1, 4, 24, 24)), jnp.float32)
+    lengths = jnp.array([24, 9, 17], jnp.int32)
     jax_nn._warned.clear()
-    with pytest.warns(UserWarning, match="do not read bias or mask tensors yet"):
-        mine = jax_flash.dot_product_attention(q, k, v, bias, mask, is_causal=True)
-    _close(mine, jax.nn.dot_product_attention(q, k, v, bias, mask, is_causal=True))
+    with pytest.warns(UserWarning, match="bias and mask tensors do not follow yet"):
+        mine = jax_flash.dot_product_attention(q, k, v, bias, is_causal=True, key_value_seq_lengths=lengths)
+    _close(mine, jax.nn.dot_product_attention(q, k, v, bias, is_causal=True, key_value_seq_lengths=lengths))
 
 
 @pytest.mark.parametrize("shape", [(24, 24), (16, 40), (40, 16)], ids=["square", "fewer-queries", "more-queries"])
@@ -182,7 +195,7 @@ def test_linen_attention_fn_equals_flax_default(masking):
     ours = linen.MultiHeadDotProductAttention(num_heads=4, qkv_features=64, attention_fn=jax_flash.flax.attention_fn)
     params = default.init(jax.random.PRNGKey(0), x, mask=mask)
     with warnings.catch_warnings():
-        warnings.simplefilter("ignore")  # (mask tensors run jax.nn's XLA path, with a warning)
+        warnings.simplefilter("ignore")
         _close(ours.apply(params, x, mask=mask), default.apply(params, x, mask=mask), rtol=1e-4, atol=1e-5)
 
 
@@ -202,14 +215,19 @@ def test_nnx_attention_fn_equals_flax_default(masking):
         _close(ours(x, **call), default(x, **call), rtol=1e-4, atol=1e-5)
 
 
-def test_attention_given_to_linen_with_a_mask_is_an_error_not_unmasked_attention():
-    """Linen passes `mask=` only to an attention_fn that names it; jax_flash.attention names it to refuse it."""
+def test_attention_given_to_linen_honours_its_mask():
+    """Linen passes `mask=` to an attention_fn that names it: jax_flash.attention applies it as a mask tensor (it
+    once ignored it, giving unmasked attention)."""
     linen, _ = _flax()
     x = jax.random.normal(jax.random.PRNGKey(3), (2, 16, 64), jnp.float32)
-    module = linen.MultiHeadDotProductAttention(num_heads=4, qkv_features=64, attention_fn=jax_flash.attention)
-    params = module.init(jax.random.PRNGKey(0), x)  # no mask: plain attention works
-    with pytest.raises(ValueError, match="jax_flash.attention takes no mask tensor .* jax_flash.flax.attention_fn"):
-        module.apply(params, x, mask=linen.make_causal_mask(jnp.ones((2, 16))))
+    kwargs = dict(num_heads=4, qkv_features=64)
+    ours = linen.MultiHeadDotProductAttention(**kwargs, attention_fn=jax_flash.attention)
+    default = linen.MultiHeadDotProductAttention(**kwargs)
+    params = default.init(jax.random.PRNGKey(0), x)
+    mask = linen.make_causal_mask(jnp.ones((2, 16)))
+    _close(ours.apply(params, x, mask=mask), default.apply(params, x, mask=mask), rtol=1e-4, atol=1e-5)
+    unmasked = default.apply(params, x)
+    assert not np.allclose(np.asarray(ours.apply(params, x, mask=mask)), np.asarray(unmasked), atol=1e-3)
 
 
 def test_flax_dropout_and_sown_weights_are_refused():
