@@ -2,9 +2,9 @@
 MultiHeadDotProductAttention (`attention_fn=jax_flash.flax.attention_fn`).
 
 It computes what Flax's default attention computes without dropout (which is jax.nn.dot_product_attention), through
-jax_flash.dot_product_attention: the module's mask is honoured (mask tensors run jax.nn's XLA implementation until
-the kernels read them; nnx's `is_causal=True` runs the kernels). Dropout on the attention weights and sown weights
-need the weights, which a FlashAttention kernel never forms: they raise.
+jax_flash.dot_product_attention: the module's mask is honoured, as a mask tensor of the kernels (nnx's
+`is_causal=True` as their causal mask). Dropout on the attention weights and sown weights need the weights, which a
+FlashAttention kernel never forms: they raise.
 """
 
 from __future__ import annotations
