@@ -27,7 +27,7 @@ from jax._src import dispatch as _dispatch  # no public spelling of prim_require
 
 from jax_flash import native
 from jax_flash._primitive import (_attrs, _reference_forward, attention_p, fold_tensor, needs_xla_on_gpu,
-                                 no_segments, no_tensor, result_aval, xla_fallback_warning)
+                                 no_extras, result_aval, xla_fallback_warning)
 from jax_flash._ring import ring_backward
 from jax_flash._sharding import make_partitioned_backward
 from jax_flash.reference import gather_pages, visibility_mask
@@ -221,7 +221,7 @@ def _lower_bwd_cuda(ctx, *args, cfg, **params):
 def _bind_bwd_kernel(*args_and_params):
     *args, params = args_and_params
     if len(args) == 9:  # the ring's steps (no segment ids or tensors there)
-        args += (*no_segments(args[0].shape[0]), no_tensor(jnp.float32), no_tensor(jnp.bool_))
+        args += no_extras(args[0].shape[0])
     return tuple(attention_bwd_local_p.bind(*args, **params))
 
 

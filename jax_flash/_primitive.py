@@ -142,7 +142,8 @@ def xla_fallback_warning(what: str) -> None:
 
 def _reference_forward(q, k, v, q_lengths, kv_lengths, page_table, q_segment_ids, kv_segment_ids, bias, mask, *,
                        params):
-    """The call in plain jnp (jax_flash.reference): the GPU's path for segment ids until its kernels take them."""
+    """The call in plain jnp (jax_flash.reference): the GPU's path for segment ids and bias / mask tensors until its
+    kernels take them."""
     from jax_flash.reference import attention_reference, gather_pages
 
     if params["paged"]:
@@ -189,10 +190,14 @@ def no_tensor(dtype):
     return jnp.zeros((0, 0, 0, 0), dtype)
 
 
+def no_extras(batch):
+    """(q_segment_ids, kv_segment_ids, bias, mask) of a call with none of them (the ring's steps)."""
+    return (*no_segments(batch), no_tensor(jnp.float32), no_tensor(jnp.bool_))
+
+
 def _bind_kernel(q, k, v, q_lengths, kv_lengths, page_table, params: dict, extra=None):
-    """The per-device primitive; `extra`: (q_segment_ids, kv_segment_ids, bias, mask), or None for none of them
-    (the ring's steps)."""
-    extra = (*no_segments(q.shape[0]), no_tensor(jnp.float32), no_tensor(jnp.bool_)) if extra is None else extra
+    """The per-device primitive; `extra`: (q_segment_ids, kv_segment_ids, bias, mask), or None for none of them."""
+    extra = no_extras(q.shape[0]) if extra is None else extra
     return tuple(attention_local_p.bind(q, k, v, q_lengths, kv_lengths, page_table, *extra, **params))
 
 
