@@ -19,7 +19,9 @@ namespace {
 ffi::Error attention_bwd_cuda_impl(cudaStream_t stream, ffi::ScratchAllocator scratch, ffi::AnyBuffer q,
                                    ffi::AnyBuffer k, ffi::AnyBuffer v, ffi::AnyBuffer out, ffi::AnyBuffer lse,
                                    ffi::AnyBuffer d_out, ffi::AnyBuffer d_lse, ffi::AnyBuffer q_lengths,
-                                   ffi::AnyBuffer kv_lengths, ffi::Result<ffi::AnyBuffer> dq,
+                                   ffi::AnyBuffer kv_lengths, ffi::AnyBuffer q_segment_ids,
+                                   ffi::AnyBuffer kv_segment_ids, ffi::AnyBuffer bias, ffi::AnyBuffer mask,
+                                   ffi::Result<ffi::AnyBuffer> dq,
                                    ffi::Result<ffi::AnyBuffer> dk, ffi::Result<ffi::AnyBuffer> dv,
                                    AttentionAttrs attrs) {
   if (auto err = check_buffers(q, k, v, q_lengths, kv_lengths, nullptr, out, lse, attrs)) return std::move(*err);
@@ -45,8 +47,20 @@ ffi::Error attention_bwd_cuda_impl(cudaStream_t stream, ffi::ScratchAllocator sc
                       "jax_flash: the GPU backward needs compute capability 8.0 or newer; this device is " +
                           std::to_string(limits.major) + "." + std::to_string(limits.minor));
   }
-  // Hopper runs the sm90 family's kernel where it has one for the head dim; everything else the sm80 family's.
-  const bool hopper = limits.major == 9 && entry->run_sm90 != nullptr;
+  BackwardParams params{};
+  params.p = params_from_buffers(q, k, v, q_lengths, kv_lengths, nullptr, out, lse, attrs);
+  if (auto err = check_segment_buffers(q, params.p.seqlen_k, q_segment_ids, kv_segment_ids)) return std::move(*err);
+  set_segments(params.p, q_segment_ids, kv_segment_ids);
+  if (auto err = check_tensor_buffers(q, params.p.seqlen_k, bias, mask)) return std::move(*err);
+  set_tensors(params.p, bias, mask);
+  const bool tensors = params.p.q_segment_ids != nullptr || params.p.bias != nullptr || params.p.mask != nullptr;
+  if (tensors && attrs.deterministic) {
+    return invalid("deterministic=True with segment ids or bias / mask tensors has no GPU kernel (jax_flash runs "
+                   "such calls through XLA)");
+  }
+  // Hopper runs the sm90 family's kernel where it has one for the head dim (and the call no segment ids, bias or
+  // mask tensors); everything else the sm80 family's.
+  const bool hopper = limits.major == 9 && entry->run_sm90 != nullptr && !tensors;
   const BackwardRunFn run = hopper ? entry->run_sm90 : entry->run_sm80;
   const int smem_bytes = hopper ? entry->smem_bytes_sm90() : entry->smem_bytes_sm80();
   if (smem_bytes > limits.max_smem_optin) {
@@ -55,8 +69,6 @@ ffi::Error attention_bwd_cuda_impl(cudaStream_t stream, ffi::ScratchAllocator sc
                           std::to_string(smem_bytes) + " bytes of shared memory per block; this device allows " +
                           std::to_string(limits.max_smem_optin));
   }
-  BackwardParams params{};
-  params.p = params_from_buffers(q, k, v, q_lengths, kv_lengths, nullptr, out, lse, attrs);
   params.t = {out.untyped_data(),
               d_out.untyped_data(),
               static_cast<const float*>(lse.untyped_data()),
@@ -109,6 +121,10 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(AttentionBackwardCuda, attention_bwd_cuda_impl,
                                   .Arg<ffi::AnyBuffer>()  // d_lse
                                   .Arg<ffi::AnyBuffer>()  // q_lengths
                                   .Arg<ffi::AnyBuffer>()  // kv_lengths
+                                  .Arg<ffi::AnyBuffer>()  // q_segment_ids (batch, seq_q); (batch, 0): none
+                                  .Arg<ffi::AnyBuffer>()  // kv_segment_ids (batch, seq_k); (batch, 0): none
+                                  .Arg<ffi::AnyBuffer>()  // bias float32 (B|1, Hq|1, Sq|1, Sk|1); (0, 0, 0, 0): none
+                                  .Arg<ffi::AnyBuffer>()  // mask bool, the same shapes
                                   .Ret<ffi::AnyBuffer>()  // dq
                                   .Ret<ffi::AnyBuffer>()  // dk
                                   .Ret<ffi::AnyBuffer>()  // dv

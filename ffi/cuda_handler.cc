@@ -68,8 +68,9 @@ ffi::Error plan_splits(AttentionParams& params, const RegistryEntry& entry, cons
 
 ffi::Error attention_cuda_impl(cudaStream_t stream, ffi::ScratchAllocator scratch, ffi::AnyBuffer q,
                                ffi::AnyBuffer k, ffi::AnyBuffer v, ffi::AnyBuffer q_lengths,
-                               ffi::AnyBuffer kv_lengths, ffi::AnyBuffer page_table, ffi::Result<ffi::AnyBuffer> o,
-                               ffi::Result<ffi::AnyBuffer> lse, AttentionAttrs attrs) {
+                               ffi::AnyBuffer kv_lengths, ffi::AnyBuffer page_table, ffi::AnyBuffer q_segment_ids,
+                               ffi::AnyBuffer kv_segment_ids, ffi::AnyBuffer bias, ffi::AnyBuffer mask,
+                               ffi::Result<ffi::AnyBuffer> o, ffi::Result<ffi::AnyBuffer> lse, AttentionAttrs attrs) {
   if (auto err = check_buffers(q, k, v, q_lengths, kv_lengths, &page_table, *o, *lse, attrs)) {
     return std::move(*err);
   }
@@ -92,13 +93,23 @@ ffi::Error attention_cuda_impl(cudaStream_t stream, ffi::ScratchAllocator scratc
                                                      "; compiled configs for this dtype and head_dim:" +
                                                      available_for(dtype, head_dim));
   }
+  // Every block writes all its rows (zeros and lse = -inf for rows that see no key), also when Sk = 0.
+  AttentionParams params = params_from_buffers(q, k, v, q_lengths, kv_lengths, &page_table, *o, *lse, attrs);
+  if (auto err = check_segment_buffers(q, params.seqlen_k, q_segment_ids, kv_segment_ids)) return std::move(*err);
+  set_segments(params, q_segment_ids, kv_segment_ids);
+  if (auto err = check_tensor_buffers(q, params.seqlen_k, bias, mask)) return std::move(*err);
+  set_tensors(params, bias, mask);
   if (q.element_count() == 0) return ffi::Error::Success();  // nothing to compute: no launch
 
   DeviceLimits limits;
   if (ffi::Error err = current_device_limits(limits); err.failure()) return err;
-  if (key.family == 90 && (attrs.paged || attrs.pack_gqa == 1)) {
-    return invalid(std::string(attrs.paged ? "a paged KV cache" : "pack_gqa=True") + " needs a family='sm80' config "
-                   "(cfg=None picks one); " + describe(key) + " reads contiguous K/V per query head");
+  const bool tensors = params.q_segment_ids != nullptr || params.bias != nullptr || params.mask != nullptr;
+  if (key.family == 90 && (attrs.paged || attrs.pack_gqa == 1 || tensors)) {
+    return invalid(std::string(attrs.paged          ? "a paged KV cache"
+                               : attrs.pack_gqa == 1 ? "pack_gqa=True"
+                                                     : "segment ids or a bias / mask tensor") +
+                   " needs a family='sm80' config (cfg=None picks one); " + describe(key) +
+                   " reads contiguous K/V per query head with masks from positions only");
   }
   if (limits.major < 8) {
     return ffi::Error(ffi::ErrorCode::kFailedPrecondition,
@@ -117,8 +128,15 @@ ffi::Error attention_cuda_impl(cudaStream_t stream, ffi::ScratchAllocator scratc
                           " bytes of shared memory per block; this device allows " +
                           std::to_string(limits.max_smem_optin) + ". Choose a config with smaller blocks.");
   }
-  // Every block writes all its rows (zeros and lse = -inf for rows that see no key), also when Sk = 0.
-  AttentionParams params = params_from_buffers(q, k, v, q_lengths, kv_lengths, &page_table, *o, *lse, attrs);
+  if (params.kv_segment_ids != nullptr && params.seqlen_k > 0) {  // the segment pre-pass's (min, max) per key block
+    const size_t bytes = size_t{2} * sizeof(int) * params.batch * ((params.seqlen_k + key.block_kv - 1) / key.block_kv);
+    std::optional<void*> ranges = scratch.Allocate(bytes, kScratchAlignment);
+    if (!ranges.has_value()) {
+      return ffi::Error(ffi::ErrorCode::kResourceExhausted, "jax_flash: could not allocate " + std::to_string(bytes) +
+                                                                " bytes of scratch memory for the segment id ranges");
+    }
+    params.kv_block_segments = static_cast<int*>(*ranges);
+  }
   if (ffi::Error err = plan_splits(params, *entry, limits, attrs.num_splits, scratch); err.failure()) return err;
   if (key.family == 90) {  // the dynamic tile scheduler's counter: XLA scratch memory, ordered on this stream
     std::optional<void*> counter = scratch.Allocate(sizeof(unsigned long long), kScratchAlignment);
@@ -149,6 +167,10 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(AttentionCuda, attention_cuda_impl,
                                   .Arg<ffi::AnyBuffer>()  // q_lengths
                                   .Arg<ffi::AnyBuffer>()  // kv_lengths
                                   .Arg<ffi::AnyBuffer>()  // page_table (batch, pages_per_seq); (batch, 0) unpaged
+                                  .Arg<ffi::AnyBuffer>()  // q_segment_ids (batch, seq_q); (batch, 0): none
+                                  .Arg<ffi::AnyBuffer>()  // kv_segment_ids (batch, seq_k); (batch, 0): none
+                                  .Arg<ffi::AnyBuffer>()  // bias float32 (B|1, Hq|1, Sq|1, Sk|1); (0, 0, 0, 0): none
+                                  .Arg<ffi::AnyBuffer>()  // mask bool, the same shapes
                                   .Ret<ffi::AnyBuffer>()  // o
                                   .Ret<ffi::AnyBuffer>()  // lse
                                   .Attrs<AttentionAttrs>());

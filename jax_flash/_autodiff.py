@@ -26,7 +26,7 @@ from jax.interpreters import ad, batching, mlir
 from jax._src import dispatch as _dispatch  # no public spelling of prim_requires_devices_during_lowering
 
 from jax_flash import native
-from jax_flash._primitive import (_attrs, _reference_forward, attention_p, fold_tensor, needs_xla_on_gpu,
+from jax_flash._primitive import (_attrs, _reference_forward, attention_p, fold_tensor, has_tensors,
                                  no_extras, result_aval, xla_fallback_warning)
 from jax_flash._ring import ring_backward
 from jax_flash._sharding import make_partitioned_backward
@@ -195,8 +195,8 @@ def _lower_bwd_cpu(ctx, *args, cfg, **params):
 
 def _reference_backward(q, k, v, out, lse, d_out, d_lse, q_lengths, kv_lengths, q_segment_ids, kv_segment_ids,
                         bias, mask, *, params):
-    """(dq, dk, dv) by differentiating the plain jnp forward: the GPU's path for segment ids and bias / mask tensors
-    until its kernels take them."""
+    """(dq, dk, dv) by differentiating the plain jnp forward: the GPU's path for deterministic=True with segment ids or
+    bias / mask tensors (the deterministic kernels do not take them)."""
     def forward(q, k, v):
         return _reference_forward(q, k, v, q_lengths, kv_lengths, None, q_segment_ids, kv_segment_ids, bias, mask,
                                   params=params)
@@ -206,11 +206,9 @@ def _reference_backward(q, k, v, out, lse, d_out, d_lse, q_lengths, kv_lengths, 
 
 
 def _lower_bwd_cuda(ctx, *args, cfg, **params):
-    if needs_xla_on_gpu(params):
-        xla_fallback_warning("the backward")
+    if has_tensors(params) and params["deterministic"]:
+        xla_fallback_warning("the deterministic backward")
         return mlir.lower_fun(functools.partial(_reference_backward, params=params), multiple_results=True)(ctx, *args)
-    # The CUDA handler takes no segment, bias or mask operands (empty here).
-    ctx, args = ctx.replace(avals_in=ctx.avals_in[:9]), args[:9]
     if not native.BUILT_WITH_CUDA:
         raise RuntimeError("jax_flash was built without its CUDA kernels (no CUDA compiler at install time), so its "
                            "backward cannot run on a GPU; reinstall on a machine with nvcc (README: Building on a GPU "

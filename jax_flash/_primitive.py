@@ -130,20 +130,21 @@ def _lower_cpu(ctx, *args, cfg, **params):
     return jax.ffi.ffi_lowering(native.TARGET_NAME)(ctx, *args, **attrs)
 
 
-def needs_xla_on_gpu(params) -> bool:
-    """Segment ids and bias / mask tensors have no GPU kernel yet: such calls run XLA's implementation there."""
+def has_tensors(params) -> bool:
+    """Whether the call has segment ids or a bias / mask tensor."""
     return params["segments"] or params["has_bias"] or params["has_mask"]
 
 
 def xla_fallback_warning(what: str) -> None:
-    _warn_once("xla on gpu", f"jax_flash: segment ids and bias / mask tensors have no GPU kernel yet; {what} runs an "
-                             f"XLA implementation (O(Sq x Sk) memory) on the GPU. The CPU path computes them blockwise")
+    _warn_once("xla on gpu", f"jax_flash: the deterministic GPU backward does not take segment ids or bias / mask "
+                             f"tensors; {what} runs an XLA implementation (O(Sq x Sk) memory) on the GPU. The "
+                             f"default backward and the CPU path compute them blockwise")
 
 
 def _reference_forward(q, k, v, q_lengths, kv_lengths, page_table, q_segment_ids, kv_segment_ids, bias, mask, *,
                        params):
-    """The call in plain jnp (jax_flash.reference): the GPU's path for segment ids and bias / mask tensors until its
-    kernels take them."""
+    """The call in plain jnp (jax_flash.reference): what the GPU's XLA backward (deterministic=True with segment ids or
+    bias / mask tensors) differentiates."""
     from jax_flash.reference import attention_reference, gather_pages
 
     if params["paged"]:
@@ -159,18 +160,14 @@ def _reference_forward(q, k, v, q_lengths, kv_lengths, page_table, q_segment_ids
 
 
 def _lower_cuda(ctx, *args, cfg, **params):
-    if needs_xla_on_gpu(params):
-        xla_fallback_warning("the forward")
-        return mlir.lower_fun(functools.partial(_reference_forward, params=params), multiple_results=True)(ctx, *args)
-    # The CUDA handler takes no segment, bias or mask operands (empty here).
-    ctx, args = ctx.replace(avals_in=ctx.avals_in[:6]), args[:6]
     q_aval, k_aval = ctx.avals_in[0], ctx.avals_in[1]
     seq_k = _seq_k(k_aval, ctx.avals_in[5], params)
     tuned = _tuned("cuda", q_aval, seq_k, params) if cfg is None else None
     right_bounded = bool(params["causal"]) or params["window_right"] >= 0
     shape = CallShape(seq_q=q_aval.shape[1] if _static_dims(q_aval) else None,
                       seq_k=seq_k if isinstance(seq_k, int) else 0,
-                      group=q_aval.shape[2] // k_aval.shape[2] if k_aval.shape[2] else 1, paged=params["paged"])
+                      group=q_aval.shape[2] // k_aval.shape[2] if k_aval.shape[2] else 1, paged=params["paged"],
+                      tensors=has_tensors(params))
     cfg = resolve_gpu_config(cfg, q_aval.dtype, q_aval.shape[3], tuned, right_bounded, shape)
     return jax.ffi.ffi_lowering(native.TARGET_NAME)(ctx, *args, **_attrs(cfg, params))
 

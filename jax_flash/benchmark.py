@@ -8,6 +8,7 @@
     python -m jax_flash.benchmark --suite ring           # ring attention over several devices (benchmark_ring.py)
     python -m jax_flash.benchmark --suite short          # ViT / BERT shapes: short sequences, many small heads
     python -m jax_flash.benchmark --suite packed         # packed documents by segment ids (benchmark_packed.py)
+    python -m jax_flash.benchmark --suite tensors        # a dense causal mask and an ALiBi bias (benchmark_tensors.py)
 
 Sizes as in docs/PERFORMANCE.md: batch * seq = --tokens (16384), heads * head_dim = --hidden (2048).
 FLOPs = 4 * B * H * S * S * D (halved for causal: --causal on|both). On a CPU-only machine it compares the CPU path
@@ -28,7 +29,7 @@ import jax.numpy as jnp
 
 import jax_flash
 from jax_flash._plotting import pyplot
-from jax_flash import benchmark_cpu, benchmark_decode, benchmark_packed, benchmark_ring
+from jax_flash import benchmark_cpu, benchmark_decode, benchmark_packed, benchmark_ring, benchmark_tensors
 from jax_flash import config as config_module
 from jax_flash.selection import cuda_arch, resolve_gpu_config
 from jax_flash.timing import time_interleaved_ms, time_loop_ms
@@ -261,13 +262,16 @@ def plot(rows: list[dict], path: str) -> None:
 def main(argv=None) -> int:
     on_gpu = jax.default_backend() == "gpu"
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--suite", choices=["prefill", "short", "decode", "ring", "packed"], default="prefill",
+    parser.add_argument("--suite", choices=["prefill", "short", "decode", "ring", "packed", "tensors"],
+                        default="prefill",
                         help="prefill: the standard grid (TFLOP/s); short: ViT and BERT shapes and more (batch, "
                              "head) pairs than 65535 (TFLOP/s); decode: a few query rows against a KV cache, "
                              "contiguous and paged (us, K/V GB/s, % of copy bandwidth); ring: ring attention "
                              "against the gather, and scaling over 1, 2, 4, ... devices; packed: documents packed "
                              "into rows by segment ids against the same documents unpacked (TFLOP/s of visible "
-                             "pairs)")
+                             "pairs); tensors: a dense causal mask and an ALiBi bias beside cuDNN given them")
+    parser.add_argument("--tensor-seqs", type=lambda s: [int(x) for x in s.split(",")], default=[],
+                        help="--suite tensors: sequence lengths (default: 2048,4096 on a GPU, 512,1024 on CPU)")
     parser.add_argument("--packed-tokens", type=int, default=0,
                         help="--suite packed: tokens per packed row (0: 16384 on a GPU, 4096 on CPU)")
     parser.add_argument("--packed-means", type=lambda s: [int(x) for x in s.split(",")], default=[],
@@ -320,6 +324,8 @@ def main(argv=None) -> int:
         return _main_ring(args)
     if args.suite == "packed":
         return _main_packed(args)
+    if args.suite == "tensors":
+        return _main_tensors(args)
     matmul = None if on_gpu else benchmark_cpu.matmul_gflops()
     rows = run(args)
     if args.json:
@@ -363,6 +369,18 @@ def _main_packed(args) -> int:
                        "timing": {"iters": args.iters, "reps": args.reps, "min_rep_ms": args.min_rep_ms},
                        "rows": rows}, f, indent=1)
     benchmark_packed.print_table(rows)
+    return 0
+
+
+def _main_tensors(args) -> int:
+    rows = benchmark_tensors.run(args)
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"suite": "tensors", "date": str(datetime.date.today()), "jax": jax.__version__,
+                       "platform": jax.default_backend(), "device": _device_name(jax.devices()[0]),
+                       "timing": {"iters": args.iters, "reps": args.reps, "min_rep_ms": args.min_rep_ms},
+                       "rows": rows}, f, indent=1)
+    benchmark_tensors.print_table(rows)
     return 0
 
 

@@ -57,12 +57,13 @@ SM90_BY_SHAPE: dict[tuple[int, bool], tuple[tuple[int, KernelConfig], ...]] = {
 @dataclasses.dataclass(frozen=True)
 class CallShape:
     """What of a call's shape picks its tile: seq_q (None: symbolic), the logical key length, the GQA group
-    (heads_q // heads_k), whether K/V are paged."""
+    (heads_q // heads_k), whether K/V are paged, whether it has segment ids or a bias / mask tensor."""
 
     seq_q: int | None = None
     seq_k: int = 0
     group: int = 1
     paged: bool = False
+    tensors: bool = False
 
 
 _MAX_ROWS = 2**31 - 1  # the kernels number a unit's rows (seq_q x group when packed) in 32 bits
@@ -94,11 +95,15 @@ def resolve_cpu_pack(cfg: KernelConfig, seq_q: int | None, group: int, block_q: 
 def decode_gpu_config(head_dim: int, shape: CallShape, compiled: list[KernelConfig]) -> KernelConfig | None:
     """The sm80 family's tile for a decode-shaped, packed or paged call (cfg=None); None for other calls. Rows per kv
     head: seq_q x group packed, else seq_q. At most 16: the one-warp decode tile; at most 64: the four-warp one; more,
-    where packing fills 128-row tiles better than one head's rows do (MQA with a few rows per sequence), or paged: the
-    tuned prefill tile. The sm90 family reads contiguous K/V per query head only: for MQA at 8 rows x 32 heads the
-    packed sm80 tile ran 2.2x faster than the sm90 kernel's 32 tiles of 8 rows (H100)."""
+    where packing fills 128-row tiles better than one head's rows do (MQA with a few rows per sequence), or paged, or
+    with segment ids or bias / mask tensors: the tuned prefill tile. The sm90 family reads contiguous K/V per query
+    head and masks by positions only: for MQA at 8 rows x 32 heads the packed sm80 tile ran 2.2x faster than the sm90
+    kernel's 32 tiles of 8 rows (H100)."""
     if shape.seq_q is None:
-        return None
+        if not shape.tensors:
+            return None
+        choice = next((c for c in TUNED_CONFIGS.get(head_dim, ()) if c in compiled), None)
+        return dataclasses.replace(choice, pack_gqa=False) if choice is not None else None
     rows = shape.seq_q * shape.group
     packs_better = should_pack_gqa(shape.seq_q, shape.group, 128)
     if rows <= 64:
@@ -106,7 +111,7 @@ def decode_gpu_config(head_dim: int, shape: CallShape, compiled: list[KernelConf
         choice = min(candidates, key=lambda c: c.block_q) if candidates else None
         if choice is not None:
             return dataclasses.replace(choice, pack_gqa=shape.group > 1)
-    if not (packs_better or shape.paged):
+    if not (packs_better or shape.paged or shape.tensors):
         return None
     choice = next((c for c in TUNED_CONFIGS.get(head_dim, ()) if c in compiled), None)
     if choice is None:
@@ -180,6 +185,9 @@ def resolve_gpu_config(cfg: KernelConfig | None, dtype, head_dim: int, tuned: Ke
         if cfg.pack_gqa:
             raise ValueError(f"cfg={cfg!r}: pack_gqa=True runs on family='sm80' configs; the sm90 family's tiles hold "
                              f"one query head")
+        if shape.tensors:
+            raise ValueError(f"cfg={cfg!r}: segment ids and bias / mask tensors run on family='sm80' configs "
+                             f"(cfg=None picks one); the sm90 family masks by positions only")
         if cfg.num_splits > 1:
             raise ValueError(f"cfg={cfg!r}: num_splits > 1 runs on family='sm80' configs; the sm90 family balances "
                              f"its last wave with its split tail")

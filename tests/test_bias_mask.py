@@ -1,6 +1,6 @@
 """Bias and mask tensors: jax_flash.attention(bias=, mask=) against attention_reference for broadcast shapes, with
 the other masks, their gradients (the bias's too), vmap, sharding and clear errors. CPU always; on a GPU the same
-checks run (its path for these tensors is an XLA implementation until the kernels take them)."""
+checks run on the sm80 family's kernels."""
 
 from __future__ import annotations
 
@@ -145,12 +145,17 @@ def test_bias_and_mask_errors():
 
 
 @pytest.mark.skipif(not jax_flash.native.BUILT_WITH_CUDA, reason="module built without CUDA")
-def test_cuda_lowering_of_bias_and_mask_is_xla():
+def test_cuda_lowering_of_bias_and_mask():
+    """The forward and the backward are our custom calls with the bias and mask among their operands, the forward on
+    an sm80-family config; the bias's gradient is XLA's (it has the bias's full size)."""
     q, k, v = random_qkv(2, 1, 32, 32, 2, 2, 64, jnp.float16)
-    loss = lambda q, k, v, b: jax_flash.attention(q, k, v, bias=b).astype(jnp.float32).sum()
-    import jax_flash._sharding as sharding
-    sharding._warned.discard("xla on gpu")
-    with pytest.warns(UserWarning, match="bias / mask tensors have no GPU kernel yet"):
-        text = jax.jit(jax.grad(loss, argnums=(0, 3))).trace(q, k, v, _bias((1, 2, 32, 32))).lower(
-            lowering_platforms=("cuda",)).as_text()
-    assert "jax_flash_attention" not in text
+    mask = jnp.ones((1, 1, 1, 32), bool)
+    loss = lambda q, k, v, b: jax_flash.attention(q, k, v, bias=b, mask=mask).astype(jnp.float32).sum()
+    text = jax.jit(jax.grad(loss, argnums=(0, 3))).trace(q, k, v, _bias((1, 2, 32, 32))).lower(
+        lowering_platforms=("cuda",)).as_text()
+    calls = [line for line in text.splitlines() if "@jax_flash_attention" in line]
+    forward = next(line for line in calls if "@jax_flash_attention(" in line)
+    backward = next(line for line in calls if "@jax_flash_attention_bwd(" in line)
+    assert "family = 80" in forward
+    for call in (forward, backward):
+        assert "tensor<1x2x32x32xf32>, tensor<1x1x1x32xi1>" in call

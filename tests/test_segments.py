@@ -1,6 +1,6 @@
 """Segment ids (packed sequences): q_segment_ids / kv_segment_ids against attention_reference's segment mask, alone and
 with every other mask, their gradients, vmap, sharding, and clear errors. CPU always; on a GPU the same checks run
-(its path for segment ids is an XLA implementation until the kernels take them)."""
+(the sm80 family's kernels, forward and backward)."""
 
 from __future__ import annotations
 
@@ -52,8 +52,8 @@ def test_segment_layouts(device, layout, causal):
     np.testing.assert_array_equal(np.isneginf(np.asarray(lse)), np.isneginf(ref_lse))
     finite = np.isfinite(ref_lse)
     np.testing.assert_allclose(np.asarray(lse)[finite], ref_lse[finite], atol=2e-2, rtol=0)
-    # One segment per row is the call without segments, bit for bit on CPU (GPUs run XLA's implementation for
-    # segment ids, so there the two agree only within the tolerance above).
+    # One segment per row is the call without segments, bit for bit on CPU (on a GPU the call with segments runs an
+    # sm80-family tile, the one without may run the sm90 family: equal within the tolerance above).
     if layout == "one_segment" and device.platform == "cpu":
         plain = jax_flash.attention(q, k, v, causal=causal)
         np.testing.assert_array_equal(np.asarray(out.astype(jnp.float32)), np.asarray(plain.astype(jnp.float32)))
@@ -171,23 +171,31 @@ def test_segment_id_errors():
 
 @pytest.mark.skipif(not jax_flash.native.BUILT_WITH_CUDA, reason="module built without CUDA")
 def test_cuda_lowering_with_and_without_segment_ids():
-    """Lowered for a GPU: without segment ids the custom calls take the handlers' operands (no segment ones); with
-    them the forward and backward are XLA's (no jax_flash custom call), after a warning."""
+    """Lowered for a GPU: the forward and the backward are our custom calls with the segment ids among their operands,
+    the forward on an sm80-family config (the sm90 family masks by positions only); deterministic=True's backward is
+    XLA's, after a warning (the deterministic kernels do not take segment ids)."""
     q, k, v = random_qkv(2, 1, 64, 64, 2, 2, 64, jnp.float16)
     ids = packed_ids(2, 1, 64, 16)
 
     def lowered(fn, *args):
         return jax.jit(fn).trace(*args).lower(lowering_platforms=("cuda",)).as_text()
 
-    loss = lambda q, k, v, ids: jax_flash.attention(q, k, v, **_both(ids)).astype(jnp.float32).sum()
-    plain = lowered(jax.grad(lambda q, k, v, ids: jax_flash.attention(q, k, v).astype(jnp.float32).sum()),
-                    q, k, v, ids)
-    assert "@jax_flash_attention(" in plain and "@jax_flash_attention_bwd(" in plain
-    with pytest.warns(UserWarning, match="segment ids and bias / mask tensors have no GPU kernel yet"):
+    def loss(deterministic):
+        return lambda q, k, v, ids: jax_flash.attention(q, k, v, deterministic=deterministic,
+                                                        **_both(ids)).astype(jnp.float32).sum()
+
+    text = lowered(jax.grad(loss(False)), q, k, v, ids)
+    calls = [line for line in text.splitlines() if "@jax_flash_attention" in line]
+    forward = next(line for line in calls if "@jax_flash_attention(" in line)
+    backward = next(line for line in calls if "@jax_flash_attention_bwd(" in line)
+    assert "family = 80" in forward
+    for call in (forward, backward):
+        assert "tensor<1x64xi32>, tensor<1x64xi32>" in call
+    with pytest.warns(UserWarning, match="deterministic GPU backward does not take segment ids"):
         import jax_flash._sharding as sharding
         sharding._warned.discard("xla on gpu")
-        text = lowered(jax.grad(loss), q, k, v, ids)
-    assert "jax_flash_attention" not in text
+        text = lowered(jax.grad(loss(True)), q, k, v, ids)
+    assert "@jax_flash_attention(" in text and "jax_flash_attention_bwd" not in text
 
 
 def test_segments_with_a_paged_cache(device):

@@ -1,6 +1,7 @@
 // run_backward: the backward's three launches on XLA's stream (common/backward_prepost.cuh's preprocess, the
 // family's kernel in the variant the call needs, the dq conversion), with grid and shared-memory checks. Kernels<T>
-// names the family's kernel template: Kernels::template get<kMask, kSoftcap, kDeterministic>(). The deterministic
+// names the family's kernel template: Kernels::template get<kMask, kSoftcap, kDeterministic>() (and, where it
+// declares kTakesTensors, get<true, kSoftcap, false, true>() for segment ids and bias / mask tensors). The deterministic
 // variants (p.dq_turns set) are compiled with the mask only, which handles every call: they are slow anyway, and a
 // run-time switch in the one kernel cost the default 13-20% (H200).
 #pragma once
@@ -18,9 +19,15 @@
 
 namespace jax_flash {
 
-template <class T, class Kernels, bool kMask, bool kSoftcap, bool kDeterministic = false>
+template <class T, class Kernels, bool kMask, bool kSoftcap, bool kDeterministic = false, bool kTensors = false>
 std::string launch_backward_kernel(const BackwardParams& bp, int64_t num_blocks, cudaStream_t stream) {
-  auto kernel = Kernels::template get<kMask, kSoftcap, kDeterministic>();
+  auto kernel = [] {
+    if constexpr (kTensors) {
+      return Kernels::template get<kMask, kSoftcap, kDeterministic, true>();
+    } else {
+      return Kernels::template get<kMask, kSoftcap, kDeterministic>();
+    }
+  }();
   static std::atomic<uint64_t> opted_in_devices{0};
   if (std::string failure = opt_in_shared_memory(kernel, T::kSmemBytes, opted_in_devices); !failure.empty()) {
     return failure;
@@ -28,6 +35,19 @@ std::string launch_backward_kernel(const BackwardParams& bp, int64_t num_blocks,
   kernel<<<static_cast<unsigned>(num_blocks), T::kNumThreads, T::kSmemBytes, stream>>>(bp);
   if (cudaError_t err = cudaGetLastError(); err != cudaSuccess) return cuda_failure("backward kernel launch", err);
   return {};
+}
+
+// Calls with segment ids or bias / mask tensors: the variant of a family whose Kernels declare kTakesTensors (the
+// handler sends them there), with atomic dQ only.
+template <class T, class Kernels>
+std::string launch_tensor_backward(const BackwardParams& bp, int64_t num_blocks, bool softcap, cudaStream_t stream) {
+  if constexpr (requires { Kernels::kTakesTensors; }) {
+    if (bp.dq_turns != nullptr) return "deterministic=True with segment ids or bias / mask tensors has no GPU kernel";
+    return softcap ? launch_backward_kernel<T, Kernels, true, true, false, true>(bp, num_blocks, stream)
+                   : launch_backward_kernel<T, Kernels, true, false, false, true>(bp, num_blocks, stream);
+  } else {
+    return "this backward kernel family takes no segment ids or bias / mask tensors";
+  }
 }
 
 // T: the family's traits (Element, kHeadDim, kBlockKV, kNumThreads, kSmemBytes).
@@ -53,7 +73,9 @@ std::string run_backward(const BackwardParams& bp, cudaStream_t stream) {
     const bool mask = p.window_left < kUnbounded || p.window_right < kUnbounded || p.kv_lengths != nullptr ||
                       p.q_lengths != nullptr || p.seqlen_k % T::kBlockKV != 0;
     const bool softcap = p.softcap > 0.0f;
+    const bool tensors = p.q_segment_ids != nullptr || p.bias != nullptr || p.mask != nullptr;
     std::string failure =
+        tensors ? launch_tensor_backward<T, Kernels>(bp, kv_blocks, softcap, stream) :
         bp.dq_turns != nullptr
             ? (softcap ? launch_backward_kernel<T, Kernels, true, true, true>(bp, kv_blocks, stream)
                        : launch_backward_kernel<T, Kernels, true, false, true>(bp, kv_blocks, stream))

@@ -58,14 +58,18 @@ struct AttentionParams {
   int64_t page_table_stride;
   int page_size, num_pages;
 
-  // Segment ids (packed sequences; the CPU path): query i of batch row b sees key j only when
+  // Segment ids (packed sequences): query i of batch row b sees key j only when
   // q_segment_ids[b * q_segment_stride + i] == kv_segment_ids[b * kv_segment_stride + j], on top of the masks above
   // (which keep measuring positions in the row). nullptr: no segments.
   const int* q_segment_ids;
   const int* kv_segment_ids;
   int64_t q_segment_stride, kv_segment_stride;
+  // GPU: the smallest and largest kv segment id of each key block of the kernel's block_kv keys, (B, key blocks, 2),
+  // scratch the launcher's pre-pass fills (common/segment_blocks.cuh); a tile skips the blocks whose id range misses
+  // its own. nullptr: no skipping.
+  int* kv_block_segments;
 
-  // Bias and mask tensors (the CPU path): logical shape (B, Hq, Sq, Sk), each dimension full or broadcast (stride
+  // Bias and mask tensors: logical shape (B, Hq, Sq, Sk), each dimension full or broadcast (stride
   // 0), strides in elements in that order. The bias is added to the (soft-capped) score, s += bias[b, h, i, j]; a
   // mask entry 0 hides the key, on top of every mask above. nullptr: none.
   const float* bias;

@@ -24,8 +24,8 @@
 namespace jax_flash::sm80 {
 
 // kMask: some score may be hidden (window, lengths, or a partial last key block); kSoftcap: s = cap tanh(q.k scale
-// / cap).
-template <class T, bool kMask, bool kSoftcap, bool kDeterministic>
+// / cap); kTensors (with kMask): segment ids, bias or mask tensors (common/params.h), read per score from global memory.
+template <class T, bool kMask, bool kSoftcap, bool kDeterministic, bool kTensors = false>
 __global__ void __launch_bounds__(T::kNumThreads, 1) attention_bwd_kernel(const __grid_constant__ BackwardParams bp) {
   using Element = typename T::Element;
   using SG = typename T::ScoreGrid;
@@ -136,7 +136,25 @@ __global__ void __launch_bounds__(T::kNumThreads, 1) attention_bwd_kernel(const 
               score = p.softcap * t;
               slope = cap_slope * (1.0f - t * t);
             }
-            float prob = exp2_approx(score * p.scale_log2 - lse2[c]);
+            float exponent = score * p.scale_log2 - lse2[c];
+            bool hidden = false;
+            if constexpr (kTensors) {  // s += bias; hidden where the mask is 0 or the segment ids differ
+              const int64_t key = min(kv0 + r, p.seqlen_k - 1), row = min(q0 + c, p.seqlen_q - 1);
+              const int64_t head = kv_head * group + i / q_blocks;
+              if (p.bias != nullptr) {
+                exponent += kLog2e * __ldg(p.bias + batch * p.bias_strides[0] + head * p.bias_strides[1] +
+                                           row * p.bias_strides[2] + key * p.bias_strides[3]);
+              }
+              if (p.mask != nullptr) {
+                hidden = __ldg(p.mask + batch * p.mask_strides[0] + head * p.mask_strides[1] +
+                               row * p.mask_strides[2] + key * p.mask_strides[3]) == 0;
+              }
+              if (p.q_segment_ids != nullptr) {
+                hidden |= __ldg(p.q_segment_ids + batch * p.q_segment_stride + row) !=
+                          __ldg(p.kv_segment_ids + batch * p.kv_segment_stride + key);
+              }
+            }
+            float prob = hidden ? 0.0f : exp2_approx(exponent);
             if (kMask && !whole) {
               const int key = kv0 + r, row = q0 + c;
               if (key >= len.kv_len || row >= len.q_len || key - row < lo_off || key - row > hi_off) prob = 0.0f;

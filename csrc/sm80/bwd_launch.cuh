@@ -18,8 +18,9 @@ namespace jax_flash::sm80 {
 
 template <class T>
 struct BwdKernels {
-  template <bool kMask, bool kSoftcap, bool kDeterministic>
-  static auto get() { return attention_bwd_kernel<T, kMask, kSoftcap, kDeterministic>; }
+  template <bool kMask, bool kSoftcap, bool kDeterministic, bool kTensors = false>
+  static auto get() { return attention_bwd_kernel<T, kMask, kSoftcap, kDeterministic, kTensors>; }
+  static constexpr bool kTakesTensors = true;  // segment ids, bias and mask tensors (atomic dQ only)
 };
 
 template <int kDType>

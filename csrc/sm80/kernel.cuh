@@ -11,6 +11,7 @@
 #include "common/visibility.h"
 #include "sm80/epilogue.cuh"
 #include "sm80/ptx.cuh"
+#include "sm80/score_tensors.cuh"
 #include "sm80/smem_tile.cuh"
 #include "sm80/softmax.cuh"
 #include "sm80/tile.cuh"
@@ -20,8 +21,9 @@
 namespace jax_flash::sm80 {
 
 // kMaskBlocks: some key block may be partly invisible (causal, window, kv_lengths, or seqlen_k not a multiple of
-// kBlockKV); false compiles the mask out. kHasSoftcap: s = softcap * tanh(s * scale / softcap).
-template <class T, bool kMaskBlocks, bool kHasSoftcap>
+// kBlockKV); false compiles the mask out. kHasSoftcap: s = softcap * tanh(s * scale / softcap). kTensors (with
+// kMaskBlocks): segment ids, bias or mask tensors (sm80/score_tensors.cuh), and key blocks skipped by segment.
+template <class T, bool kMaskBlocks, bool kHasSoftcap, bool kTensors = false>
 __global__ void __launch_bounds__(T::kNumThreads) attention_kernel(const __grid_constant__ AttentionParams p) {
   using Element = typename T::Element;
   extern __shared__ __align__(128) char smem[];
@@ -57,9 +59,21 @@ __global__ void __launch_bounds__(T::kNumThreads) attention_kernel(const __grid_
     const int page_index = j * T::kBlockKV / p.page_size + lane;
     return int64_t{page_index} * p.page_size < t.len.kv_len ? page_row[page_index] : -1;
   };
-  const int block_begin = t.block_begin, block_end = t.block_end;
+  // The key blocks this tile visits, in order: [block_begin, block_end), less those whose segment ids cannot meet
+  // the tile's (kTensors).
+  ScoreTensors<T> tensors(p, t, warp * T::kRowsPerWarp, lane);
+  VisibleBlocks visited{nullptr, 0, 0, t.block_end};
+  if constexpr (kTensors) {
+    tensors.load_query_segments();
+    visited = tensors.visible_blocks(t.block_begin, t.block_end, lane);
+  }
+  const int block_begin = visited.following(t.block_begin - 1, lane), block_end = t.block_end;
+  if (block_begin >= block_end) {
+    epilogue.write_zero_rows(tid);
+    return;
+  }
   int lane_page = -1, next_lane_page = page_row != nullptr ? fetch_page_ids(block_begin) : -1;
-  // Blocks are loaded in order, K_j before V_j: K_j's load takes block j's ids and fetches block j + 1's.
+  // Blocks are loaded in order, K_j before V_j: K_j's load takes block j's ids and fetches the next visited one's.
   auto load_kv_block = [&](Element* sTile, const Element* g, int64_t page_stride, int64_t seq_stride, int j,
                            bool next_block) {
     const int kv0 = j * T::kBlockKV;
@@ -68,7 +82,7 @@ __global__ void __launch_bounds__(T::kNumThreads) attention_kernel(const __grid_
     if (page_row != nullptr) {
       if (next_block) {
         lane_page = next_lane_page;
-        next_lane_page = fetch_page_ids(j + 1);
+        next_lane_page = fetch_page_ids(visited.following(j, lane));
       }
       if (p.page_size % T::kBlockKV != 0) {  // pages smaller than the block (or not dividing it): row by row
         copy_paged_rows_to_smem<T, T::kBlockKV>(sTile, g, page_stride, seq_stride, lane_page, kv0, p.page_size,
@@ -173,7 +187,8 @@ __global__ void __launch_bounds__(T::kNumThreads) attention_kernel(const __grid_
     cp_async_commit();
   }
 
-  for (int j = block_begin; j < block_end; ++j) {
+  for (int j = block_begin, j_next; j < block_end; j = j_next) {
+    j_next = visited.following(j, lane);
     if constexpr (T::kEagerLoad) {
       cp_async_wait<1>();  // Q and K_j have landed (V_j may still be in flight)
     } else {
@@ -208,7 +223,7 @@ __global__ void __launch_bounds__(T::kNumThreads) attention_kernel(const __grid_
 
     if constexpr (T::kEagerLoad) {
       __syncthreads();  // every warp is done reading sK: K_{j+1} may overwrite it while softmax and P V run
-      if (j + 1 < block_end) load_k_block(j + 1);
+      if (j_next < block_end) load_k_block(j_next);
       cp_async_commit();  // (possibly empty) group keeps the wait counts uniform
     }
 
@@ -227,6 +242,10 @@ __global__ void __launch_bounds__(T::kNumThreads) attention_kernel(const __grid_
       } else {
         mask_key_block_packed<T::kBlockKV>(acc_s, j * T::kBlockKV, first_position, last_position, positions, lane,
                                            lo_off, hi_off, t.len.kv_len);
+      }
+      if constexpr (kTensors) {
+        tensors.load_key_segments(j * T::kBlockKV, lane);
+        tensors.apply(acc_s, j * T::kBlockKV, lane);
       }
     }
     softmax.update(acc_s, acc_o, p.scale, p.scale_log2, max_growth);
@@ -250,7 +269,7 @@ __global__ void __launch_bounds__(T::kNumThreads) attention_kernel(const __grid_
     warp_gemm<Element, T::kKVSteps, 0, T::kVChunk, T::kDoubleBuffer>(acc_o, rP, rV, no_load, load_v);
     __syncthreads();  // every warp is done reading sV (and sK) before they are refilled
     if constexpr (T::kEagerLoad) {
-      if (j + 1 < block_end) load_v_block(j + 1);
+      if (j_next < block_end) load_v_block(j_next);
       cp_async_commit();
     }
   }

@@ -1,5 +1,5 @@
 // run_attention_sm80: picks the compile-time variant from runtime facts (can any key block be partly masked? is
-// there a softcap?) and launches it: grid, shared-memory opt-in, launch on XLA's stream, error check; with split
+// there a softcap? segment ids, bias or mask tensors?) and launches it: grid, shared-memory opt-in, launch on XLA's stream, error check; with split
 // key ranges, the combine step after it.
 #pragma once
 
@@ -11,6 +11,7 @@
 #include <string>
 
 #include "common/launch_util.h"
+#include "common/segment_blocks.cuh"
 #include "common/split_combine.cuh"
 #include "sm80/api.h"
 #include "sm80/kernel.cuh"
@@ -18,9 +19,9 @@
 
 namespace jax_flash::sm80 {
 
-template <class T, bool kMaskBlocks, bool kHasSoftcap>
+template <class T, bool kMaskBlocks, bool kHasSoftcap, bool kTensors = false>
 std::string launch_sm80(const AttentionParams& p, cudaStream_t stream) {
-  auto kernel = attention_kernel<T, kMaskBlocks, kHasSoftcap>;
+  auto kernel = attention_kernel<T, kMaskBlocks, kHasSoftcap, kTensors>;
   // One 1-D grid of (batch * head units * key ranges * query blocks): grid.x allows 2^31 - 1, so no axis can
   // overflow the way a (q_blocks, heads, batch) grid's 65535-limited y/z axes would.
   const int64_t head_units = p.pack_gqa > 1 ? p.heads_k : p.heads_q;
@@ -34,6 +35,9 @@ std::string launch_sm80(const AttentionParams& p, cudaStream_t stream) {
     if (std::string failure = opt_in_shared_memory(kernel, T::kSmemBytes, opted_in_devices); !failure.empty()) {
       return failure;
     }
+  }
+  if constexpr (kTensors) {
+    if (std::string failure = launch_kv_block_segments(p, T::kBlockKV, stream); !failure.empty()) return failure;
   }
   kernel<<<static_cast<unsigned>(num_blocks), T::kNumThreads, T::kSmemBytes, stream>>>(p);
   if (cudaError_t err = cudaGetLastError(); err != cudaSuccess) return cuda_failure("attention kernel launch", err);
@@ -50,6 +54,9 @@ std::string run_attention_sm80(const AttentionParams& params, cudaStream_t strea
   const bool mask_blocks = p.window_left < kUnbounded || p.window_right < kUnbounded || p.kv_lengths != nullptr ||
                            p.seqlen_k % T::kBlockKV != 0;
   const bool softcap = p.softcap > 0.0f;
+  if (p.q_segment_ids != nullptr || p.bias != nullptr || p.mask != nullptr) {  // (masked blocks included)
+    return softcap ? launch_sm80<T, true, true, true>(p, stream) : launch_sm80<T, true, false, true>(p, stream);
+  }
   if (mask_blocks) {
     return softcap ? launch_sm80<T, true, true>(p, stream) : launch_sm80<T, true, false>(p, stream);
   }

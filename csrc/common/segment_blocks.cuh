@@ -1,0 +1,88 @@
+// Block skipping for segment ids (packed sequences): a pre-pass records each key block's smallest and largest kv
+// segment id, and a tile walks only the key blocks whose id range meets the range of its own query rows' ids. Rows
+// whose ids match no key of a visited block are masked score by score (sm80/score_tensors.cuh); the test is
+// conservative, so unsorted ids stay correct and merely skip less.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <climits>
+#include <cstdint>
+#include <string>
+
+#include "common/launch_util.h"
+#include "common/params.h"
+
+namespace jax_flash {
+
+// One thread per (batch row, key block): (min, max) of kv_segment_ids[b, kb * block_kv ... ] into
+// p.kv_block_segments[(b * key_blocks + kb) * 2 + {0, 1}].
+static __global__ void kv_block_segments_kernel(const AttentionParams p, int block_kv, int key_blocks) {
+  const int64_t item = int64_t{blockIdx.x} * blockDim.x + threadIdx.x;
+  if (item >= int64_t{p.batch} * key_blocks) return;
+  const int64_t b = item / key_blocks;
+  const int kb = static_cast<int>(item % key_blocks);
+  const int* ids = p.kv_segment_ids + b * p.kv_segment_stride;
+  const int end = min(p.seqlen_k, (kb + 1) * block_kv);
+  int lo = INT_MAX, hi = INT_MIN;
+  for (int j = kb * block_kv; j < end; ++j) {
+    const int id = __ldg(ids + j);
+    lo = min(lo, id);
+    hi = max(hi, id);
+  }
+  p.kv_block_segments[2 * item] = lo;
+  p.kv_block_segments[2 * item + 1] = hi;
+}
+
+__host__ __device__ inline int segment_key_blocks(const AttentionParams& p, int block_kv) {
+  return (p.seqlen_k + block_kv - 1) / block_kv;
+}
+
+// Launches the pre-pass on `stream` when the call has segment ids and scratch for it (else nothing).
+inline std::string launch_kv_block_segments(const AttentionParams& p, int block_kv, cudaStream_t stream) {
+  if (p.kv_segment_ids == nullptr || p.kv_block_segments == nullptr || p.seqlen_k == 0) return {};
+  const int key_blocks = segment_key_blocks(p, block_kv);
+  const int64_t items = int64_t{p.batch} * key_blocks;
+  constexpr int kThreads = 256;
+  kv_block_segments_kernel<<<static_cast<unsigned>((items + kThreads - 1) / kThreads), kThreads, 0, stream>>>(
+      p, block_kv, key_blocks);
+  if (cudaError_t err = cudaGetLastError(); err != cudaSuccess) return cuda_failure("segment pre-pass launch", err);
+  return {};
+}
+
+// The key blocks of [begin, end) that a tile visits, in order. Without segment ids (or pre-pass) every block;
+// with them, the blocks whose (min, max) kv id range meets [q_min, q_max], the tile's query ids. Lane i of the warp
+// tests block base + i; the 32 answers are one ballot, so each warp holds the same bits and a refill costs one load
+// per 32 blocks. Calls to following() must come with non-decreasing j.
+struct VisibleBlocks {
+  const int* ranges;  // this batch row's (min, max) per key block, or nullptr: every block
+  int q_min, q_max;
+  int end;
+  int base = 0;
+  unsigned bits = 0;  // bit i: block base + i is visited
+
+  __device__ __forceinline__ void refill(int from, int lane) {
+    base = from;
+    const int kb = from + lane;
+    bool visit = false;
+    if (kb < end) {
+      const int2 range = __ldg(reinterpret_cast<const int2*>(ranges) + kb);
+      visit = range.x <= q_max && range.y >= q_min;
+    }
+    bits = __ballot_sync(0xffffffffu, visit);
+  }
+
+  // The first visited block after j (end when none): j = begin - 1 gives the first of all.
+  __device__ __forceinline__ int following(int j, int lane) {
+    if (ranges == nullptr) return j + 1;
+    for (int next = j + 1; next < end;) {
+      if (next < base || next >= base + 32) refill(next, lane);
+      const unsigned rest = bits >> (next - base);
+      if (rest != 0) return next + __ffs(rest) - 1;
+      next = base + 32;
+    }
+    return end;
+  }
+};
+
+}  // namespace jax_flash

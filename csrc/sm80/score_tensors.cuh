@@ -1,0 +1,125 @@
+// Segment ids, bias and mask tensors on one warp's score fragments (common/params.h): s += bias[b, h, i, j] after
+// the softcap, and -inf where mask[b, h, i, j] is 0 or the query's and the key's segment ids differ. Element e of
+// tile (m, n) is row 16m + lane/4 + 8*(e/2) of the warp, key kv0 + 8n + 2*(lane%4) + e%2 (mma m16n8 layout).
+// The bias and mask are read straight from global memory (broadcast dimensions have stride 0, so a (1, H, T, S)
+// tensor is read once per batch row from L2). A block's kv segment ids are loaded into registers once per warp;
+// read per element instead (each m-tile again, from L1) the 128-row tiles spilled twice as many bytes.
+#pragma once
+
+#include <climits>
+#include <cmath>
+#include <cstdint>
+
+#include "common/params.h"
+#include "common/segment_blocks.cuh"
+#include "sm80/tile.cuh"
+#include "sm80/traits.cuh"
+
+namespace jax_flash::sm80 {
+
+template <class T>
+struct ScoreTensors {
+  const AttentionParams& p;
+  const Tile& t;
+  int first_row;  // this lane's first row in the tile: warp_row0 + lane / 4
+  int q_segment[T::kMTiles][2];
+  int kv_segment[T::kSTiles][2];
+
+  // Tile row r (valid or past the tensor's end: clamped to the last row, whose results are dropped) as
+  // (query position, query head).
+  __device__ __forceinline__ void locate(int r, int& position, int64_t& head) const {
+    const int row = min(t.row0 + r, t.row0 + max(t.q_rows - 1, 0));
+    position = row / t.pack;
+    head = t.head0 + (row - position * t.pack);
+  }
+
+  __device__ __forceinline__ ScoreTensors(const AttentionParams& params, const Tile& tile, int warp_row0, int lane)
+      : p(params), t(tile), first_row(warp_row0 + lane / 4) {}
+
+  // The q segment ids of this lane's rows (once per tile).
+  __device__ __forceinline__ void load_query_segments() {
+    if (p.q_segment_ids == nullptr) return;
+#pragma unroll
+    for (int m = 0; m < T::kMTiles; ++m)
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        int position;
+        int64_t head;
+        locate(first_row + 16 * m + 8 * h, position, head);
+        q_segment[m][h] = __ldg(p.q_segment_ids + t.batch * p.q_segment_stride + position);
+      }
+  }
+
+  // The key blocks of [begin, end) the tile visits: with segment ids and the pre-pass, those whose kv id range
+  // meets the range of the tile's valid rows (each warp computes it whole, so every warp walks the same blocks).
+  __device__ __forceinline__ VisibleBlocks visible_blocks(int begin, int end, int lane) const {
+    VisibleBlocks blocks{nullptr, 0, 0, end};
+    if (p.kv_block_segments == nullptr || p.q_segment_ids == nullptr) return blocks;
+    int lo = INT_MAX, hi = INT_MIN;
+    for (int r = lane; r < t.q_rows_valid; r += kWarpSize) {
+      int position;
+      int64_t head;
+      locate(r, position, head);
+      const int id = __ldg(p.q_segment_ids + t.batch * p.q_segment_stride + position);
+      lo = min(lo, id);
+      hi = max(hi, id);
+    }
+#pragma unroll
+    for (int offset = kWarpSize / 2; offset > 0; offset /= 2) {
+      lo = min(lo, __shfl_xor_sync(0xffffffffu, lo, offset));
+      hi = max(hi, __shfl_xor_sync(0xffffffffu, hi, offset));
+    }
+    const int key_blocks = segment_key_blocks(p, T::kBlockKV);
+    blocks.ranges = p.kv_block_segments + t.batch * key_blocks * 2;
+    blocks.q_min = lo;
+    blocks.q_max = hi;
+    blocks.base = begin;
+    blocks.bits = 0;
+    blocks.refill(begin, lane);
+    return blocks;
+  }
+
+  // The kv segment ids of this lane's keys of block [kv0, kv0 + kBlockKV) (keys past seqlen_k read nothing).
+  __device__ __forceinline__ void load_key_segments(int kv0, int lane) {
+    if (p.kv_segment_ids == nullptr) return;
+    const int* ids = p.kv_segment_ids + t.batch * p.kv_segment_stride;
+#pragma unroll
+    for (int n = 0; n < T::kSTiles; ++n)
+#pragma unroll
+      for (int c = 0; c < 2; ++c) {
+        const int col = kv0 + 8 * n + 2 * (lane % 4) + c;
+        kv_segment[n][c] = col < p.seqlen_k ? __ldg(ids + col) : INT_MIN;
+      }
+  }
+
+  // s += bias * inv_scale (the kernels keep raw scores; the softmax multiplies by scale), then -inf where the mask
+  // or the segment ids hide the key. Keys past seqlen_k are -inf already (mask_key_block) and read nothing here.
+  // Call load_key_segments(kv0, lane) first.
+  __device__ __forceinline__ void apply(float (&acc_s)[T::kMTiles][T::kSTiles][4], int kv0, int lane) const {
+    const float inv_scale = 1.0f / p.scale;
+#pragma unroll
+    for (int m = 0; m < T::kMTiles; ++m)
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        int position;
+        int64_t head;
+        locate(first_row + 16 * m + 8 * h, position, head);
+        const int64_t bias_row = t.batch * p.bias_strides[0] + head * p.bias_strides[1] + position * p.bias_strides[2];
+        const int64_t mask_row = t.batch * p.mask_strides[0] + head * p.mask_strides[1] + position * p.mask_strides[2];
+#pragma unroll
+        for (int n = 0; n < T::kSTiles; ++n)
+#pragma unroll
+          for (int c = 0; c < 2; ++c) {
+            const int col = kv0 + 8 * n + 2 * (lane % 4) + c;
+            float& s = acc_s[m][n][2 * h + c];
+            if (col >= p.seqlen_k) continue;
+            if (p.bias != nullptr) s += __ldg(p.bias + bias_row + col * p.bias_strides[3]) * inv_scale;
+            bool hidden = p.mask != nullptr && __ldg(p.mask + mask_row + col * p.mask_strides[3]) == 0;
+            if (p.q_segment_ids != nullptr) hidden |= kv_segment[n][c] != q_segment[m][h];
+            if (hidden) s = -INFINITY;
+          }
+      }
+  }
+};
+
+}  // namespace jax_flash::sm80

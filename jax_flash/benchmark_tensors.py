@@ -1,0 +1,83 @@
+"""Bias and mask tensor benchmark: causal attention given as a dense (1, 1, T, S) boolean mask, and attention with a
+(1, N, T, S) additive bias (ALiBi's shape), each beside the same call without the tensor and beside cuDNN given the
+same tensors (jax.nn.dot_product_attention).
+
+    python -m jax_flash.benchmark --suite tensors                   # bf16, D = 128, 16 heads, 2048 and 4096 tokens
+    python -m jax_flash.benchmark --suite tensors --tensor-seqs 1024,4096 --dtypes bf16,fp16
+
+TFLOP/s count the visible pairs (half for the causal mask), 4 * heads * head_dim each; batch x seq = --tokens. The
+bias is float32 for jax_flash (its kernels add it in float32) and the input dtype for cuDNN, which takes no other.
+"""
+
+from __future__ import annotations
+
+import datetime
+import sys
+
+import jax
+import jax.numpy as jnp
+
+import jax_flash
+from jax_flash.timing import time_interleaved_ms
+
+SEQS = (2048, 4096)
+HEADS, HEAD_DIM = 16, 128
+
+
+def alibi_bias(heads: int, seq: int) -> jnp.ndarray:
+    """float32 (1, heads, seq, seq): ALiBi, -slope_h * (i - j) with slopes 2^(-8 h / heads)."""
+    slopes = 2.0 ** (-8.0 * (jnp.arange(heads, dtype=jnp.float32) + 1) / heads)
+    distance = jnp.arange(seq)[:, None] - jnp.arange(seq)[None, :]
+    return (-slopes[:, None, None] * distance.astype(jnp.float32))[None]
+
+
+def _cases(seq: int, on_gpu: bool):
+    """(case name, causal pairs?, {implementation: fn(q, k, v)})."""
+    causal = jnp.tril(jnp.ones((seq, seq), bool))[None, None]
+    bias = alibi_bias(HEADS, seq)
+    mask_impls = {"jax_flash": lambda q, k, v: jax_flash.attention(q, k, v, mask=causal),
+                  "jax_flash causal=True": lambda q, k, v: jax_flash.attention(q, k, v, causal=True)}
+    bias_impls = {"jax_flash": lambda q, k, v: jax_flash.attention(q, k, v, bias=bias),
+                  "jax_flash no bias": lambda q, k, v: jax_flash.attention(q, k, v)}
+    if on_gpu:
+        mask_impls["cudnn"] = lambda q, k, v: jax.nn.dot_product_attention(q, k, v, mask=causal,
+                                                                           implementation="cudnn")
+        bias_impls["cudnn"] = lambda q, k, v: jax.nn.dot_product_attention(q, k, v, bias=bias.astype(q.dtype),
+                                                                           implementation="cudnn")
+    return [("causal mask (1, 1, T, S)", True, mask_impls), ("ALiBi bias (1, N, T, S)", False, bias_impls)]
+
+
+def run(args) -> list[dict]:
+    from jax_flash.benchmark import DTYPES, _device_name
+
+    on_gpu = jax.default_backend() == "gpu"
+    rows = []
+    for dtype_name in args.dtypes:
+        for seq in args.tensor_seqs or (SEQS if on_gpu else (512, 1024)):
+            batch = max(1, args.tokens // seq)
+            keys = jax.random.split(jax.random.PRNGKey(seq), 3)
+            q, k, v = (jax.random.normal(key, (batch, seq, HEADS, HEAD_DIM), jnp.float32).astype(DTYPES[dtype_name])
+                       for key in keys)
+            for case, causal, impls in _cases(seq, on_gpu):
+                print(f"[{dtype_name} {case} {batch} x {seq}]", file=sys.stderr, flush=True)
+                times, failures = time_interleaved_ms(impls, q, k, v, iters=args.iters, reps=args.reps,
+                                                      min_rep_ms=args.min_rep_ms)
+                for name, error in failures.items():
+                    print(f"#   {name} failed: {type(error).__name__}: {str(error)[:200]}", file=sys.stderr)
+                flops = 4 * batch * HEADS * HEAD_DIM * seq * seq * (0.5 if causal else 1.0)
+                rows.append({"dtype": dtype_name, "head_dim": HEAD_DIM, "heads": HEADS, "batch": batch, "seq": seq,
+                             "case": case, "device": _device_name(jax.devices()[0]),
+                             "results": {name: {"ms": ms, "tflops": flops / ms / 1e9} for name, ms in times.items()}})
+    return rows
+
+
+def print_table(rows: list[dict]) -> None:
+    unit, scale = ("TFLOP/s", 1.0) if jax.default_backend() == "gpu" else ("GFLOP/s", 1e3)
+    print(f"\nBias and mask tensors on {rows[0]['device'] if rows else '?'} ({datetime.date.today()}): {unit}; "
+          f"jax_flash / cuDNN in brackets")
+    for row in rows:
+        r = row["results"]
+        ratio = (f" ({r['jax_flash']['tflops'] / r['cudnn']['tflops']:.2f}x)"
+                 if "jax_flash" in r and "cudnn" in r else "")
+        cells = [f"{name} {v['tflops'] * scale:.1f}" + (ratio if name == "jax_flash" else "") for name, v in r.items()]
+        print(f"{row['dtype']} D={row['head_dim']} {row['batch']} x {row['seq']} {row['case']}: " + " | ".join(cells))
