@@ -115,9 +115,10 @@ def test_sharded_over_batch_and_heads():
     """A heads-shaped bias splits with the query heads and a keys-shaped mask with the batch: no all-gather."""
     devices = jax.devices("cpu")[:4]
     mesh = Mesh(np.array(devices).reshape(2, 2), ("b", "h"))
-    q, k, v = random_qkv(11, 4, 64, 64, HQ, HK, D, jnp.float32)
-    bias, mask = _bias((1, HQ, 64, 64)), _mask((4, 1, 1, 64))
-    expected = jax_flash.attention(q, k, v, bias=bias, mask=mask, causal=True)
+    with jax.default_device(devices[0]):  # (float32: the CPU path, also where a GPU is the default device)
+        q, k, v = random_qkv(11, 4, 64, 64, HQ, HK, D, jnp.float32)
+        bias, mask = _bias((1, HQ, 64, 64)), _mask((4, 1, 1, 64))
+        expected = jax_flash.attention(q, k, v, bias=bias, mask=mask, causal=True)
     put = lambda x, *spec: jax.device_put(x, NamedSharding(mesh, PartitionSpec(*spec)))
     args = (put(q, "b", None, "h", None), put(k, "b", None, "h", None), put(v, "b", None, "h", None),
             put(bias, None, "h", None, None), put(mask, "b", None, None, None))
@@ -140,6 +141,7 @@ def test_bias_and_mask_errors():
         jax_flash.attention(q, k, v, mask=jnp.ones((3, 1, 16, 24), bool))
     # numeric masks (Flax's are float): nonzero entries are visible
     ones = jnp.ones((1, 1, 16, 24))
+    q, k, v = (x.astype(_dtype(jax.devices()[0])) for x in (q, k, v))
     np.testing.assert_array_equal(np.asarray(jax_flash.attention(q, k, v, mask=ones.at[..., 5].set(0))),
                                   np.asarray(jax_flash.attention(q, k, v, mask=(ones.at[..., 5].set(0) != 0))))
 

@@ -126,9 +126,10 @@ def test_sharded_over_batch_and_heads_and_sequence():
     gathered with a warning naming them (the ring does not carry them yet); all equal one device."""
     devices = jax.devices("cpu")[:4]
     mesh = Mesh(np.array(devices).reshape(2, 2), ("b", "h"))
-    q, k, v = random_qkv(6, 4, 96, 96, 4, 2, 64, jnp.float32)
-    ids = packed_ids(6, 4, 96, 20)
-    expected = jax_flash.attention(q, k, v, causal=True, **_both(ids))
+    with jax.default_device(devices[0]):  # (float32: the CPU path, also where a GPU is the default device)
+        q, k, v = random_qkv(6, 4, 96, 96, 4, 2, 64, jnp.float32)
+        ids = packed_ids(6, 4, 96, 20)
+        expected = jax_flash.attention(q, k, v, causal=True, **_both(ids))
     spec = NamedSharding(mesh, PartitionSpec("b", None, "h", None))
     ids_spec = NamedSharding(mesh, PartitionSpec("b", None))
     args = [jax.device_put(x, spec) for x in (q, k, v)] + [jax.device_put(ids, ids_spec)]

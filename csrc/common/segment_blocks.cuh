@@ -72,6 +72,14 @@ struct VisibleBlocks {
     bits = __ballot_sync(0xffffffffu, visit);
   }
 
+  // Whether every valid row of the tile and every key of block j carry one and the same id, so no score of the
+  // block needs the per-element test (inside a document of sorted ids, most blocks).
+  __device__ __forceinline__ bool uniform(int j) const {
+    if (ranges == nullptr || q_min != q_max) return false;
+    const int2 range = __ldg(reinterpret_cast<const int2*>(ranges) + j);
+    return range.x == q_min && range.y == q_min;
+  }
+
   // The first visited block after j (end when none): j = begin - 1 gives the first of all.
   __device__ __forceinline__ int following(int j, int lane) {
     if (ranges == nullptr) return j + 1;

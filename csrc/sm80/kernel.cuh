@@ -244,7 +244,7 @@ __global__ void __launch_bounds__(T::kNumThreads) attention_kernel(const __grid_
                                            lo_off, hi_off, t.len.kv_len);
       }
       if constexpr (kTensors) {
-        tensors.load_key_segments(j * T::kBlockKV, lane);
+        tensors.load_key_segments(j * T::kBlockKV, lane, visited.uniform(j));
         tensors.apply(acc_s, j * T::kBlockKV, lane);
       }
     }

@@ -24,11 +24,17 @@ struct ScoreTensors {
   int first_row;  // this lane's first row in the tile: warp_row0 + lane / 4
   int q_segment[T::kMTiles][2];
   int kv_segment[T::kSTiles][2];
+  bool test_segments = false;  // this block's scores need the per-element segment test
 
   // Tile row r (valid or past the tensor's end: clamped to the last row, whose results are dropped) as
   // (query position, query head).
   __device__ __forceinline__ void locate(int r, int& position, int64_t& head) const {
     const int row = min(t.row0 + r, t.row0 + max(t.q_rows - 1, 0));
+    if (t.pack == 1) {  // (no division: the common case)
+      position = row;
+      head = t.head0;
+      return;
+    }
     position = row / t.pack;
     head = t.head0 + (row - position * t.pack);
   }
@@ -79,9 +85,11 @@ struct ScoreTensors {
     return blocks;
   }
 
-  // The kv segment ids of this lane's keys of block [kv0, kv0 + kBlockKV) (keys past seqlen_k read nothing).
-  __device__ __forceinline__ void load_key_segments(int kv0, int lane) {
-    if (p.kv_segment_ids == nullptr) return;
+  // The kv segment ids of this lane's keys of block [kv0, kv0 + kBlockKV) (keys past seqlen_k read nothing); none
+  // when `uniform` (VisibleBlocks::uniform: one id for the tile's rows and the block's keys).
+  __device__ __forceinline__ void load_key_segments(int kv0, int lane, bool uniform) {
+    test_segments = p.kv_segment_ids != nullptr && !uniform;
+    if (!test_segments) return;
     const int* ids = p.kv_segment_ids + t.batch * p.kv_segment_stride;
 #pragma unroll
     for (int n = 0; n < T::kSTiles; ++n)
@@ -94,9 +102,12 @@ struct ScoreTensors {
 
   // s += bias * inv_scale (the kernels keep raw scores; the softmax multiplies by scale), then -inf where the mask
   // or the segment ids hide the key. Keys past seqlen_k are -inf already (mask_key_block) and read nothing here.
-  // Call load_key_segments(kv0, lane) first.
+  // Each row's bias and mask addresses are formed once per block; a key steps by its stride, 1 or 0 (broadcast).
+  // Call load_key_segments(kv0, lane, uniform) first.
   __device__ __forceinline__ void apply(float (&acc_s)[T::kMTiles][T::kSTiles][4], int kv0, int lane) const {
     const float inv_scale = 1.0f / p.scale;
+    const int bias_step = static_cast<int>(p.bias_strides[3]), mask_step = static_cast<int>(p.mask_strides[3]);
+    const int col0 = kv0 + 2 * (lane % 4);
 #pragma unroll
     for (int m = 0; m < T::kMTiles; ++m)
 #pragma unroll
@@ -104,18 +115,20 @@ struct ScoreTensors {
         int position;
         int64_t head;
         locate(first_row + 16 * m + 8 * h, position, head);
-        const int64_t bias_row = t.batch * p.bias_strides[0] + head * p.bias_strides[1] + position * p.bias_strides[2];
-        const int64_t mask_row = t.batch * p.mask_strides[0] + head * p.mask_strides[1] + position * p.mask_strides[2];
+        const float* bias_row =
+            p.bias + (t.batch * p.bias_strides[0] + head * p.bias_strides[1] + position * p.bias_strides[2]);
+        const uint8_t* mask_row =
+            p.mask + (t.batch * p.mask_strides[0] + head * p.mask_strides[1] + position * p.mask_strides[2]);
 #pragma unroll
         for (int n = 0; n < T::kSTiles; ++n)
 #pragma unroll
           for (int c = 0; c < 2; ++c) {
-            const int col = kv0 + 8 * n + 2 * (lane % 4) + c;
+            const int col = col0 + 8 * n + c;
             float& s = acc_s[m][n][2 * h + c];
             if (col >= p.seqlen_k) continue;
-            if (p.bias != nullptr) s += __ldg(p.bias + bias_row + col * p.bias_strides[3]) * inv_scale;
-            bool hidden = p.mask != nullptr && __ldg(p.mask + mask_row + col * p.mask_strides[3]) == 0;
-            if (p.q_segment_ids != nullptr) hidden |= kv_segment[n][c] != q_segment[m][h];
+            if (p.bias != nullptr) s += __ldg(bias_row + col * bias_step) * inv_scale;
+            bool hidden = p.mask != nullptr && __ldg(mask_row + col * mask_step) == 0;
+            if (test_segments) hidden |= kv_segment[n][c] != q_segment[m][h];
             if (hidden) s = -INFINITY;
           }
       }
