@@ -189,6 +189,8 @@ __global__ void __launch_bounds__(T::kNumThreads) attention_kernel(const __grid_
 
   for (int j = block_begin, j_next; j < block_end; j = j_next) {
     j_next = visited.following(j, lane);
+    bool uniform_block = false;  // (read before Q K^T, so its load's latency hides under the product)
+    if constexpr (kTensors) uniform_block = visited.uniform(j);
     if constexpr (T::kEagerLoad) {
       cp_async_wait<1>();  // Q and K_j have landed (V_j may still be in flight)
     } else {
@@ -244,7 +246,7 @@ __global__ void __launch_bounds__(T::kNumThreads) attention_kernel(const __grid_
                                            lo_off, hi_off, t.len.kv_len);
       }
       if constexpr (kTensors) {
-        tensors.load_key_segments(j * T::kBlockKV, lane, visited.uniform(j));
+        tensors.load_key_segments(j * T::kBlockKV, lane, uniform_block);
         tensors.apply(acc_s, j * T::kBlockKV, lane);
       }
     }

@@ -1,9 +1,9 @@
 // Segment ids, bias and mask tensors on one warp's score fragments (common/params.h): s += bias[b, h, i, j] after
 // the softcap, and -inf where mask[b, h, i, j] is 0 or the query's and the key's segment ids differ. Element e of
 // tile (m, n) is row 16m + lane/4 + 8*(e/2) of the warp, key kv0 + 8n + 2*(lane%4) + e%2 (mma m16n8 layout).
-// The bias and mask are read straight from global memory (broadcast dimensions have stride 0, so a (1, H, T, S)
-// tensor is read once per batch row from L2). A block's kv segment ids are loaded into registers once per warp;
-// read per element instead (each m-tile again, from L1) the 128-row tiles spilled twice as many bytes.
+// The bias and mask are read straight from global memory (broadcast dimensions have stride 0). A block's kv segment
+// ids are loaded into registers once per warp; read per element instead (each m-tile again, from L1) the 128-row
+// tiles spilled twice as many bytes.
 #pragma once
 
 #include <climits>
@@ -94,44 +94,71 @@ struct ScoreTensors {
 #pragma unroll
     for (int n = 0; n < T::kSTiles; ++n)
 #pragma unroll
-      for (int c = 0; c < 2; ++c) {
-        const int col = kv0 + 8 * n + 2 * (lane % 4) + c;
-        kv_segment[n][c] = col < p.seqlen_k ? __ldg(ids + col) : INT_MIN;
+      for (int c = 0; c < 2; ++c) {  // (keys past seqlen_k are hidden already: they read the last key's id)
+        kv_segment[n][c] = __ldg(ids + min(kv0 + 8 * n + 2 * (lane % 4) + c, p.seqlen_k - 1));
       }
   }
 
   // s += bias * inv_scale (the kernels keep raw scores; the softmax multiplies by scale), then -inf where the mask
-  // or the segment ids hide the key. Keys past seqlen_k are -inf already (mask_key_block) and read nothing here.
-  // Each row's bias and mask addresses are formed once per block; a key steps by its stride, 1 or 0 (broadcast).
+  // or the segment ids hide the key. Each tensor is one branch per block and none per score, so the compiler
+  // issues a row's loads together (a branch per score serialised their latencies: 4x slower, H100). Keys past
+  // seqlen_k are -inf already (mask_key_block) and read the last key's entry. A key steps by its stride, 1 or 0.
   // Call load_key_segments(kv0, lane, uniform) first.
   __device__ __forceinline__ void apply(float (&acc_s)[T::kMTiles][T::kSTiles][4], int kv0, int lane) const {
-    const float inv_scale = 1.0f / p.scale;
-    const int bias_step = static_cast<int>(p.bias_strides[3]), mask_step = static_cast<int>(p.mask_strides[3]);
-    const int col0 = kv0 + 2 * (lane % 4);
+    const int col0 = kv0 + 2 * (lane % 4), last_key = p.seqlen_k - 1;
+    if (p.bias != nullptr) {
+      const float inv_scale = 1.0f / p.scale;
+      const int step = static_cast<int>(p.bias_strides[3]);
 #pragma unroll
-    for (int m = 0; m < T::kMTiles; ++m)
+      for (int m = 0; m < T::kMTiles; ++m)
 #pragma unroll
-      for (int h = 0; h < 2; ++h) {
-        int position;
-        int64_t head;
-        locate(first_row + 16 * m + 8 * h, position, head);
-        const float* bias_row =
-            p.bias + (t.batch * p.bias_strides[0] + head * p.bias_strides[1] + position * p.bias_strides[2]);
-        const uint8_t* mask_row =
-            p.mask + (t.batch * p.mask_strides[0] + head * p.mask_strides[1] + position * p.mask_strides[2]);
+        for (int h = 0; h < 2; ++h) {
+          int position;
+          int64_t head;
+          locate(first_row + 16 * m + 8 * h, position, head);
+          const float* row =
+              p.bias + (t.batch * p.bias_strides[0] + head * p.bias_strides[1] + position * p.bias_strides[2]);
 #pragma unroll
-        for (int n = 0; n < T::kSTiles; ++n)
+          for (int n = 0; n < T::kSTiles; ++n)
 #pragma unroll
-          for (int c = 0; c < 2; ++c) {
-            const int col = col0 + 8 * n + c;
-            float& s = acc_s[m][n][2 * h + c];
-            if (col >= p.seqlen_k) continue;
-            if (p.bias != nullptr) s += __ldg(bias_row + col * bias_step) * inv_scale;
-            bool hidden = p.mask != nullptr && __ldg(mask_row + col * mask_step) == 0;
-            if (test_segments) hidden |= kv_segment[n][c] != q_segment[m][h];
-            if (hidden) s = -INFINITY;
-          }
-      }
+            for (int c = 0; c < 2; ++c) {
+              acc_s[m][n][2 * h + c] += __ldg(row + min(col0 + 8 * n + c, last_key) * step) * inv_scale;
+            }
+        }
+    }
+    if (p.mask != nullptr) {
+      const int step = static_cast<int>(p.mask_strides[3]);
+#pragma unroll
+      for (int m = 0; m < T::kMTiles; ++m)
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+          int position;
+          int64_t head;
+          locate(first_row + 16 * m + 8 * h, position, head);
+          const uint8_t* row =
+              p.mask + (t.batch * p.mask_strides[0] + head * p.mask_strides[1] + position * p.mask_strides[2]);
+#pragma unroll
+          for (int n = 0; n < T::kSTiles; ++n)
+#pragma unroll
+            for (int c = 0; c < 2; ++c) {
+              float& s = acc_s[m][n][2 * h + c];
+              s = __ldg(row + min(col0 + 8 * n + c, last_key) * step) == 0 ? -INFINITY : s;
+            }
+        }
+    }
+    if (test_segments) {
+#pragma unroll
+      for (int m = 0; m < T::kMTiles; ++m)
+#pragma unroll
+        for (int h = 0; h < 2; ++h)
+#pragma unroll
+          for (int n = 0; n < T::kSTiles; ++n)
+#pragma unroll
+            for (int c = 0; c < 2; ++c) {
+              float& s = acc_s[m][n][2 * h + c];
+              s = kv_segment[n][c] != q_segment[m][h] ? -INFINITY : s;
+            }
+    }
   }
 };
 
