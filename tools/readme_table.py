@@ -145,11 +145,55 @@ def render_short(results: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
+def render_packed(results: dict) -> str:
+    rows = results["rows"]
+    names = [n for n in ("packed", "unpacked", "cudnn", "xla") if any(n in r["results"] for r in rows)]
+    head = ["dtype", "tokens", "mean document", "documents"] + names
+    first = rows[0]
+    lines = [f"**{results['device']}**, {results['date']}, jax {results['jax']}, packed causal rows, {first['heads']} "
+             f"heads, D = {first['head_dim']}: TFLOP/s over visible pairs of documents packed by segment ids, the "
+             f"same documents unpacked, and cuDNN / XLA given the equivalent dense mask; packed / unpacked in "
+             f"brackets.", "", "| " + " | ".join(head) + " |", "| " + " | ".join("---" for _ in head) + " |"]
+    for r in rows:
+        res, unpacked = r["results"], r["results"].get("unpacked", {}).get("tflops")
+        cells = [r["dtype"], str(r["tokens"]), str(r["mean"]), str(r["documents"])]
+        for n in names:
+            v = res.get(n)
+            ratio = f" ({v['tflops'] / unpacked:.2f}x)" if v and unpacked and n == "packed" else ""
+            cells.append("-" if v is None else f"{v['tflops']:.0f}{ratio}")
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def render_tensors(results: dict) -> str:
+    rows = results["rows"]
+    head = ["dtype", "B x S", "tensor", "jax_flash (vs cuDNN)", "jax_flash without it", "cuDNN"]
+    first = rows[0]
+    lines = [f"**{results['device']}**, {results['date']}, jax {results['jax']}, bias and mask tensors, "
+             f"{first['heads']} heads, D = {first['head_dim']}: TFLOP/s (the causal mask's pairs halved) of "
+             f"`jax_flash.attention` given the tensor, the same call without it (`causal=True` for the mask), and "
+             f"cuDNN given the same tensor.", "", "| " + " | ".join(head) + " |",
+             "| " + " | ".join("---" for _ in head) + " |"]
+    for r in rows:
+        res = r["results"]
+        ours, cudnn = res.get("jax_flash"), res.get("cudnn")
+        without = next((v for n, v in res.items() if n not in ("jax_flash", "cudnn")), None)
+        ratio = f" ({ours['tflops'] / cudnn['tflops']:.2f}x)" if ours and cudnn else ""
+        cells = [r["dtype"], f"{r['batch']} x {r['seq']}", r["case"],
+                 "-" if ours is None else f"{ours['tflops']:.0f}{ratio}",
+                 "-" if without is None else f"{without['tflops']:.0f}",
+                 "-" if cudnn is None else f"{cudnn['tflops']:.0f}"]
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
 def render() -> str:
     files = sorted((ROOT / "benchmarks" / "results").glob("*.json"))
     results = [json.loads(f.read_text()) for f in files]
-    renderers = {"cpu": render_cpu, "decode": render_decode, "ring": render_ring, "short": render_short}
-    return "\n".join(renderers.get(r["suite"] if r.get("suite") in ("decode", "ring", "short") else r.get("platform"),
+    renderers = {"cpu": render_cpu, "decode": render_decode, "ring": render_ring, "short": render_short,
+                 "packed": render_packed, "tensors": render_tensors}
+    suites = ("decode", "ring", "short", "packed", "tensors")
+    return "\n".join(renderers.get(r["suite"] if r.get("suite") in suites else r.get("platform"),
                                    render_device)(r) for r in results)
 
 
