@@ -24,7 +24,8 @@ namespace jax_flash::sm80 {
 // kBlockKV); false compiles the mask out. kHasSoftcap: s = softcap * tanh(s * scale / softcap). kTensors (with
 // kMaskBlocks): segment ids, bias or mask tensors (sm80/score_tensors.cuh), and key blocks skipped by segment.
 template <class T, bool kMaskBlocks, bool kHasSoftcap, bool kTensors = false>
-__global__ void __launch_bounds__(T::kNumThreads) attention_kernel(const __grid_constant__ AttentionParams p) {
+__global__ void __launch_bounds__(T::kNumThreads, kTensors ? 1 : T::kMinBlocksPerSm)
+    attention_kernel(const __grid_constant__ AttentionParams p) {
   using Element = typename T::Element;
   extern __shared__ __align__(128) char smem[];
   Element* sQ = reinterpret_cast<Element*>(smem);  // (kBlockQ, D)

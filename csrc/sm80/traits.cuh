@@ -30,6 +30,11 @@ struct Traits {
   static constexpr bool kSwizzled = kKey.swizzled;
   static constexpr bool kDoubleBuffer = kKey.mma_double_buffer_loads;
   static constexpr bool kOptimizedSoftmax = kKey.optimized_softmax;
+  // Thread blocks per SM the kernel is compiled for (__launch_bounds__). The 64-row four-warp decode tile at D = 64
+  // holds 221-243 registers in its masked variants unbounded (two blocks per SM, one K / V block in flight each);
+  // bounded for three it holds 168 with no spill. At D = 128 the same bound spills 28-60 bytes, and so do the
+  // tensor variants (252 registers unbounded, 144-148 bytes spilled bounded): those keep one.
+  static constexpr int kMinBlocksPerSm = (kBlockQ == 64 && kNumWarps == 4 && kHeadDim <= 64) ? 3 : 1;
 
   // Warp tiling: each warp owns kRowsPerWarp consecutive query rows and all kBlockKV keys of a block.
   static constexpr int kRowsPerWarp = kBlockQ / kNumWarps;
