@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <optional>
 #include <tuple>
+#include <utility>
 #include <string>
 
 #include "common/params.h"
@@ -89,11 +90,13 @@ inline std::optional<ffi::Error> check_buffers(const ffi::AnyBuffer& q, const ff
     return invalid("num_splits must be in [0, " + std::to_string(kMaxSplits) + "] (0 = chosen per call), got " +
                    std::to_string(attrs.num_splits));
   }
-  for (const ffi::AnyBuffer* lengths : {&q_lengths, &kv_lengths}) {
+  // A length operand that is not read (has_q_lengths / has_kv_lengths 0) may be empty: jax_flash passes (0,).
+  for (auto [lengths, given] :
+       {std::pair{&q_lengths, attrs.has_q_lengths}, std::pair{&kv_lengths, attrs.has_kv_lengths}}) {
     const auto ld = lengths->dimensions();
-    if (lengths->element_type() != ffi::DataType::S32 || ld.size() != 1 || ld[0] != qd[0]) {
+    if (lengths->element_type() != ffi::DataType::S32 || ld.size() != 1 || (ld[0] != qd[0] && (given || ld[0] != 0))) {
       return invalid("q_lengths and kv_lengths must be int32 of shape (batch,) = (" + std::to_string(qd[0]) +
-                     ",); got " + dims_string(ld));
+                     ",), or (0,) when not given; got " + dims_string(ld));
     }
   }
   const auto sd = lse.dimensions();

@@ -237,8 +237,7 @@ class _Lengths:
 
     def pair(self, t, q_start, kv_start, rows, keys, plan_offsets):
         """(q_lengths, kv_lengths, has_q, has_kv) of a block of `rows` x `keys` (sliced at plan_offsets)."""
-        batch = self.q_len.shape[0]
-        full_q, full_k = jnp.full((batch,), rows, jnp.int32), jnp.full((batch,), keys, jnp.int32)
+        full_q = full_k = jnp.zeros((0,), jnp.int32)  # lengths not given (has_q / has_kv False: none read)
         if self.by_diagonal:
             if t != 0:
                 return full_q, full_k, False, False

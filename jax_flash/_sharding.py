@@ -4,8 +4,8 @@ The public primitive (jax_flash/_primitive.py) lowers through `partitioned_atten
 around the per-device primitive. Under jax.jit with sharded inputs, XLA's partitioner asks `_partition` how to split
 the call; each device then runs the FFI kernel on its own shard:
 
-  q (B, Sq, Hq, D), k/v (B, Sk, Hk, D), q_lengths/kv_lengths (B), page_table (B, P), segment ids (B, Sq) and
-  (B, Sk)  ->  out (B, Sq, Hq, D), lse (B, Hq, Sq)
+  q (B, Sq, Hq, D), k/v (B, Sk, Hk, D), q_lengths/kv_lengths (B) ((0,) when not given), page_table (B, P), segment
+  ids (B, Sq) and (B, Sk)  ->  out (B, Sq, Hq, D), lse (B, Hq, Sq)
 
 - batch: split freely (every operand and result carries it);
 - heads: q heads and kv heads split by the same mesh axes (GQA-consistent: query head h reads kv head h // group,
@@ -90,8 +90,8 @@ def make_partitioned_backward(local_backward):
         # (the forward's decision on q, k, v, the lengths, segment ids and tensors; its page table has no part here)
         decision = _decide(mesh, arg_shapes[:3] + arg_shapes[7:9] + arg_shapes[7:8] + arg_shapes[9:13], params,
                            split_shared_kv=False)
-        (q_s, kv_s, _, len_s, _, _, seg_s, _, bias_s, mask_s), (_, lse_s) = decision.args, decision.outs
-        return ((q_s, kv_s, kv_s, q_s, lse_s, q_s, lse_s, len_s, len_s, seg_s, seg_s, bias_s, mask_s),
+        (q_s, kv_s, _, q_len_s, kv_len_s, _, seg_s, _, bias_s, mask_s), (_, lse_s) = decision.args, decision.outs
+        return ((q_s, kv_s, kv_s, q_s, lse_s, q_s, lse_s, q_len_s, kv_len_s, seg_s, seg_s, bias_s, mask_s),
                 (q_s, kv_s, kv_s), decision.ring)
 
     def partition(params, mesh, arg_shapes, result_shape):
@@ -116,15 +116,35 @@ def make_partitioned_backward(local_backward):
         else:
             h, hk, extra = "(hk g)", "hk", {"g": heads_q // heads_k}
         q, kv, lse = f"b sq {h} d", f"b sk {hk} d", f"b {h} sq"
+        lengths, extra = _length_factors(value_types[7:9], extra)
         segments, extra = _segment_factors(params, extra)
         tensors, extra = _tensor_factors(value_types[11:13], value_types[0].shape, value_types[1].shape[1], h,
                                          extra)
-        return f"{q}, {kv}, {kv}, {q}, {lse}, {q}, {lse}, b, b, {segments}, {tensors} -> {q}, {kv}, {kv}", extra
+        return _in_rule_order(f"{q}, {kv}, {kv}, {q}, {lse}, {q}, {lse}, {lengths}, {segments}, {tensors} -> {q}, "
+                              f"{kv}, {kv}", extra)
 
     partitioned_backward.def_partition(partition=partition,
                                        infer_sharding_from_operands=infer_sharding_from_operands,
                                        sharding_rule=shardy_rule)
     return partitioned_backward
+
+
+def _in_rule_order(rule: str, extra: dict) -> tuple[str, dict]:
+    """(rule, extra) with the never-split factors listed in the order they first appear in the rule, as Shardy
+    requires."""
+    factors = rule.replace("(", " ").replace(")", " ").replace(",", " ").split()
+    replicated = sorted(extra.get("need_replication_factors", ()), key=factors.index)
+    return rule, {**extra, "need_replication_factors": tuple(replicated)} if replicated else extra
+
+
+def _length_factors(types, extra: dict) -> tuple[str, dict]:
+    """The Shardy factors of the q_lengths and kv_lengths operands: b, or, where one is absent ((0,)), a never-split
+    factor of its own."""
+    specs, replicated = [], list(extra.get("need_replication_factors", ()))
+    for t, name in zip(types, ("zql", "zkl")):
+        specs.append("b" if t.shape[0] else name)
+        replicated += [] if t.shape[0] else [name]
+    return ", ".join(specs), {**extra, "need_replication_factors": tuple(replicated)}
 
 
 def _segment_factors(params, extra: dict) -> tuple[str, dict]:
@@ -164,6 +184,7 @@ def _shardy_rule(params, mesh, value_types, result_types):
     paged = dict(params)["paged"]
     kv = "p r" if paged else "b sk"
     extra = {"need_replication_factors": ("p", "r", "t")} if paged else {"need_replication_factors": ("t",)}
+    lengths, extra = _length_factors(value_types[3:5], extra)
     segments, extra = _segment_factors(params, extra)
     if heads_k == heads_q:  # MHA: one head factor (Shardy forbids size-1 parts of a compound factor)
         h = hk = "h"
@@ -174,8 +195,8 @@ def _shardy_rule(params, mesh, value_types, result_types):
         extra = {"g": heads_q // heads_k, **extra}
     seq_k = None if paged else value_types[1].shape[1]
     tensors, extra = _tensor_factors(value_types[8:10], value_types[0].shape, seq_k, h, extra)
-    return (f"b sq {h} d, {kv} {hk} d, {kv} {hk} d, b, b, b t, {segments}, {tensors} -> b sq {h} d, b {h} sq",
-            extra)
+    return _in_rule_order(f"b sq {h} d, {kv} {hk} d, {kv} {hk} d, {lengths}, b t, {segments}, {tensors} -> "
+                          f"b sq {h} d, b {h} sq", extra)
 
 
 def _spec(sharding, ndim: int) -> tuple:
@@ -263,14 +284,15 @@ def _decide(mesh, arg_shapes, params, split_shared_kv: bool = True) -> Decision:
     b, h, s = _entry(batch_axes), _entry(head_axes), _entry(seq_axes)
     q_sharding = NamedSharding(mesh, PartitionSpec(b, s, h, None))
     kv_sharding = NamedSharding(mesh, PartitionSpec(None if paged else b, s, h if shard_kv_heads else None, None))
-    lengths_sharding = NamedSharding(mesh, PartitionSpec(b))
+    lengths_shardings = tuple(NamedSharding(mesh, PartitionSpec(b if lengths.shape[0] else None))  # (0,): absent
+                              for lengths in arg_shapes[3:5])
     table_sharding = NamedSharding(mesh, PartitionSpec(b, None))  # also the segment ids' (no ring with them)
     lse_sharding = NamedSharding(mesh, PartitionSpec(b, h, s))
     tensor_shardings = tuple(  # bias, mask: batch and heads where full; whole along the sequences (no ring)
         NamedSharding(mesh, PartitionSpec(b if t.shape[0] == batch and t.shape[0] else None,
                                           h if t.shape[1] == heads_q and t.shape[1] else None, None, None))
         for t in arg_shapes[8:10])
-    arg_shardings = (q_sharding, kv_sharding, kv_sharding, lengths_sharding, lengths_sharding, table_sharding,
+    arg_shardings = (q_sharding, kv_sharding, kv_sharding, *lengths_shardings, table_sharding,
                      table_sharding, table_sharding, *tensor_shardings)
     return Decision(arg_shardings, (q_sharding, lse_sharding), ring)
 

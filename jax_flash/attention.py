@@ -9,7 +9,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jax_flash._primitive import attention_p, no_segments, no_tensor
+from jax_flash._primitive import attention_p, no_lengths, no_segments, no_tensor
 from jax_flash._ring import ring_refusal
 from jax_flash.config import KernelConfig
 
@@ -138,9 +138,8 @@ def _validated_call(q, k, v, cfg, *, causal, softmax_scale, window, softcap, q_l
     window_left, window_right = _check_window(window)
     batch = q.shape[0]
     lengths = [_check_lengths(x, name, batch) for x, name in ((q_lengths, "q_lengths"), (kv_lengths, "kv_lengths"))]
-    q_len_arr = lengths[0] if lengths[0] is not None else jnp.full((batch,), q.shape[1], jnp.int32)
+    q_len_arr, kv_len_arr = (x if x is not None else no_lengths() for x in lengths)
     seq_k = page_table.shape[1] * k.shape[1] if paged else k.shape[1]
-    kv_len_arr = lengths[1] if lengths[1] is not None else jnp.full((batch,), seq_k, jnp.int32)
     if not paged:
         page_table = jnp.zeros((batch, 0), jnp.int32)
     segments = _check_segment_ids(q_segment_ids, kv_segment_ids, batch, q.shape[1], seq_k)
