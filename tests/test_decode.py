@@ -81,7 +81,7 @@ def test_every_split_count_gives_the_unsplit_result(device, num_splits, pack_gqa
 
 def test_split_plan():
     """The CUDA handler's plan (common/split_plan.h). Decode tiles: four resident blocks per SM, never more blocks
-    than fit at once, ranges of at least 8 key blocks, at most MAX_SPLITS; the 128-row tiles: FA3's wave rule."""
+    than fit at once, ranges of at least 4 key blocks, at most MAX_SPLITS; the 128-row tiles: FA3's wave rule."""
     from jax_flash._jax_flash import split_plan
 
     sms = 132
@@ -91,14 +91,15 @@ def test_split_plan():
     assert decode(1024, 6, 16) == 1            # enough tiles already
     assert decode(64, 2, 256) == 4             # the masked four-warp tile: two per SM, 256 blocks, not 576
     assert decode(1, 3, 2048) == jax_flash.config.MAX_SPLITS  # one MQA tile: as many as allowed
-    assert decode(8, 3, 256) == 32             # ranges of at least 8 key blocks
+    assert decode(8, 3, 256) == 49             # 396 blocks fit
+    assert decode(1, 2, 512) == 128            # ranges of at least 4 key blocks
     assert decode(8, 6, 7) == 1 and decode(0, 6, 100) == 1
     for tiles in (1, 3, 8, 50, 200, 600):
         for per_sm in (1, 2, 3, 6):
             for key_blocks in (1, 8, 100, 5000):
                 n = decode(tiles, per_sm, key_blocks)
                 assert 1 <= n <= jax_flash.config.MAX_SPLITS
-                assert n == 1 or (tiles * n <= min(4, per_sm) * sms and key_blocks // n >= 8)
+                assert n == 1 or (tiles * n <= min(4, per_sm) * sms and key_blocks // n >= 4)
     assert split_plan(8, 2 * sms, sms, 1024, False) == 29  # FA3: the smallest within 85% of the best wave
     assert split_plan(4 * 2 * sms, 2 * sms, sms, 1024, False) == 1
 

@@ -18,10 +18,11 @@ namespace jax_flash {
 // prologue, epilogue and partial O cost about as much as that many blocks). Measured on an H200, bf16, D = 128, 32
 // query heads: 8 kv heads x 131072 keys on the one-warp tile ran 137 us at 64 ranges (512 blocks), 143 at 85
 // (FlashAttention-3's wave rule below, 680 blocks), 147 at 128 and 154 at 256; one MQA head of 8 x 16384 keys 30 us
-// at 32 ranges (8 key blocks each), 36 at 64 (4 each); the masked four-warp tile (two resident per SM) of 8 query
-// rows, 8 x 16384 keys, 140 us at 4 ranges (256 blocks), 181 at 9 (576).
+// at 32 ranges (8 key blocks each, 256 blocks), 36 at 64 (512 blocks, more than fit); the masked four-warp tile (two
+// resident per SM) of 8 query rows, 8 x 16384 keys, 140 us at 4 ranges (256 blocks), 181 at 9 (576). On an H100,
+// one MQA head of 32768 keys: 15.6 us at 128 ranges of 4 key blocks, 18.3 at 64 of 8 (cuDNN 16.1).
 inline constexpr int kDecodeBlocksPerSm = 4;
-inline constexpr int kDecodeMinRangeBlocks = 8;
+inline constexpr int kDecodeMinRangeBlocks = 4;
 inline int choose_decode_splits(int64_t tiles, int64_t slots, int64_t num_sms, int64_t key_blocks) {
   const int64_t target = std::min<int64_t>(kDecodeBlocksPerSm * num_sms, slots);
   if (tiles <= 0 || tiles >= target) return 1;
