@@ -328,15 +328,8 @@ def main(argv=None) -> int:
         return _main_tensors(args)
     matmul = None if on_gpu else benchmark_cpu.matmul_gflops()
     rows = run(args)
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump({"suite": args.suite, "date": str(datetime.date.today()), "jax": jax.__version__,
-                       "platform": jax.default_backend(),
-                       "device": _device_name(jax.devices()[0]), "matmul_gflops": matmul,
-                       "pass": args.pass_,
-                       "timing": {"iters": args.iters, "reps": args.reps, "loop": args.loop,
-                                  "min_rep_ms": args.min_rep_ms, "order": args.order},
-                       "rows": rows}, f, indent=1)
+    _write_json(args, args.suite, rows, {"loop": args.loop, "order": args.order}, matmul_gflops=matmul,
+                **{"pass": args.pass_})
     if args.plot and rows:
         plot(rows, args.plot)
     if on_gpu:
@@ -346,14 +339,21 @@ def main(argv=None) -> int:
     return 0
 
 
+def _write_json(args, suite: str, rows: list, timing: dict | None = None, **fields) -> None:
+    """The suite's rows as JSON at --json (when given), after the facts every results file carries, `fields`, and
+    the timing options (`timing`: more of them)."""
+    if not args.json:
+        return
+    with open(args.json, "w") as f:
+        json.dump({"suite": suite, "date": str(datetime.date.today()), "jax": jax.__version__,
+                   "platform": jax.default_backend(), "device": _device_name(jax.devices()[0]), **fields,
+                   "timing": {"iters": args.iters, "reps": args.reps, "min_rep_ms": args.min_rep_ms, **(timing or {})},
+                   "rows": rows}, f, indent=1)
+
+
 def _main_decode(args) -> int:
     rows, copy_gbs = benchmark_decode.run(args)
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump({"suite": "decode", "date": str(datetime.date.today()), "jax": jax.__version__,
-                       "platform": jax.default_backend(), "device": _device_name(jax.devices()[0]),
-                       "copy_gbs": copy_gbs, "timing": {"iters": args.iters, "reps": args.reps,
-                                                        "min_rep_ms": args.min_rep_ms}, "rows": rows}, f, indent=1)
+    _write_json(args, "decode", rows, copy_gbs=copy_gbs)
     if args.plot and rows:
         benchmark_decode.plot(rows, args.plot)
     benchmark_decode.print_table(rows, copy_gbs)
@@ -362,24 +362,14 @@ def _main_decode(args) -> int:
 
 def _main_packed(args) -> int:
     rows = benchmark_packed.run(args)
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump({"suite": "packed", "date": str(datetime.date.today()), "jax": jax.__version__,
-                       "platform": jax.default_backend(), "device": _device_name(jax.devices()[0]),
-                       "timing": {"iters": args.iters, "reps": args.reps, "min_rep_ms": args.min_rep_ms},
-                       "rows": rows}, f, indent=1)
+    _write_json(args, "packed", rows)
     benchmark_packed.print_table(rows)
     return 0
 
 
 def _main_tensors(args) -> int:
     rows = benchmark_tensors.run(args)
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump({"suite": "tensors", "date": str(datetime.date.today()), "jax": jax.__version__,
-                       "platform": jax.default_backend(), "device": _device_name(jax.devices()[0]),
-                       "timing": {"iters": args.iters, "reps": args.reps, "min_rep_ms": args.min_rep_ms},
-                       "rows": rows}, f, indent=1)
+    _write_json(args, "tensors", rows)
     benchmark_tensors.print_table(rows)
     return 0
 
@@ -387,13 +377,7 @@ def _main_tensors(args) -> int:
 def _main_ring(args) -> int:
     args.causal_list = {"off": [False], "on": [True], "both": [False, True]}[args.causal]
     rows = benchmark_ring.run(args)
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump({"suite": "ring", "date": str(datetime.date.today()), "jax": jax.__version__,
-                       "platform": jax.default_backend(), "device": _device_name(jax.devices()[0]),
-                       "device_count": len(jax.devices()), "timing": {"iters": args.iters, "reps": args.reps,
-                                                                      "min_rep_ms": args.min_rep_ms},
-                       "rows": rows}, f, indent=1)
+    _write_json(args, "ring", rows, device_count=len(jax.devices()))
     benchmark_ring.print_table(rows)
     return 0
 

@@ -52,6 +52,14 @@ def device(request):
     return jax.devices("cpu")[0] if request.param == "cpu" else GPU_DEVICES[0]
 
 
+def attention_calls(text: str) -> tuple[str, str]:
+    """The lines of the forward and the backward custom calls in lowered StableHLO text."""
+    calls = [line for line in text.splitlines() if "@jax_flash_attention" in line]
+    forward = next(line for line in calls if "@jax_flash_attention(" in line)
+    backward = next(line for line in calls if "@jax_flash_attention_bwd(" in line)
+    return forward, backward
+
+
 def random_qkv(seed, batch, seq_q, seq_k, heads_q, heads_k, head_dim, dtype, device=None):
     """Normal q, k, v (never zeros: they hide unwritten outputs), placed on `device`."""
     kq, kk, kv = jax.random.split(jax.random.PRNGKey(seed), 3)

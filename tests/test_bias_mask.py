@@ -11,7 +11,7 @@ import pytest
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 import jax_flash
-from conftest import assert_flash_close, random_qkv
+from conftest import assert_flash_close, attention_calls, random_qkv
 
 B, S, HQ, HK, D = 2, 96, 4, 2, 64
 
@@ -155,9 +155,7 @@ def test_cuda_lowering_of_bias_and_mask():
     loss = lambda q, k, v, b: jax_flash.attention(q, k, v, bias=b, mask=mask).astype(jnp.float32).sum()
     text = jax.jit(jax.grad(loss, argnums=(0, 3))).trace(q, k, v, _bias((1, 2, 32, 32))).lower(
         lowering_platforms=("cuda",)).as_text()
-    calls = [line for line in text.splitlines() if "@jax_flash_attention" in line]
-    forward = next(line for line in calls if "@jax_flash_attention(" in line)
-    backward = next(line for line in calls if "@jax_flash_attention_bwd(" in line)
+    forward, backward = attention_calls(text)
     assert "family = 80" in forward
     for call in (forward, backward):
         assert "tensor<1x2x32x32xf32>, tensor<1x1x1x32xi1>" in call

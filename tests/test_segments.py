@@ -13,7 +13,7 @@ import pytest
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 import jax_flash
-from conftest import assert_flash_close, random_qkv
+from conftest import assert_flash_close, attention_calls, random_qkv
 from test_backward import assert_grads_close
 
 
@@ -186,9 +186,7 @@ def test_cuda_lowering_with_and_without_segment_ids():
                                                         **_both(ids)).astype(jnp.float32).sum()
 
     text = lowered(jax.grad(loss(False)), q, k, v, ids)
-    calls = [line for line in text.splitlines() if "@jax_flash_attention" in line]
-    forward = next(line for line in calls if "@jax_flash_attention(" in line)
-    backward = next(line for line in calls if "@jax_flash_attention_bwd(" in line)
+    forward, backward = attention_calls(text)
     assert "family = 80" in forward
     for call in (forward, backward):
         assert "tensor<1x64xi32>, tensor<1x64xi32>" in call

@@ -99,6 +99,28 @@ struct ScoreTensors {
       }
   }
 
+  // f(score, entry) for each of this lane's scores of the block whose keys start at col0 (this lane's first key)
+  // and its entry of a (B, H, Sq, Sk) tensor with these element strides: one row address per query row, keys
+  // stepped by the key stride (1, or 0 when broadcast) and clamped to last_key.
+  template <class Entry, class F>
+  __device__ __forceinline__ void for_each_entry(float (&acc_s)[T::kMTiles][T::kSTiles][4], const Entry* tensor,
+                                                 const int64_t (&strides)[4], int col0, int last_key, F f) const {
+    const int step = static_cast<int>(strides[3]);
+#pragma unroll
+    for (int m = 0; m < T::kMTiles; ++m)
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        int position;
+        int64_t head;
+        locate(first_row + 16 * m + 8 * h, position, head);
+        const Entry* row = tensor + (t.batch * strides[0] + head * strides[1] + position * strides[2]);
+#pragma unroll
+        for (int n = 0; n < T::kSTiles; ++n)
+#pragma unroll
+          for (int c = 0; c < 2; ++c) f(acc_s[m][n][2 * h + c], __ldg(row + min(col0 + 8 * n + c, last_key) * step));
+      }
+  }
+
   // s += bias * inv_scale (the kernels keep raw scores; the softmax multiplies by scale), then -inf where the mask
   // or the segment ids hide the key. Each tensor is one branch per block and none per score, so the compiler
   // issues a row's loads together (a branch per score serialised their latencies: 4x slower, H100). Keys past
@@ -108,43 +130,12 @@ struct ScoreTensors {
     const int col0 = kv0 + 2 * (lane % 4), last_key = p.seqlen_k - 1;
     if (p.bias != nullptr) {
       const float inv_scale = 1.0f / p.scale;
-      const int step = static_cast<int>(p.bias_strides[3]);
-#pragma unroll
-      for (int m = 0; m < T::kMTiles; ++m)
-#pragma unroll
-        for (int h = 0; h < 2; ++h) {
-          int position;
-          int64_t head;
-          locate(first_row + 16 * m + 8 * h, position, head);
-          const float* row =
-              p.bias + (t.batch * p.bias_strides[0] + head * p.bias_strides[1] + position * p.bias_strides[2]);
-#pragma unroll
-          for (int n = 0; n < T::kSTiles; ++n)
-#pragma unroll
-            for (int c = 0; c < 2; ++c) {
-              acc_s[m][n][2 * h + c] += __ldg(row + min(col0 + 8 * n + c, last_key) * step) * inv_scale;
-            }
-        }
+      for_each_entry(acc_s, p.bias, p.bias_strides, col0, last_key,
+                     [inv_scale](float& s, float bias) { s += bias * inv_scale; });
     }
     if (p.mask != nullptr) {
-      const int step = static_cast<int>(p.mask_strides[3]);
-#pragma unroll
-      for (int m = 0; m < T::kMTiles; ++m)
-#pragma unroll
-        for (int h = 0; h < 2; ++h) {
-          int position;
-          int64_t head;
-          locate(first_row + 16 * m + 8 * h, position, head);
-          const uint8_t* row =
-              p.mask + (t.batch * p.mask_strides[0] + head * p.mask_strides[1] + position * p.mask_strides[2]);
-#pragma unroll
-          for (int n = 0; n < T::kSTiles; ++n)
-#pragma unroll
-            for (int c = 0; c < 2; ++c) {
-              float& s = acc_s[m][n][2 * h + c];
-              s = __ldg(row + min(col0 + 8 * n + c, last_key) * step) == 0 ? -INFINITY : s;
-            }
-        }
+      for_each_entry(acc_s, p.mask, p.mask_strides, col0, last_key,
+                     [](float& s, uint8_t visible) { s = visible == 0 ? -INFINITY : s; });
     }
     if (test_segments) {
 #pragma unroll
