@@ -42,13 +42,6 @@ ffi::Error plan_splits(AttentionParams& params, const RegistryEntry& entry, cons
                : memory_bound ? choose_decode_splits(tiles, slots, limits.num_sms, key_blocks)
                               : choose_num_splits(tiles, slots, key_blocks);
   params.num_splits = 1;
-  if (key.family == 90 && splits > 1) {  // the sm90 family runs unsplit (its split tail balances the last wave)
-    if (forced > 1) {
-      return invalid("num_splits=" + std::to_string(forced) + " needs a family='sm80' config; " + describe(key) +
-                     " runs each tile's keys in one thread block");
-    }
-    splits = 1;
-  }
   if (splits <= 1) return ffi::Error::Success();
   const size_t row_count = static_cast<size_t>(params.batch) * params.heads_q * params.seqlen_q * splits;
   std::optional<void*> partial_o = scratch.Allocate(row_count * params.head_dim * sizeof(float), kScratchAlignment);
@@ -104,12 +97,10 @@ ffi::Error attention_cuda_impl(cudaStream_t stream, ffi::ScratchAllocator scratc
   DeviceLimits limits;
   if (ffi::Error err = current_device_limits(limits); err.failure()) return err;
   const bool tensors = params.q_segment_ids != nullptr || params.bias != nullptr || params.mask != nullptr;
-  if (key.family == 90 && (attrs.paged || attrs.pack_gqa == 1 || tensors)) {
-    return invalid(std::string(attrs.paged          ? "a paged KV cache"
-                               : attrs.pack_gqa == 1 ? "pack_gqa=True"
-                                                     : "segment ids or a bias / mask tensor") +
+  if (key.family == 90 && (attrs.pack_gqa == 1 || tensors)) {
+    return invalid(std::string(attrs.pack_gqa == 1 ? "pack_gqa=True" : "segment ids or a bias / mask tensor") +
                    " needs a family='sm80' config (cfg=None picks one); " + describe(key) +
-                   " reads contiguous K/V per query head with masks from positions only");
+                   " reads K/V per query head with masks from positions only");
   }
   if (limits.major < 8) {
     return ffi::Error(ffi::ErrorCode::kFailedPrecondition,

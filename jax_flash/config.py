@@ -73,9 +73,10 @@ class KernelConfig:
         block and merged by the log-sum-exp afterwards (split-KV, Flash-Decoding). 0 = chosen per call from the grid,
         the SM count and the key length (csrc/common/split_plan.h); n forces n (at most MAX_SPLITS). On CPU it forces
         the CPU path's key splits the same way.
-    pack_gqa (launch, both families): pack the query heads that share a kv head into the rows of one tile, so each
-        K/V block is read once per kv head (row r of a packed tile is query position r // group of head
-        kv_head * group + r % group). None = decided per call by tile efficiency (jax_flash.selection.should_pack_gqa).
+    pack_gqa (launch; the sm80 family and the CPU path): pack the query heads that share a kv head into the rows of
+        one tile, so each K/V block is read once per kv head (row r of a packed tile is query position r // group of
+        head kv_head * group + r % group). None = decided per call by tile efficiency
+        (jax_flash.selection.should_pack_gqa). The sm90 family's tiles hold one query head: True there is an error.
     The sm80-only knobs stay at their defaults in an sm90 config, and the sm90-only knobs in an sm80 config.
 
     Data type and head dim come from the inputs. On CPU, block_q and block_kv are the tile sizes of the CPU path
@@ -198,9 +199,9 @@ class KernelConfig:
         p_bytes = self.block_q * -(-self.block_kv // 64) * 64 * elem_bytes if p_in_smem else 0
         # the split tail's 32 bytes of state (head dim 128, two consumers, pingpong: traits.cuh, kSplitTail)
         split_bytes = 32 if head_dim == 128 and self.consumer_warpgroups == 2 and self.pingpong else 0
-        # barriers, two 44-byte tile slots and 8 spare bytes, and the 1024-byte alignment slack
+        # barriers, two 44-byte tile slots and the four tiles' key ranges, and the 1024-byte alignment slack
         return (((q_buffers + o_buffer) * self.block_q + 2 * self.stages * self.block_kv) * head_dim * elem_bytes + p_bytes +
-                8 * (2 * q_buffers + 4 * self.stages + 4) + 2 * 48 + split_bytes + 1024)
+                8 * (2 * q_buffers + 4 * self.stages + 4) + 2 * 44 + 16 + split_bytes + 1024)
 
     def sm90_q_buffers(self, head_dim: int, elem_bytes: int = 2) -> int:
         """Q buffers of an sm90 kernel: 2 (the next tile's Q loads during this one) where 227 KB allow, else 1."""

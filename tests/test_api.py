@@ -168,7 +168,7 @@ def test_sm90_config_validation():
     # head dim 256: O is staged in the single Q buffer (no room for its own), 80-key blocks fit and 128-key ones not
     assert KernelConfig.sm90(block_kv=80).sm90_o_in_q(256) and not KernelConfig.sm90().sm90_o_in_q(128)
     assert KernelConfig.sm90(block_kv=80).fits(256) is None
-    assert KernelConfig.sm90(block_kv=80).smem_bytes(256) == 64 * 1024 + 4 * 80 * 512 + 8 * 14 + 96 + 1024
+    assert KernelConfig.sm90(block_kv=80).smem_bytes(256) == 64 * 1024 + 4 * 80 * 512 + 8 * 14 + 2 * 44 + 16 + 1024
     assert "bytes of shared memory" in KernelConfig.sm90(block_kv=128).fits(256)
     assert "needs compute capability 9.0" in cfg.fits(128, arch=80)
     with pytest.raises(ValueError, match="family='gfx90' is not allowed"):
@@ -203,15 +203,15 @@ def test_sm90_wide_key_blocks_validation():
     # so O would be staged in Q; but S (96) + P (48) + O (64) + state is over a consumer's 232 registers
     wide = KernelConfig.sm90(block_kv=192)
     # (+ 32 bytes: the split tail's state, head dim 128 with two pingpong consumers)
-    assert wide.sm90_o_in_q(128) and wide.smem_bytes(128) == 32768 + 4 * 49152 + 8 * 14 + 2 * 48 + 32 + 1024
+    assert wide.sm90_o_in_q(128) and wide.smem_bytes(128) == 32768 + 4 * 49152 + 8 * 14 + 2 * 44 + 16 + 32 + 1024
     assert "needs about 248 registers per consumer thread at head_dim=128 (limit 232)" in wide.fits(128)
-    assert KernelConfig.sm90(block_kv=160).smem_bytes(128) == 230608 + 32
+    assert KernelConfig.sm90(block_kv=160).smem_bytes(128) == 230608 + 8 + 32
     # Q is double-buffered where 227 KB allow: 128 x 128 at head dim 128 fits (2 Q + O + 4 x 32 KB + barriers),
     # 128 x 160 keeps one Q buffer
     assert KernelConfig.sm90().sm90_q_buffers(128) == 2 and KernelConfig.sm90(block_kv=160).sm90_q_buffers(128) == 1
-    assert KernelConfig.sm90().smem_bytes(128) == 3 * 32768 + 4 * 32768 + 8 * 16 + 2 * 48 + 32 + 1024
+    assert KernelConfig.sm90().smem_bytes(128) == 3 * 32768 + 4 * 32768 + 8 * 16 + 2 * 44 + 16 + 32 + 1024
     # head dim 64 with 192-key blocks: P of each consumer (3 panels of 8 KB) for the soft-capped kernels
-    assert KernelConfig.sm90(block_kv=192).smem_bytes(64) == 3 * 16384 + 4 * 24576 + 2 * 24576 + 8 * 16 + 2 * 48 + 1024
+    assert KernelConfig.sm90(block_kv=192).smem_bytes(64) == 3 * 16384 + 4 * 24576 + 2 * 24576 + 8 * 16 + 2 * 44 + 16 + 1024
     assert KernelConfig.sm90().consumer_registers() == 232
     with pytest.raises(ValueError, match="block_kv=256 is not allowed for family='sm90'"):
         KernelConfig.sm90(block_kv=256)
@@ -222,7 +222,7 @@ def test_sm90_three_consumers_validation():
     assert (cfg.block_q, cfg.num_warps, cfg.consumer_registers()) == (192, 16, 160)  # 512 threads: 32 + 3 x 160
     assert cfg.fits(64) is None and KernelConfig.sm90(block_kv=64, consumer_warpgroups=3).fits(128) is None
     # 2 Q + O (3 x 24 KB) + K/V ring (4 x 16 KB) + P for the soft-capped kernels (3 x 16 KB) + barriers, slots, slack
-    assert cfg.smem_bytes(64) == 3 * 24576 + 4 * 16384 + 3 * 16384 + 8 * 16 + 2 * 48 + 1024
+    assert cfg.smem_bytes(64) == 3 * 24576 + 4 * 16384 + 3 * 16384 + 8 * 16 + 2 * 44 + 16 + 1024
     # S (96) + P (48) + O (32) + state is over the 160 registers three consumers get (ptxas spilled ~600 bytes)
     assert "needs about 208 registers per consumer thread at head_dim=64 (limit 160)" in \
         KernelConfig.sm90(block_kv=192, consumer_warpgroups=3).fits(64)

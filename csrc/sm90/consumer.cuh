@@ -59,8 +59,10 @@ __device__ __forceinline__ void run_consumer(const AttentionParams& p, SmemView<
     auto end_tile = [&] {
       if constexpr (T::kHoldTileSlot) release_slot();
     };
+    // the tile's key range (split-KV), read where the epilogue needs it
+    auto key_range = [&] { return V::kSplitPaged && p.num_splits > 1 ? s.tile_split()[n & 3] : 0; };
     if (tile.block_begin >= tile.block_end) {  // no row sees a key (nothing was loaded)
-      E::write_zero_rows(p, tile, consumer, wg_tid);
+      E::write_zero_rows(p, tile, key_range(), consumer, wg_tid);
       end_tile();
       continue;
     }
@@ -68,7 +70,7 @@ __device__ __forceinline__ void run_consumer(const AttentionParams& p, SmemView<
       if (64 * consumer >= tile.q_rows_valid) {  // every row of this consumer is past the valid ones
         mainloop.run_idle(tile);
         reload();
-        E::write_zero_rows(p, tile, consumer, wg_tid);
+        E::write_zero_rows(p, tile, key_range(), consumer, wg_tid);
         end_tile();
         continue;
       }
@@ -87,7 +89,7 @@ __device__ __forceinline__ void run_consumer(const AttentionParams& p, SmemView<
     }
 
     reload();
-    E::store(mainloop, tile, s, tma_o, wg_tid);
+    E::store(mainloop, tile, key_range(), s, tma_o, wg_tid);
     trace(kTraceEpilogueDone, n);
     end_tile();
   }

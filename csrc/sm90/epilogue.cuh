@@ -1,6 +1,8 @@
 // The epilogue of the sm90 kernel, per consumer and tile: O / l (zeros for rows past the valid ones), the lse, and
 // O through this consumer's 64 rows of the staging buffer (stmatrix) to global memory by one TMA store per 64-column
-// panel; and the zeros and lse = -inf of rows that see no key.
+// panel; and the zeros and lse = -inf of rows that see no key. With split-KV (p.num_splits > 1) a tile is one key
+// range, and its normalised O (float32) and lse go to the range's partials instead (common/params.h), which
+// common/split_combine.cuh merges.
 #pragma once
 
 #include <cstdint>
@@ -28,9 +30,22 @@ struct Epilogue {
     return p.lse + t.batch * p.lse_batch_stride + t.head * p.lse_head_stride + t.row0;
   }
 
-  // This consumer's rows inside the tensor: zeros and lse = -inf.
-  __device__ __forceinline__ static void write_zero_rows(const AttentionParams& p, const ConsumerTile& t, int consumer,
-                                                         int wg_tid) {
+  // Tile row r's index in (B, Hq, Sq) within key range `split`: the partial lse's, and times D the partial O's.
+  __device__ __forceinline__ static int64_t partial_row(const AttentionParams& p, const ConsumerTile& t, int split,
+                                                        int r) {
+    return (int64_t{split} * p.batch + t.batch) * p.heads_q * p.seqlen_q + int64_t{t.head} * p.seqlen_q + t.row0 + r;
+  }
+
+  // This consumer's rows inside the tensor: zeros and lse = -inf (a key range: lse = -inf only; the combine step
+  // reads no O of a range whose lse is -inf).
+  __device__ __forceinline__ static void write_zero_rows(const AttentionParams& p, const ConsumerTile& t, int split,
+                                                         int consumer, int wg_tid) {
+    if (V::kSplitPaged && p.num_splits > 1) {
+      for (int r = 64 * consumer + wg_tid; r < min(t.q_rows, 64 * consumer + 64); r += 128) {
+        p.partial_lse[partial_row(p, t, split, r)] = -INFINITY;
+      }
+      return;
+    }
     constexpr int kRowChunks = T::kHeadDim / 8;  // 16-byte chunks per row
     Element* gO = tile_o(p, t);
     for (int i = wg_tid; i < 64 * kRowChunks; i += 128) {
@@ -45,11 +60,46 @@ struct Epilogue {
     }
   }
 
+  // A key range's O / l and lse, float32 from the accumulators to its partials (each quad writes 32 bytes per n8
+  // tile); rows past the valid ones: lse = -inf only.
+  template <class Mainloop>
+  __device__ __forceinline__ static void store_partial(Mainloop& m, const ConsumerTile& t, int split, SmemView<T> s,
+                                                       int wg_tid) {
+    const AttentionParams& p = m.p;
+    const int lane = m.lane;
+    bool row_valid[2];
+    float row_lse[2];
+#pragma unroll
+    for (int h = 0; h < 2; ++h) row_valid[h] = m.warp_row0 + lane / 4 + 8 * h < t.q_rows_valid;
+    m.softmax.finalize(m.acc_o, row_valid, p.scale, row_lse);
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const int row = m.warp_row0 + lane / 4 + 8 * h;
+      if (row >= t.q_rows) continue;
+      const int64_t index = partial_row(p, t, split, row);
+      if (lane % 4 == 0) p.partial_lse[index] = row_valid[h] ? row_lse[h] : -INFINITY;
+      if (!row_valid[h]) continue;
+      float* o = p.partial_o + index * T::kHeadDim + 2 * (lane % 4);
+#pragma unroll
+      for (int n = 0; n < T::kOTiles; ++n) {
+        *reinterpret_cast<float2*>(o + 8 * n) = make_float2(m.acc_o[0][n][2 * h], m.acc_o[0][n][2 * h + 1]);
+      }
+    }
+    if constexpr (T::kOInQ) {  // Q held this consumer's O staging rows: free once all its threads are done with Q
+      sync_consumer(m.consumer);
+      if (wg_tid == 0) mbarrier_arrive(s.q_empty(m.qb));
+    }
+  }
+
   // O / l and lse of the mainloop's rows, then O stored. `m`: the consumer's Mainloop after the tile's key blocks.
   template <class Mainloop>
-  __device__ __forceinline__ static void store(Mainloop& m, const ConsumerTile& t, SmemView<T> s,
+  __device__ __forceinline__ static void store(Mainloop& m, const ConsumerTile& t, int split, SmemView<T> s,
                                                const CUtensorMap& tma_o, int wg_tid) {
     const AttentionParams& p = m.p;
+    if (V::kSplitPaged && p.num_splits > 1) {
+      store_partial(m, t, split, s, wg_tid);
+      return;
+    }
     const int consumer = m.consumer, lane = m.lane, warp_row0 = m.warp_row0;
     bool row_valid[2];
 #pragma unroll

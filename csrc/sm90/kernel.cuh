@@ -38,15 +38,15 @@ __device__ __forceinline__ void init_barriers(SmemView<T> s) {
 }
 
 // kMaskBlocks: some key block may be partly invisible (causal, window, kv_lengths, or seqlen_k not a multiple of
-// kBlockKV); false compiles the mask out. kHasSoftcap: s = softcap * tanh(s * scale / softcap). num_tiles: batch x
-// heads_q x query blocks.
-template <class T, bool kMaskBlocks, bool kHasSoftcap>
+// kBlockKV); false compiles the mask out. kHasSoftcap: s = softcap * tanh(s * scale / softcap). kSplitPaged: split
+// key ranges (p.num_splits > 1) or paged K/V (p.page_table). num_tiles: batch x heads_q x query blocks x ranges.
+template <class T, bool kMaskBlocks, bool kHasSoftcap, bool kSplitPaged = false>
 __global__ void __launch_bounds__(T::kNumThreads, 1)
     attention_kernel(const __grid_constant__ AttentionParams p, const __grid_constant__ CUtensorMap tma_q,
                      const __grid_constant__ CUtensorMap tma_k, const __grid_constant__ CUtensorMap tma_v,
                      const __grid_constant__ CUtensorMap tma_o, int64_t num_tiles) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-  using V = Variant<T, kMaskBlocks, kHasSoftcap>;
+  using V = Variant<T, kMaskBlocks, kHasSoftcap, kSplitPaged>;
   extern __shared__ char smem_raw[];
   // The 128-byte swizzle is a function of address bits 4-9: tiles must start on 1024-byte boundaries.
   constexpr uint32_t kMask = kSmemAlignSlack - 1;

@@ -1,6 +1,6 @@
 // run_attention_sm90: picks the compile-time variant (block masking, softcap) from runtime facts, encodes the TMA
 // tensor maps of q, k, v and o, plans the tile order (tile_scheduler.cuh) and the split tail (split_tail.cuh), and
-// launches the persistent grid on XLA's stream.
+// launches the persistent grid on XLA's stream; with split key ranges, the combine step after it.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -11,6 +11,7 @@
 #include <string>
 
 #include "common/launch_util.h"
+#include "common/split_combine.cuh"
 #include "sm90/api.h"
 #include "sm90/kernel.cuh"
 #include "sm90/split_tail.cuh"
@@ -20,19 +21,19 @@
 
 namespace jax_flash::sm90 {
 
-template <class T, bool kMaskBlocks, bool kHasSoftcap>
+template <class T, bool kMaskBlocks, bool kHasSoftcap, bool kSplitPaged = false>
 std::string launch_sm90(AttentionParams p, const CUtensorMap& map_q, const CUtensorMap& map_k,
                         const CUtensorMap& map_v, const CUtensorMap& map_o, cudaStream_t stream) {
-  using V = Variant<T, kMaskBlocks, kHasSoftcap>;
-  auto kernel = attention_kernel<T, kMaskBlocks, kHasSoftcap>;
+  using V = Variant<T, kMaskBlocks, kHasSoftcap, kSplitPaged>;
+  auto kernel = attention_kernel<T, kMaskBlocks, kHasSoftcap, kSplitPaged>;
   // A persistent grid, one block per SM (the shared memory allows no second); causal tiles differ by up to the whole
   // key range, so the blocks draw them from a counter, heaviest first (a static stride left some SMs all the heavy
   // ones: causal 16384 keys fell from 631 to 416 TFLOP/s).
-  const int64_t num_tiles = static_cast<int64_t>(p.num_q_blocks) * p.heads_q * p.batch;
+  const int64_t num_tiles = static_cast<int64_t>(p.num_q_blocks) * p.heads_q * p.batch * p.num_splits;
   if (T::kTileIndex32 && num_tiles > INT_MAX) {
     return "sm90 kernel with " + std::to_string(T::kConsumers) + " consumer warpgroups: " + std::to_string(num_tiles) +
-           " tiles (batch x heads_q x query blocks) exceed its 32-bit tile index (at most " + std::to_string(INT_MAX) +
-           ")";
+           " tiles (batch x heads_q x query blocks x key ranges) exceed its 32-bit tile index (at most " +
+           std::to_string(INT_MAX) + ")";
   }
   int device = 0;
   if (cudaError_t err = cudaGetDevice(&device); err != cudaSuccess) return cuda_failure("cudaGetDevice", err);
@@ -61,6 +62,7 @@ std::string launch_sm90(AttentionParams p, const CUtensorMap& map_q, const CUten
   }
   kernel<<<grid, T::kNumThreads, T::kSmemBytes, stream>>>(p, map_q, map_k, map_v, map_o, num_tiles);
   if (cudaError_t err = cudaGetLastError(); err != cudaSuccess) return cuda_failure("attention kernel launch", err);
+  if (p.num_splits > 1) return launch_split_combine<typename T::Element, T::kHeadDim>(p, stream);
   return {};
 }
 
@@ -73,14 +75,21 @@ std::string run_attention_sm90(const AttentionParams& params, cudaStream_t strea
   CUtensorMap map_q{}, map_k{}, map_v{}, map_o{};
   std::string failure = encode_bshd_map(&map_q, p.q, kBf16, p.batch, p.seqlen_q, p.heads_q, p.head_dim,
                                         p.q_batch_stride, p.q_seq_stride, p.q_head_stride, T::kBlockQ);
-  // seqlen_k = 0: every block writes zeros without loading, and an empty tensor has no map.
-  if (failure.empty() && p.seqlen_k > 0) {
-    failure = encode_bshd_map(&map_k, p.k, kBf16, p.batch, p.seqlen_k, p.heads_k, p.head_dim, p.k_batch_stride,
-                              p.k_seq_stride, p.k_head_stride, T::kBlockKV);
+  // seqlen_k = 0: every block writes zeros without loading, and an empty tensor has no map. Paged K / V: the map
+  // spans the pool (num_pages, page_size, Hk, D), whose batch stride steps a page, in boxes inside one page.
+  const bool paged = p.page_table != nullptr;
+  const int64_t kv_outer = paged ? p.num_pages : p.batch, kv_rows = paged ? p.page_size : p.seqlen_k;
+  const int kv_box_rows = paged ? page_box_rows<T>(p.page_size) : T::kBlockKV;
+  if (paged && p.num_pages == 0 && p.seqlen_k > 0) {
+    return "the sm90 family needs a non-empty page pool (k and v have 0 pages); use a family='sm80' config";
   }
-  if (failure.empty() && p.seqlen_k > 0) {
-    failure = encode_bshd_map(&map_v, p.v, kBf16, p.batch, p.seqlen_k, p.heads_k, p.head_dim, p.v_batch_stride,
-                              p.v_seq_stride, p.v_head_stride, T::kBlockKV);
+  if (failure.empty() && p.seqlen_k > 0 && kv_outer > 0) {
+    failure = encode_bshd_map(&map_k, p.k, kBf16, kv_outer, kv_rows, p.heads_k, p.head_dim, p.k_batch_stride,
+                              p.k_seq_stride, p.k_head_stride, kv_box_rows);
+  }
+  if (failure.empty() && p.seqlen_k > 0 && kv_outer > 0) {
+    failure = encode_bshd_map(&map_v, p.v, kBf16, kv_outer, kv_rows, p.heads_k, p.head_dim, p.v_batch_stride,
+                              p.v_seq_stride, p.v_head_stride, kv_box_rows);
   }
   // O: each consumer stores its 64 rows of a tile, one 64 x 64 box per panel (epilogue.cuh)
   if (failure.empty()) {
@@ -91,6 +100,10 @@ std::string run_attention_sm90(const AttentionParams& params, cudaStream_t strea
   const bool mask_blocks = p.window_left < kUnbounded || p.window_right < kUnbounded || p.kv_lengths != nullptr ||
                            p.seqlen_k % T::kBlockKV != 0;
   const bool softcap = p.softcap > 0.0f;
+  if (p.num_splits > 1 || paged) {
+    return softcap ? launch_sm90<T, true, true, true>(p, map_q, map_k, map_v, map_o, stream)
+                   : launch_sm90<T, true, false, true>(p, map_q, map_k, map_v, map_o, stream);
+  }
   if (mask_blocks) {
     return softcap ? launch_sm90<T, true, true>(p, map_q, map_k, map_v, map_o, stream)
                    : launch_sm90<T, true, false>(p, map_q, map_k, map_v, map_o, stream);

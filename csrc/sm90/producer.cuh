@@ -18,6 +18,19 @@
 
 namespace jax_flash::sm90 {
 
+// Rows per TMA box of a paged K / V block: the largest count dividing both the page size and kBlockKV, so every box
+// lies inside one page (page sizes are multiples of 8: a box holds whole 8-row swizzle atoms). Host and device.
+template <class T>
+__host__ __device__ __forceinline__ int page_box_rows(int page_size) {
+  int a = page_size, b = T::kBlockKV;
+  while (b != 0) {
+    const int r = a % b;
+    a = b;
+    b = r;
+  }
+  return a;
+}
+
 template <class T, class V>
 struct Producer {
   using P = Pipeline<T, V>;
@@ -28,16 +41,47 @@ struct Producer {
   const CUtensorMap& tma_v;
   Tracer trace;
 
+  // Key block j of K or V (`map`) into `dst`, completing on `bar`. Contiguous: one box per 64-column panel. Paged
+  // (the map spans the pages, launch.cuh): boxes of page_box_rows rows, each inside one page; a box whose first key
+  // is at or past kv_len reads no table entry and loads zeros (page -1 lies outside the map; an id outside the pool
+  // does too). The TMA unit counts a box's bytes toward the barrier whether or not they were inside the tensor.
+  __device__ __forceinline__ void load_block(char* dst, const CUtensorMap& map, uint64_t* bar, const TileWork& w,
+                                             int j) {
+    if (p.page_table == nullptr) {
+#pragma unroll
+      for (int panel = 0; panel < T::kPanels; ++panel) {
+        tma_load_4d(dst + panel * T::kKVPanelBytes, &map, bar, panel * 64, j * T::kBlockKV, w.kv_head, w.batch);
+      }
+      return;
+    }
+    const int box_rows = page_box_rows<T>(p.page_size);
+    const int* table = p.page_table + w.batch * p.page_table_stride;
+    for (int r = 0; r < T::kBlockKV; r += box_rows) {
+      const int key = j * T::kBlockKV + r;
+      const int page = key < w.len.kv_len ? table[key / p.page_size] : -1;
+#pragma unroll
+      for (int panel = 0; panel < T::kPanels; ++panel) {
+        tma_load_4d(dst + panel * T::kKVPanelBytes + r * T::kRowBytes, &map, bar, panel * 64, key % p.page_size,
+                    w.kv_head, page);
+      }
+    }
+  }
+
   // Key block j of the tile into the stage of pipeline step `step`.
   __device__ __forceinline__ void load_k(const TileWork& w, int j, int step) {
     const int stage = P::stage_of(step);
     mbarrier_wait(s.k_empty(stage), P::parity_of(step) ^ 1);  // the consumers are done with this stage's last K
     trace(kTraceProducerK, j);
     mbarrier_arrive_expect_tx(s.k_full(stage), T::kKVBytes);
+    // (the contiguous copies written out here, not through load_block: see Variant::kSplitPaged)
+    if constexpr (V::kSplitPaged) {
+      load_block(s.k(stage), tma_k, s.k_full(stage), w, j);
+    } else {
 #pragma unroll
-    for (int panel = 0; panel < T::kPanels; ++panel) {
-      tma_load_4d(s.k(stage) + panel * T::kKVPanelBytes, &tma_k, s.k_full(stage), panel * 64, j * T::kBlockKV,
-                  w.kv_head, w.batch);
+      for (int panel = 0; panel < T::kPanels; ++panel) {
+        tma_load_4d(s.k(stage) + panel * T::kKVPanelBytes, &tma_k, s.k_full(stage), panel * 64, j * T::kBlockKV,
+                    w.kv_head, w.batch);
+      }
     }
   }
   __device__ __forceinline__ void load_v(const TileWork& w, int j, int step) {
@@ -45,10 +89,14 @@ struct Producer {
     mbarrier_wait(s.v_empty(stage), P::parity_of(step) ^ 1);  // ... and with its last V
     trace(kTraceProducerV, j);
     mbarrier_arrive_expect_tx(s.v_full(stage), T::kKVBytes);
+    if constexpr (V::kSplitPaged) {
+      load_block(s.v(stage), tma_v, s.v_full(stage), w, j);
+    } else {
 #pragma unroll
-    for (int panel = 0; panel < T::kPanels; ++panel) {
-      tma_load_4d(s.v(stage) + panel * T::kKVPanelBytes, &tma_v, s.v_full(stage), panel * 64, j * T::kBlockKV,
-                  w.kv_head, w.batch);
+      for (int panel = 0; panel < T::kPanels; ++panel) {
+        tma_load_4d(s.v(stage) + panel * T::kKVPanelBytes, &tma_v, s.v_full(stage), panel * 64, j * T::kBlockKV,
+                    w.kv_head, w.batch);
+      }
     }
   }
 
@@ -90,8 +138,13 @@ struct Producer {
       const bool whole = next < (V::kSplit ? p.split_whole_tiles : num_tiles);
       const bool more = whole || (V::kSplit && split->blocks_left > 0);
       mbarrier_wait(s.sched_empty(slot), ((n >> 1) & 1) ^ 1);  // the consumers have read this slot's last tile
-      if (more) sched[slot].work = tile_work<T, TileIndex>(p, whole ? next : p.split_whole_tiles + split->tile);
+      int key_range = 0;
+      if (more) {
+        sched[slot].work =
+            tile_work<T, TileIndex, V::kSplitPaged>(p, whole ? next : p.split_whole_tiles + split->tile, key_range);
+      }
       if (V::kSplit && more) take_split_piece(p, *split, sched[slot].work, whole, n);
+      if (V::kSplitPaged && more) s.tile_split()[n & 3] = key_range;
       sched[slot].more = more;
       mbarrier_arrive(s.sched_full(slot));
       trace(kTraceProducerTile, n);

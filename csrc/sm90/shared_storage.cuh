@@ -46,7 +46,7 @@ struct SplitTag;
 // block, the share's key blocks left) and what tile n of the block is, at kind[n % 4] (split_tail.cuh).
 struct SplitState {
   int tile, first_block, blocks_left;
-  int unused;  // (kind starts on a 16-byte boundary)
+  int unused;
   int kind[4];
 };
 
@@ -67,7 +67,10 @@ struct SharedStorage {
   uint64_t sched_full[2];   // the tile slot holds the block's next tile
   uint64_t sched_empty[2];  // the consumers have read it
   TileSlot sched[2];        // the tiles the producer publishes (tile_scheduler.cuh)
-  int sched_spare[2];       // (the split state starts 16 bytes further on)
+  // the key range of the block's tile n at [n % 4] (split-KV), read by its epilogue rather than held through the
+  // key loop: written before the tile is published, and the producer reaches tile n + 4 only after the consumers
+  // have taken tile n + 2, so after tile n's epilogue
+  int tile_split[4];
   [[no_unique_address]] std::conditional_t<kS.split_state, SplitState, Bytes<0, SplitTag>> split;
 };
 
@@ -98,7 +101,8 @@ struct SmemOffsets {
   static constexpr int kSchedFull = offsetof(S, sched_full);
   static constexpr int kSchedEmpty = offsetof(S, sched_empty);
   static constexpr int kSched = offsetof(S, sched);
-  static constexpr int kSplit = offsetof(S, sched) + sizeof(S::sched) + sizeof(S::sched_spare);
+  static constexpr int kTileSplit = offsetof(S, tile_split);
+  static constexpr int kSplit = offsetof(S, tile_split) + sizeof(S::tile_split);
   static_assert(kQ % 1024 == 0 && kK % 1024 == 0 && kV % 1024 == 0 && kP % 1024 == 0,
                 "tile regions must start on the 1024-byte swizzle atom");
 };
@@ -126,6 +130,7 @@ struct SmemView {
   __device__ __forceinline__ uint64_t* sched_full(int slot) const { return bar(Off::kSchedFull) + slot; }
   __device__ __forceinline__ uint64_t* sched_empty(int slot) const { return bar(Off::kSchedEmpty) + slot; }
   __device__ __forceinline__ TileSlot* sched() const { return reinterpret_cast<TileSlot*>(base + Off::kSched); }
+  __device__ __forceinline__ int* tile_split() const { return reinterpret_cast<int*>(base + Off::kTileSplit); }
   __device__ __forceinline__ SplitState* split() const { return reinterpret_cast<SplitState*>(base + Off::kSplit); }
 
  private:

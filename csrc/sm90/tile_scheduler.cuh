@@ -1,7 +1,8 @@
 // The sm90 family's tile scheduler: which (batch, head, query block) tile the persistent blocks take in which order,
 // what a tile's facts are (TileWork), the slot the producer publishes them in, and the launcher's ordering plan.
 //
-// One tile = one (batch, query head, block of kBlockQ query rows). Tile t -> (batch, head, query block):
+// One tile = one (batch, query head, block of kBlockQ query rows), or with split-KV (p.num_splits > 1) one key range
+// of it: the (batch, range) pairs take the place of the batch entries below. Tile -> (batch, head, query block):
 //  - no right bound (every tile costs the same): query blocks innermost, so the tiles in flight share K/V in L2;
 //  - a right bound (causal; a tile costs up to its last row's keys): the (batch, head) pairs are cut into sections of
 //    p.section_heads whose K and V fit in L2 together, and inside a section the tiles go query block by query block,
@@ -15,6 +16,7 @@
 #include <cstdint>
 
 #include "common/params.h"
+#include "common/split_plan.h"
 #include "common/visibility.h"
 
 namespace jax_flash::sm90 {
@@ -35,13 +37,14 @@ struct TileSlot {
 };
 
 // Index: the tile numbers' type, int64_t, or int where the launcher has checked that they fit (T::kTileIndex32).
-template <class T, class Index>
-__device__ __forceinline__ TileWork tile_work(const AttentionParams& p, Index tile) {
+// kSplit: the kernel variant splits key ranges (p.num_splits > 1 only there); `split`: the tile's range (0 unsplit).
+template <class T, class Index, bool kSplit>
+__device__ __forceinline__ TileWork tile_work(const AttentionParams& p, Index tile, int& split) {
   TileWork w;
   int q_block;
   Index batch_head;
   if (p.window_right < kUnbounded) {
-    const Index batch_heads = static_cast<Index>(p.batch) * p.heads_q;
+    const Index batch_heads = static_cast<Index>(p.batch) * (kSplit ? p.num_splits : 1) * p.heads_q;
     const Index section_tiles = static_cast<Index>(p.section_heads) * p.num_q_blocks;
     const Index section = tile / section_tiles;
     const Index first = section * p.section_heads;
@@ -54,7 +57,10 @@ __device__ __forceinline__ TileWork tile_work(const AttentionParams& p, Index ti
     batch_head = tile / p.num_q_blocks;
   }
   w.head = static_cast<int>(batch_head % p.heads_q);
-  w.batch = static_cast<int>(batch_head / p.heads_q);
+  // (batch, key range) pairs, ranges innermost, in 32 bits: 64-bit divisions here spilled the 40-register producer
+  const int batch_split = static_cast<int>(batch_head / p.heads_q);
+  split = kSplit && p.num_splits > 1 ? batch_split % p.num_splits : 0;
+  w.batch = kSplit && p.num_splits > 1 ? batch_split / p.num_splits : batch_split;
   w.kv_head = w.head / p.q_heads_per_kv_head;
   // (p.q_block_shift: block 0 is the short one; read only where the launcher may set it: in the 40-register
   // producers of head dim 256 the extra arithmetic spilled 4 bytes)
@@ -66,6 +72,11 @@ __device__ __forceinline__ TileWork tile_work(const AttentionParams& p, Index ti
   const KeySpan keys = visible_keys_of_rows(p, w.len, w.row0, w.row0 + w.q_rows_valid);
   w.block_begin = keys.begin / T::kBlockKV;
   w.block_end = (keys.end + T::kBlockKV - 1) / T::kBlockKV;
+  if (kSplit && p.num_splits > 1) {
+    const BlockRange range = split_blocks(w.block_begin, w.block_end, split, p.num_splits);
+    w.block_begin = range.begin;
+    w.block_end = range.end;
+  }
   return w;
 }
 
@@ -83,7 +94,7 @@ void plan_tile_order(AttentionParams& p, int64_t l2_bytes) {
   // (batch, head) pairs per heaviest-first section: their K and V together fill at most half the L2 (+ 1 byte keeps
   // seqlen_k = 0 from dividing by zero), and at most T::kMaxSectionHeads; at least 1, at most all pairs.
   const int64_t kv_bytes_per_head = 2 * int64_t{p.seqlen_k} * p.head_dim * 2 + 1;
-  const int64_t batch_heads = int64_t{p.batch} * p.heads_q;
+  const int64_t batch_heads = int64_t{p.batch} * p.num_splits * p.heads_q;  // (batch, key range, head)
   const int64_t section = std::min<int64_t>(std::min<int64_t>((l2_bytes / 2) / kv_bytes_per_head,
                                                               T::kMaxSectionHeads), batch_heads);
   p.section_heads = static_cast<int>(std::max<int64_t>(section, 1));
