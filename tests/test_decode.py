@@ -17,6 +17,13 @@ from jax_flash.reference import gather_pages
 KernelConfig = jax_flash.KernelConfig
 
 
+def _hopper():
+    return bool(GPU_DEVICES) and str(getattr(GPU_DEVICES[0], "compute_capability", "")).startswith("9")
+
+
+requires_hopper = pytest.mark.skipif(not _hopper(), reason="the sm90 family needs an sm_90 GPU (H100/H200)")
+
+
 def _decode_cfg(device, head_dim, **launch):
     """The launch fields on the device's decode tile: the CPU path's 64 x 64 tiles, or the sm80 family's one-warp
     tile for head_dim (compiled for every head dim)."""
@@ -246,15 +253,23 @@ def test_out_of_range_page_id_is_a_clear_error_on_cpu():
     assert np.isfinite(np.asarray(out)).all()
 
 
+# (seed, page seed, seq_q, seq_k, head_dim, page_size, bad table entry, cfg): the sm80 decode tile (cfg=None, one
+# row) and the sm90 kernel (128 rows; Hopper only)
+OUT_OF_RANGE_CASES = {"decode-tile": (4, 2, 1, 64, 64, 16, (0, 1), None),
+                      "sm90": (6, 6, 128, 512, 128, 64, (0, 3), KernelConfig.sm90())}
+
+
 @requires_gpu
-def test_out_of_range_page_id_reads_zeros_on_gpu():
-    gpu = GPU_DEVICES[0]
-    q, k, v = random_qkv(4, 1, 1, 64, 2, 1, 64, jnp.float16, gpu)
-    k_pages, v_pages, table = paged_cache(k, v, 16, seed=2)
-    bad = table.at[0, 1].set(12345)
-    out = jax_flash.attention(q, k_pages, v_pages, page_table=bad)
-    zeroed = gather_pages(k_pages, bad), gather_pages(v_pages, bad)
-    assert_flash_close(out, q, *zeroed)
+@pytest.mark.parametrize("case", list(OUT_OF_RANGE_CASES))
+def test_out_of_range_page_id_reads_zeros_on_gpu(case):
+    seed, page_seed, seq_q, seq_k, head_dim, page_size, entry, cfg = OUT_OF_RANGE_CASES[case]
+    if cfg is not None and not _hopper():
+        pytest.skip("the sm90 family needs an sm_90 GPU (H100/H200)")
+    q, k, v = random_qkv(seed, 1, seq_q, seq_k, 2, 1, head_dim, jnp.float16, GPU_DEVICES[0])
+    k_pages, v_pages, table = paged_cache(k, v, page_size, seed=page_seed)
+    bad = table.at[entry].set(12345)
+    out = jax_flash.attention(q, k_pages, v_pages, cfg, page_table=bad)
+    assert_flash_close(out, q, gather_pages(k_pages, bad), gather_pages(v_pages, bad))
 
 
 @pytest.mark.parametrize("table,message", [
@@ -284,9 +299,105 @@ def test_launch_fields_are_checked():
     assert KernelConfig(num_splits=4, pack_gqa=True).kernel() == KernelConfig()
 
 
+def test_paged_prefill_routing():
+    """cfg=None on a GPU (jax_flash/selection.py): a paged call of many rows per kv head takes the default path (the
+    sm90 family on Hopper) at head dim 128 and the tuned sm80 tile at head dims 64 and 256; decode rows stay on the
+    decode tiles."""
+    from jax_flash import config, selection
+
+    def compiled(head_dim):
+        return list(config.TUNED_CONFIGS[head_dim]) + list(config.DECODE_CONFIGS[head_dim]) + list(
+            config.SM90_CONFIGS[head_dim])
+
+    chunk = selection.CallShape(seq_q=512, seq_k=16384, group=4, paged=True)
+    assert selection.decode_gpu_config(128, chunk, compiled(128)) is None
+    for head_dim in (64, 256):
+        choice = selection.decode_gpu_config(head_dim, chunk, compiled(head_dim))
+        assert choice is not None and choice.kernel() == config.TUNED_CONFIGS[head_dim][0].kernel()
+    decode = selection.decode_gpu_config(128, dataclasses.replace(chunk, seq_q=1), compiled(128))
+    assert decode.block_q == 16 and decode.pack_gqa
+
+
 @requires_gpu
 def test_gpu_decode_routes_to_the_packed_decode_tile():
     """cfg=None on a decode shape lowers to the sm80 family's one-warp tile with pack_gqa (in the FFI attributes)."""
     q, k, v = random_qkv(1, 2, 1, 1024, 32, 8, 128, jnp.bfloat16, GPU_DEVICES[0])
     text = jax.jit(jax_flash.attention).lower(q, k, v).as_text()
     assert "block_q = 16" in text and "pack_gqa = 1" in text, text[-2000:]
+
+
+# ---- the sm90 family: split key ranges and paged K/V (Hopper) -------------------------------------------------------
+SM90_CASES = [(head_dim, cfg) for head_dim, cfgs in jax_flash.config.SM90_CONFIGS.items() for cfg in cfgs]
+SM90_IDS = [f"d{d}-{c.short_name()}" for d, c in SM90_CASES]
+
+
+@requires_hopper
+@pytest.mark.parametrize("head_dim,cfg", SM90_CASES, ids=SM90_IDS)
+@pytest.mark.parametrize("num_splits", [2, 3, 7])
+def test_sm90_split_counts_give_the_unsplit_result(head_dim, cfg, num_splits):
+    """Every shipped sm90 config, forced split counts, with causal, a window, softcap and both lengths (tiles whose
+    ranges see nothing, ragged last key blocks): equal within tolerance, and the merged lse equals the unsplit lse."""
+    gpu = GPU_DEVICES[0]
+    q, k, v = random_qkv(num_splits + head_dim, 2, 300, 1500, 4, 2, head_dim, jnp.bfloat16, gpu)
+    kwargs = dict(causal=True, window=(900, -1), softcap=30.0, q_lengths=jnp.array([300, 170], jnp.int32),
+                  kv_lengths=jnp.array([1500, 777], jnp.int32))
+    out, lse = jax_flash.attention(q, k, v, dataclasses.replace(cfg, num_splits=num_splits), return_lse=True, **kwargs)
+    assert_flash_close(out, q, k, v, **kwargs)
+    _, lse_one = jax_flash.attention(q, k, v, cfg, return_lse=True, **kwargs)
+    lse, lse_one = np.asarray(lse), np.asarray(lse_one)
+    np.testing.assert_array_equal(np.isneginf(lse), np.isneginf(lse_one))
+    finite = np.isfinite(lse_one)
+    np.testing.assert_allclose(lse[finite], lse_one[finite], atol=1e-3, rtol=0)
+    plain = jax_flash.attention(q, k, v, dataclasses.replace(cfg, num_splits=num_splits))  # unmasked, no softcap
+    assert_flash_close(plain, q, k, v)
+
+
+@requires_hopper
+def test_sm90_planned_splits_fill_the_gpu_and_are_deterministic():
+    """Few tiles and long keys (1 x 2 heads x 256 rows x 32768 keys: 4 tiles on 132 SMs): the plan splits them, and
+    the same call gives the same bits every time."""
+    gpu = GPU_DEVICES[0]
+    q, k, v = random_qkv(3, 1, 256, 32768, 2, 1, 128, jnp.float16, gpu)
+    fn = jax.jit(lambda q, k, v: jax_flash.attention(q, k, v, KernelConfig.sm90(), return_lse=True))
+    first = [np.asarray(x) for x in fn(q, k, v)]
+    assert_flash_close(jnp.asarray(first[0]), q, k, v)
+    for _ in range(2):
+        for a, b in zip(first, (np.asarray(x) for x in fn(q, k, v))):
+            np.testing.assert_array_equal(a, b)
+
+
+@requires_hopper
+@pytest.mark.parametrize("head_dim,cfg", SM90_CASES, ids=SM90_IDS)
+@pytest.mark.parametrize("page_size", [16, 40, 64, 256])
+def test_sm90_paged_equals_contiguous(head_dim, cfg, page_size):
+    """Shuffled pages (the unused ones NaN), table entries past each length -1, causal with a window, softcap and
+    both lengths, split and unsplit, on every shipped sm90 config: equal to the contiguous call."""
+    gpu = GPU_DEVICES[0]
+    q, k, v = random_qkv(page_size + head_dim, 3, 200, 1000, 4, 2, head_dim, jnp.bfloat16, gpu)
+    k_pages, v_pages, table = paged_cache(k, v, page_size, seed=page_size)
+    lengths = jnp.array([1000, 555, 1], jnp.int32)
+    needed = -(-lengths // page_size)
+    table = jnp.where(jnp.arange(table.shape[1])[None, :] < needed[:, None], table, -1)
+    kwargs = dict(causal=True, window=(600, -1), softcap=20.0, kv_lengths=lengths,
+                  q_lengths=jnp.array([200, 120, 1], jnp.int32))
+    for splits in (1, 3):
+        run = dataclasses.replace(cfg, num_splits=splits)
+        out, lse = jax.jit(lambda *a: jax_flash.attention(a[0], a[1], a[2], run, page_table=a[3], return_lse=True,
+                                                          **kwargs))(q, k_pages, v_pages, table)
+        expected, expected_lse = jax_flash.attention(q, k, v, run, return_lse=True, **kwargs)
+        assert_flash_close(out, q, k, v, **kwargs)
+        np.testing.assert_allclose(np.asarray(out.astype(jnp.float32)), np.asarray(expected.astype(jnp.float32)),
+                                   atol=2e-2, rtol=0)
+        np.testing.assert_allclose(np.asarray(lse), np.asarray(expected_lse), atol=1e-3, rtol=0)
+
+
+@requires_hopper
+def test_sm90_runs_paged_prefill_and_refuses_packing():
+    """cfg=None sends a paged call of many rows to the sm90 family on Hopper; pack_gqa=True there is a clear error."""
+    q, k, v = random_qkv(1, 1, 512, 2048, 8, 2, 128, jnp.bfloat16, GPU_DEVICES[0])
+    k_pages, v_pages, table = paged_cache(k, v, 64, seed=1)
+    text = jax.jit(lambda *a: jax_flash.attention(a[0], a[1], a[2], page_table=a[3], causal=True)).lower(
+        q, k_pages, v_pages, table).as_text()
+    assert "family = 90" in text, text[-2000:]
+    with pytest.raises(ValueError, match="pack_gqa=True runs on family='sm80'"):
+        jax_flash.attention(q, k, v, dataclasses.replace(KernelConfig.sm90(), pack_gqa=True))
