@@ -38,9 +38,9 @@ ffi::Error plan_splits(AttentionParams& params, const RegistryEntry& entry, cons
   const int64_t key_blocks = (int64_t{params.seqlen_k} + key.block_kv - 1) / key.block_kv;
   const int64_t slots = int64_t{limits.num_sms} * entry.resident_blocks();
   const bool memory_bound = key.block_q <= 64;  // the decode tiles
-  int splits = forced > 0      ? static_cast<int>(forced)
-               : memory_bound ? choose_decode_splits(tiles, slots, limits.num_sms, key_blocks)
-                              : choose_num_splits(tiles, slots, key_blocks);
+  const int splits = forced > 0      ? static_cast<int>(forced)
+                     : memory_bound ? choose_decode_splits(tiles, slots, limits.num_sms, key_blocks)
+                                    : choose_num_splits(tiles, slots, key_blocks);
   params.num_splits = 1;
   if (splits <= 1) return ffi::Error::Success();
   const size_t row_count = static_cast<size_t>(params.batch) * params.heads_q * params.seqlen_q * splits;

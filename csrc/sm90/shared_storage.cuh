@@ -46,7 +46,7 @@ struct SplitTag;
 // block, the share's key blocks left) and what tile n of the block is, at kind[n % 4] (split_tail.cuh).
 struct SplitState {
   int tile, first_block, blocks_left;
-  int unused;
+  int unused;  // (padding: the layout the split tail was measured with)
   int kind[4];
 };
 
