@@ -166,7 +166,7 @@ def _lower_cuda(ctx, *args, cfg, **params):
     right_bounded = bool(params["causal"]) or params["window_right"] >= 0
     shape = CallShape(seq_q=q_aval.shape[1] if _static_dims(q_aval) else None,
                       seq_k=seq_k if isinstance(seq_k, int) else 0,
-                      group=q_aval.shape[2] // k_aval.shape[2] if k_aval.shape[2] else 1, paged=params["paged"],
+                      group=q_aval.shape[2] // k_aval.shape[2] if k_aval.shape[2] else 1,
                       tensors=has_tensors(params))
     cfg = resolve_gpu_config(cfg, q_aval.dtype, q_aval.shape[3], tuned, right_bounded, shape)
     return jax.ffi.ffi_lowering(native.TARGET_NAME)(ctx, *args, **_attrs(cfg, params))

@@ -57,12 +57,11 @@ SM90_BY_SHAPE: dict[tuple[int, bool], tuple[tuple[int, KernelConfig], ...]] = {
 @dataclasses.dataclass(frozen=True)
 class CallShape:
     """What of a call's shape picks its tile: seq_q (None: symbolic), the logical key length, the GQA group
-    (heads_q // heads_k), whether K/V are paged, whether it has segment ids or a bias / mask tensor."""
+    (heads_q // heads_k), whether it has segment ids or a bias / mask tensor."""
 
     seq_q: int | None = None
     seq_k: int = 0
     group: int = 1
-    paged: bool = False
     tensors: bool = False
 
 
@@ -98,9 +97,8 @@ def decode_gpu_config(head_dim: int, shape: CallShape, compiled: list[KernelConf
     where packing fills 128-row tiles better than one head's rows do (MQA with a few rows per sequence), or with
     segment ids or bias / mask tensors: the tuned prefill tile. The sm90 family reads K/V per query head and masks by
     positions only: for MQA at 8 rows x 32 heads the packed sm80 tile ran 2.2x faster than the sm90 kernel's 32 tiles
-    of 8 rows (H100). Paged calls of more rows take the default path at head dim 128 (the sm90 family's paged loads
-    beat the sm80 tile by 10-25% on chunked prefill, 64-key pages, H100) and the tuned sm80 tile at head dims 64 and
-    256 (the sm90 kernel 4% and 12% slower there)."""
+    of 8 rows (H100). Paged calls of more rows take the default path, like contiguous ones (chunked prefill over
+    64-key pages on an H100: the sm90 family 1.3-1.7x faster than the tuned sm80 tile at head dims 64, 128 and 256)."""
     if shape.seq_q is None:
         if not shape.tensors:
             return None
@@ -113,7 +111,7 @@ def decode_gpu_config(head_dim: int, shape: CallShape, compiled: list[KernelConf
         choice = min(candidates, key=lambda c: c.block_q) if candidates else None
         if choice is not None:
             return dataclasses.replace(choice, pack_gqa=shape.group > 1)
-    if not (packs_better or shape.tensors or (shape.paged and head_dim != 128)):
+    if not (packs_better or shape.tensors):
         return None
     choice = next((c for c in TUNED_CONFIGS.get(head_dim, ()) if c in compiled), None)
     if choice is None:

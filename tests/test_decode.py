@@ -301,19 +301,18 @@ def test_launch_fields_are_checked():
 
 def test_paged_prefill_routing():
     """cfg=None on a GPU (jax_flash/selection.py): a paged call of many rows per kv head takes the default path (the
-    sm90 family on Hopper) at head dim 128 and the tuned sm80 tile at head dims 64 and 256; decode rows stay on the
-    decode tiles."""
+    sm90 family on Hopper) at every head dim; decode rows stay on the decode tiles."""
     from jax_flash import config, selection
 
     def compiled(head_dim):
         return list(config.TUNED_CONFIGS[head_dim]) + list(config.DECODE_CONFIGS[head_dim]) + list(
             config.SM90_CONFIGS[head_dim])
 
-    chunk = selection.CallShape(seq_q=512, seq_k=16384, group=4, paged=True)
-    assert selection.decode_gpu_config(128, chunk, compiled(128)) is None
-    for head_dim in (64, 256):
-        choice = selection.decode_gpu_config(head_dim, chunk, compiled(head_dim))
-        assert choice is not None and choice.kernel() == config.TUNED_CONFIGS[head_dim][0].kernel()
+    chunk = selection.CallShape(seq_q=512, seq_k=16384, group=4)
+    for head_dim in (64, 128, 256):
+        assert selection.decode_gpu_config(head_dim, chunk, compiled(head_dim)) is None
+        choice = selection.default_gpu_config(90, "bfloat16", head_dim, compiled(head_dim), True, 16384)
+        assert choice.family == "sm90", choice
     decode = selection.decode_gpu_config(128, dataclasses.replace(chunk, seq_q=1), compiled(128))
     assert decode.block_q == 16 and decode.pack_gqa
 
@@ -392,9 +391,10 @@ def test_sm90_paged_equals_contiguous(head_dim, cfg, page_size):
 
 
 @requires_hopper
-def test_sm90_runs_paged_prefill_and_refuses_packing():
+@pytest.mark.parametrize("head_dim", [64, 128, 256])
+def test_sm90_runs_paged_prefill_and_refuses_packing(head_dim):
     """cfg=None sends a paged call of many rows to the sm90 family on Hopper; pack_gqa=True there is a clear error."""
-    q, k, v = random_qkv(1, 1, 512, 2048, 8, 2, 128, jnp.bfloat16, GPU_DEVICES[0])
+    q, k, v = random_qkv(1, 1, 512, 2048, 8, 2, head_dim, jnp.bfloat16, GPU_DEVICES[0])
     k_pages, v_pages, table = paged_cache(k, v, 64, seed=1)
     text = jax.jit(lambda *a: jax_flash.attention(a[0], a[1], a[2], page_table=a[3], causal=True)).lower(
         q, k_pages, v_pages, table).as_text()

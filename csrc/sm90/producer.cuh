@@ -31,6 +31,14 @@ __host__ __device__ __forceinline__ int page_box_rows(int page_size) {
   return a;
 }
 
+// log2(n) where n is a power of two, else -1.
+__device__ __forceinline__ int log2_if_power_of_two(int n) {
+  if (n <= 0 || (n & (n - 1)) != 0) return -1;
+  int shift = 0;
+  while ((1 << shift) < n) ++shift;
+  return shift;
+}
+
 template <class T, class V>
 struct Producer {
   using P = Pipeline<T, V>;
@@ -40,13 +48,52 @@ struct Producer {
   const CUtensorMap& tma_k;
   const CUtensorMap& tma_v;
   Tracer trace;
+  // Paged: rows per TMA box (page_box_rows) and log2 of the page size where it is a power of two (else -1),
+  // computed once; only the paged variants read them.
+  const int box_rows = V::kSplitPaged ? page_box_rows<T>(p.page_size) : 0;
+  const int page_shift = V::kSplitPaged ? log2_if_power_of_two(p.page_size) : -1;
+
+  // A paged key block's first box: its page's index in the table row and its first key's row in that page, and the
+  // ids of the block's first kIdBatch boxes. The producer is one thread, and each step below is a dependent chain
+  // in it: the ids are read back to back, and before the producer waits for the block's stage, so their latency
+  // hides under the wait; the boxes step through the pages by addition (a division by the run-time page size,
+  // about 20 dependent instructions, once per block, and a shift for the usual powers of two).
+  static constexpr int kIdBatch = 2;
+  struct PagedBlock {
+    int page_index, in_page;
+    int ids[kIdBatch];
+  };
+  __device__ __forceinline__ void advance_box(int& page_index, int& in_page) const {
+    in_page += box_rows;
+    page_index += in_page == p.page_size ? 1 : 0;
+    in_page = in_page == p.page_size ? 0 : in_page;
+  }
+  // Ids of the kIdBatch boxes from row r0 of the block at key0 on (-1 from kv_len on: no table entry is read).
+  __device__ __forceinline__ void read_page_ids(const TileWork& w, int key0, int r0, int page_index, int in_page,
+                                                int (&ids)[kIdBatch]) const {
+    const int* table = p.page_table + w.batch * p.page_table_stride;
+#pragma unroll
+    for (int b = 0; b < kIdBatch; ++b) {
+      const int r = r0 + b * box_rows;
+      ids[b] = r < T::kBlockKV && key0 + r < w.len.kv_len ? table[page_index] : -1;
+      advance_box(page_index, in_page);
+    }
+  }
+  __device__ __forceinline__ PagedBlock paged_block(const TileWork& w, int j) const {
+    PagedBlock block;
+    const int key0 = j * T::kBlockKV;
+    block.page_index = page_shift >= 0 ? key0 >> page_shift : key0 / p.page_size;
+    block.in_page = key0 - block.page_index * p.page_size;
+    read_page_ids(w, key0, 0, block.page_index, block.in_page, block.ids);
+    return block;
+  }
 
   // Key block j of K or V (`map`) into `dst`, completing on `bar`. Contiguous: one box per 64-column panel. Paged
-  // (the map spans the pages, launch.cuh): boxes of page_box_rows rows, each inside one page; a box whose first key
-  // is at or past kv_len reads no table entry and loads zeros (page -1 lies outside the map; an id outside the pool
-  // does too). The TMA unit counts a box's bytes toward the barrier whether or not they were inside the tensor.
+  // (the map spans the pages, launch.cuh; `block` from paged_block): boxes of page_box_rows rows, each inside one
+  // page; a box whose first key is at or past kv_len loads zeros (page -1 lies outside the map; an id outside the
+  // pool does too). The TMA unit counts a box's bytes toward the barrier whether or not they were inside the tensor.
   __device__ __forceinline__ void load_block(char* dst, const CUtensorMap& map, uint64_t* bar, const TileWork& w,
-                                             int j) {
+                                             int j, PagedBlock& block) {
     if (p.page_table == nullptr) {
 #pragma unroll
       for (int panel = 0; panel < T::kPanels; ++panel) {
@@ -54,28 +101,37 @@ struct Producer {
       }
       return;
     }
-    const int box_rows = page_box_rows<T>(p.page_size);
-    const int* table = p.page_table + w.batch * p.page_table_stride;
-    for (int r = 0; r < T::kBlockKV; r += box_rows) {
-      const int key = j * T::kBlockKV + r;
-      const int page = key < w.len.kv_len ? table[key / p.page_size] : -1;
+    for (int r0 = 0;;) {
 #pragma unroll
-      for (int panel = 0; panel < T::kPanels; ++panel) {
-        tma_load_4d(dst + panel * T::kKVPanelBytes + r * T::kRowBytes, &map, bar, panel * 64, key % p.page_size,
-                    w.kv_head, page);
+      for (int b = 0; b < kIdBatch; ++b) {
+        const int r = r0 + b * box_rows;
+        if (r >= T::kBlockKV) break;
+#pragma unroll
+        for (int panel = 0; panel < T::kPanels; ++panel) {
+          tma_load_4d(dst + panel * T::kKVPanelBytes + r * T::kRowBytes, &map, bar, panel * 64, block.in_page,
+                      w.kv_head, block.ids[b]);
+        }
+        advance_box(block.page_index, block.in_page);
       }
+      r0 += kIdBatch * box_rows;
+      if (r0 >= T::kBlockKV) break;
+      read_page_ids(w, j * T::kBlockKV, r0, block.page_index, block.in_page, block.ids);  // (boxes under half a block)
     }
   }
 
   // Key block j of the tile into the stage of pipeline step `step`.
   __device__ __forceinline__ void load_k(const TileWork& w, int j, int step) {
     const int stage = P::stage_of(step);
+    PagedBlock pages{};
+    if constexpr (V::kSplitPaged) {
+      if (p.page_table != nullptr) pages = paged_block(w, j);  // (before the wait: see paged_block)
+    }
     mbarrier_wait(s.k_empty(stage), P::parity_of(step) ^ 1);  // the consumers are done with this stage's last K
     trace(kTraceProducerK, j);
     mbarrier_arrive_expect_tx(s.k_full(stage), T::kKVBytes);
     // (the contiguous copies written out here, not through load_block: see Variant::kSplitPaged)
     if constexpr (V::kSplitPaged) {
-      load_block(s.k(stage), tma_k, s.k_full(stage), w, j);
+      load_block(s.k(stage), tma_k, s.k_full(stage), w, j, pages);
     } else {
 #pragma unroll
       for (int panel = 0; panel < T::kPanels; ++panel) {
@@ -86,11 +142,15 @@ struct Producer {
   }
   __device__ __forceinline__ void load_v(const TileWork& w, int j, int step) {
     const int stage = P::stage_of(step);
+    PagedBlock pages{};
+    if constexpr (V::kSplitPaged) {
+      if (p.page_table != nullptr) pages = paged_block(w, j);
+    }
     mbarrier_wait(s.v_empty(stage), P::parity_of(step) ^ 1);  // ... and with its last V
     trace(kTraceProducerV, j);
     mbarrier_arrive_expect_tx(s.v_full(stage), T::kKVBytes);
     if constexpr (V::kSplitPaged) {
-      load_block(s.v(stage), tma_v, s.v_full(stage), w, j);
+      load_block(s.v(stage), tma_v, s.v_full(stage), w, j, pages);
     } else {
 #pragma unroll
       for (int panel = 0; panel < T::kPanels; ++panel) {
