@@ -400,4 +400,4 @@ def test_sm90_runs_paged_prefill_and_refuses_packing(head_dim):
         q, k_pages, v_pages, table).as_text()
     assert "family = 90" in text, text[-2000:]
     with pytest.raises(ValueError, match="pack_gqa=True runs on family='sm80'"):
-        jax_flash.attention(q, k, v, dataclasses.replace(KernelConfig.sm90(), pack_gqa=True))
+        jax_flash.attention(q, k, v, dataclasses.replace(jax_flash.config.SM90_CONFIGS[head_dim][0], pack_gqa=True))
