@@ -11,6 +11,7 @@
 #include "ffi/cuda_device.h"
 #include "ffi/handlers.h"
 #include "ffi/validate.h"
+#include "common/mask_blocks.h"
 #include "common/registry.h"
 #include "common/split_plan.h"
 
@@ -127,6 +128,15 @@ ffi::Error attention_cuda_impl(cudaStream_t stream, ffi::ScratchAllocator scratc
                                                                 " bytes of scratch memory for the segment id ranges");
     }
     params.kv_block_segments = static_cast<int*>(*ranges);
+  }
+  if (params.mask != nullptr && params.pack_gqa == 1) {  // the mask pre-pass's flag per (query block, key block)
+    const int64_t bytes = MaskBlockShape::of(params, key.block_q, key.block_kv).bytes();
+    std::optional<void*> flags = bytes > 0 ? scratch.Allocate(bytes, kScratchAlignment) : std::nullopt;
+    if (bytes > 0 && !flags.has_value()) {
+      return ffi::Error(ffi::ErrorCode::kResourceExhausted, "jax_flash: could not allocate " + std::to_string(bytes) +
+                                                                " bytes of scratch memory for the mask tile flags");
+    }
+    params.mask_blocks = bytes > 0 ? static_cast<uint8_t*>(*flags) : nullptr;
   }
   if (ffi::Error err = plan_splits(params, *entry, limits, attrs.num_splits, scratch); err.failure()) return err;
   if (key.family == 90) {  // the dynamic tile scheduler's counter: XLA scratch memory, ordered on this stream

@@ -73,6 +73,37 @@ def test_rows_the_mask_hides_entirely(device):
     assert np.isfinite(out).all() and np.isfinite(np.delete(lse, [3, 5], axis=2)).all()
 
 
+def _block_sparse_mask(shape, seed, cell=16, p=0.3):
+    """A mask that is constant on cells of cell x cell entries, each visible with probability p: every tile size
+    the kernels use (multiples of 16) sees whole tiles of zeros, and some query rows see no key at all."""
+    cells = jax.random.bernoulli(jax.random.PRNGKey(seed), p, (*shape[:2], -(-shape[2] // cell), -(-shape[3] // cell)))
+    cells = cells.at[:, :, 1::7].set(False)  # rows of cells that see nothing
+    return jnp.repeat(jnp.repeat(cells, cell, axis=2), cell, axis=3)[:, :, :shape[2], :shape[3]]
+
+
+@pytest.mark.parametrize("shape", ["full", "heads", "rows", "decode"])
+@pytest.mark.parametrize("head_dim", [64, 128])
+def test_masks_with_tiles_of_zeros(device, shape, head_dim):
+    """Masks whose tiles are all zeros (the GPU kernels skip those key blocks: common/mask_blocks.cuh) give the
+    reference result and lse, alone and under causal, kv_lengths and segment ids, including rows that see no key."""
+    seq_q, seq_k = (8, 600) if shape == "decode" else (520, 600)
+    mask_shape = {"full": (B, HQ, seq_q, seq_k), "heads": (1, HQ, seq_q, seq_k), "rows": (B, 1, seq_q, seq_k),
+                  "decode": (B, HQ, seq_q, seq_k)}[shape]
+    mask = _block_sparse_mask(mask_shape, seed=head_dim)
+    q, k, v = random_qkv(8, B, seq_q, seq_k, HQ, HK, head_dim, _dtype(device), device)
+    ids = jnp.cumsum(jax.random.bernoulli(jax.random.PRNGKey(9), 0.01, (B, seq_k)).astype(jnp.int32), axis=1)
+    for kwargs in (dict(mask=mask), dict(mask=mask, causal=True, kv_lengths=jnp.array([seq_k, 333], jnp.int32),
+                                         q_segment_ids=ids[:, seq_k - seq_q:], kv_segment_ids=ids)):
+        out, lse = jax_flash.attention(q, k, v, return_lse=True, **kwargs)
+        assert_flash_close(out, q, k, v, **kwargs)
+        _, ref_lse = jax_flash.attention_reference(q, k, v, return_lse=True, **kwargs)
+        lse, ref_lse = np.asarray(lse), np.asarray(ref_lse)
+        assert (np.isneginf(lse) == np.isneginf(ref_lse)).all()
+        seen = np.isfinite(ref_lse)
+        assert seen.any() and (shape == "decode" or not seen.all())  # (some rows see no key)
+        np.testing.assert_allclose(lse[seen], ref_lse[seen], atol=2e-2, rtol=1e-3)
+
+
 @pytest.mark.parametrize("shape", ["full", "heads", "keys"])
 def test_gradients_with_bias_and_mask(device, shape):
     """Gradients to q, k, v and the bias (summed over its broadcast dimensions) against the reference's."""

@@ -116,6 +116,12 @@ struct AttentionParams {
   int split_tiles, split_blocks;
   int64_t split_whole_tiles;     // num_tiles - split_tiles: the tiles handed out whole
   int split_share, split_extra;  // block b's share: split_share key blocks, + 1 for b < split_extra
+
+  // sm80 family, mask tensor, one query head per tile: whether each (block_q x block_kv) tile of the mask holds a
+  // nonzero entry, (mask batch, mask head, query block, key block) bytes with the broadcast dimensions of size 1,
+  // scratch the launcher's pre-pass fills (common/mask_blocks.cuh); a tile skips the key blocks whose mask tile is
+  // all zeros. nullptr: no skipping. (Last, so the other kernels' parameter offsets stay as they were.)
+  uint8_t* mask_blocks;
 };
 
 inline constexpr int kUnbounded = 1 << 30;  // a window side with no bound (|offsets| stay far from int overflow)

@@ -50,25 +50,28 @@ inline std::string launch_kv_block_segments(const AttentionParams& p, int block_
   return {};
 }
 
-// The key blocks of [begin, end) that a tile visits, in order. Without segment ids (or pre-pass) every block;
-// with them, the blocks whose (min, max) kv id range meets [q_min, q_max], the tile's query ids. Lane i of the warp
+// The key blocks of [begin, end) that a tile visits, in order. Without segment ids (or pre-pass) and mask flags
+// every block; with segment ids, the blocks whose (min, max) kv id range meets [q_min, q_max], the tile's query ids;
+// with mask flags (common/mask_blocks.cuh), the blocks whose mask tile holds a nonzero entry. Lane i of the warp
 // tests block base + i; the 32 answers are one ballot, so each warp holds the same bits and a refill costs one load
 // per 32 blocks. Calls to following() must come with non-decreasing j.
 struct VisibleBlocks {
-  const int* ranges;  // this batch row's (min, max) per key block, or nullptr: every block
+  const int* ranges;  // this batch row's (min, max) per key block, or nullptr: no segment test
   int q_min, q_max;
   int end;
   int base = 0;
-  unsigned bits = 0;  // bit i: block base + i is visited
+  unsigned bits = 0;                    // bit i: block base + i is visited
+  const uint8_t* mask_flags = nullptr;  // the tile's mask-tile flag per key block, or nullptr: no mask test
 
   __device__ __forceinline__ void refill(int from, int lane) {
     base = from;
     const int kb = from + lane;
-    bool visit = false;
-    if (kb < end) {
+    bool visit = kb < end;
+    if (visit && ranges != nullptr) {
       const int2 range = __ldg(reinterpret_cast<const int2*>(ranges) + kb);
       visit = range.x <= q_max && range.y >= q_min;
     }
+    if (visit && mask_flags != nullptr) visit = __ldg(mask_flags + kb) != 0;
     bits = __ballot_sync(0xffffffffu, visit);
   }
 
@@ -82,7 +85,7 @@ struct VisibleBlocks {
 
   // The first visited block after j (end when none): j = begin - 1 gives the first of all.
   __device__ __forceinline__ int following(int j, int lane) {
-    if (ranges == nullptr) return j + 1;
+    if (ranges == nullptr && mask_flags == nullptr) return j + 1;
     for (int next = j + 1; next < end;) {
       if (next < base || next >= base + 32) refill(next, lane);
       const unsigned rest = bits >> (next - base);

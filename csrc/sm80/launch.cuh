@@ -11,6 +11,7 @@
 #include <string>
 
 #include "common/launch_util.h"
+#include "common/mask_blocks.cuh"
 #include "common/segment_blocks.cuh"
 #include "common/split_combine.cuh"
 #include "sm80/api.h"
@@ -38,6 +39,7 @@ std::string launch_sm80(const AttentionParams& p, cudaStream_t stream) {
   }
   if constexpr (kTensors) {
     if (std::string failure = launch_kv_block_segments(p, T::kBlockKV, stream); !failure.empty()) return failure;
+    if (std::string failure = launch_mask_blocks(p, T::kBlockQ, T::kBlockKV, stream); !failure.empty()) return failure;
   }
   kernel<<<static_cast<unsigned>(num_blocks), T::kNumThreads, T::kSmemBytes, stream>>>(p);
   if (cudaError_t err = cudaGetLastError(); err != cudaSuccess) return cuda_failure("attention kernel launch", err);

@@ -10,6 +10,7 @@
 #include <cmath>
 #include <cstdint>
 
+#include "common/mask_blocks.cuh"
 #include "common/params.h"
 #include "common/segment_blocks.cuh"
 #include "sm80/tile.cuh"
@@ -56,11 +57,24 @@ struct ScoreTensors {
       }
   }
 
-  // The key blocks of [begin, end) the tile visits: with segment ids and the pre-pass, those whose kv id range
-  // meets the range of the tile's valid rows (each warp computes it whole, so every warp walks the same blocks).
+  // The key blocks of [begin, end) the tile visits: with segment ids and their pre-pass, those whose kv id range
+  // meets the range of the tile's valid rows; with the mask pre-pass (a tile of one query head), those whose mask
+  // tile holds a nonzero entry (each warp computes it whole, so every warp walks the same blocks).
   __device__ __forceinline__ VisibleBlocks visible_blocks(int begin, int end, int lane) const {
     VisibleBlocks blocks{nullptr, 0, 0, end};
-    if (p.kv_block_segments == nullptr || p.q_segment_ids == nullptr) return blocks;
+    if (p.mask_blocks != nullptr && t.pack == 1) {
+      const MaskBlockShape shape = MaskBlockShape::of(p, T::kBlockQ, T::kBlockKV);
+      blocks.mask_flags = p.mask_blocks + shape.row(p.mask_strides[0] != 0 ? t.batch : 0,
+                                                    p.mask_strides[1] != 0 ? t.head0 : 0,
+                                                    p.mask_strides[2] != 0 ? t.row0 / T::kBlockQ : 0);
+    }
+    const bool segments = p.kv_block_segments != nullptr && p.q_segment_ids != nullptr;
+    if (!segments && blocks.mask_flags == nullptr) return blocks;
+    blocks.base = begin;
+    if (!segments) {
+      blocks.refill(begin, lane);
+      return blocks;
+    }
     int lo = INT_MAX, hi = INT_MIN;
     for (int r = lane; r < t.q_rows_valid; r += kWarpSize) {
       int position;
@@ -79,8 +93,6 @@ struct ScoreTensors {
     blocks.ranges = p.kv_block_segments + t.batch * key_blocks * 2;
     blocks.q_min = lo;
     blocks.q_max = hi;
-    blocks.base = begin;
-    blocks.bits = 0;
     blocks.refill(begin, lane);
     return blocks;
   }
