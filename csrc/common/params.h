@@ -122,6 +122,9 @@ struct AttentionParams {
   // scratch the launcher's pre-pass fills (common/mask_blocks.cuh); a tile skips the key blocks whose mask tile is
   // all zeros. nullptr: no skipping. (Last, so the other kernels' parameter offsets stay as they were.)
   uint8_t* mask_blocks;
+  // sm80 family with bias or mask tensors: nonzero orders the tiles batch before head (after the query block), so
+  // the tiles that share a tensor broadcast over the batch run together and read it once through L2.
+  int batch_inner;
 };
 
 inline constexpr int kUnbounded = 1 << 30;  // a window side with no bound (|offsets| stay far from int overflow)

@@ -35,7 +35,7 @@ __global__ void __launch_bounds__(T::kNumThreads, kTensors ? 1 : T::kMinBlocksPe
   const int tid = threadIdx.x;
   const int warp = tid / kWarpSize;
   const int lane = tid % kWarpSize;
-  const Tile t = locate_tile<T>(p, blockIdx.x);
+  const Tile t = locate_tile<T, kTensors>(p, blockIdx.x);
   const Epilogue<T> epilogue{p, t};
   if (t.block_begin >= t.block_end) {  // no row sees a key of this range: zeros and lse = -inf, no loads
     epilogue.write_zero_rows(tid);

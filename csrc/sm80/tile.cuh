@@ -29,7 +29,8 @@ struct Tile {
   __device__ __forceinline__ int64_t head(int r) const { return head0 + (row0 + r) % pack; }
 };
 
-template <class T>
+// kBatchInner (tensor variants): p.batch_inner may order the (head unit, batch) pairs batch fastest.
+template <class T, bool kBatchInner = false>
 __device__ __forceinline__ Tile locate_tile(const AttentionParams& p, int64_t block) {
   Tile t;
   t.pack = p.pack_gqa;
@@ -38,8 +39,12 @@ __device__ __forceinline__ Tile locate_tile(const AttentionParams& p, int64_t bl
   const int64_t rest = block / p.num_q_blocks;
   t.split = static_cast<int>(rest % p.num_splits);
   const int64_t units = t.pack > 1 ? p.heads_k : p.heads_q;
-  const int64_t unit = (rest / p.num_splits) % units;
+  int64_t unit = (rest / p.num_splits) % units;
   t.batch = (rest / p.num_splits) / units;
+  if (kBatchInner && p.batch_inner) {
+    t.batch = (rest / p.num_splits) % p.batch;
+    unit = (rest / p.num_splits) / p.batch;
+  }
   t.kv_head = t.pack > 1 ? unit : unit / p.q_heads_per_kv_head;
   t.head0 = t.pack > 1 ? unit * t.pack : unit;
   t.row0 = q_block * T::kBlockQ;
