@@ -98,10 +98,13 @@ ffi::Error attention_cuda_impl(cudaStream_t stream, ffi::ScratchAllocator scratc
   DeviceLimits limits;
   if (ffi::Error err = current_device_limits(limits); err.failure()) return err;
   const bool tensors = params.q_segment_ids != nullptr || params.bias != nullptr || params.mask != nullptr;
-  if (key.family == 90 && (attrs.pack_gqa == 1 || tensors)) {
-    return invalid(std::string(attrs.pack_gqa == 1 ? "pack_gqa=True" : "segment ids or a bias / mask tensor") +
-                   " needs a family='sm80' config (cfg=None picks one); " + describe(key) +
-                   " reads K/V per query head with masks from positions only");
+  if (key.family == 90 && tensors) {
+    return invalid("segment ids or a bias / mask tensor need a family='sm80' config (cfg=None picks one); " +
+                   describe(key) + " masks by positions only");
+  }
+  if (key.family == 90 && params.pack_gqa > 1 && 64 % params.pack_gqa != 0) {
+    return invalid("pack_gqa=True on " + describe(key) + " packs groups of 2, 4, 8, 16, 32 or 64 query heads per kv "
+                   "head; this call has " + std::to_string(params.pack_gqa) + " (use a family='sm80' config)");
   }
   if (limits.major < 8) {
     return ffi::Error(ffi::ErrorCode::kFailedPrecondition,

@@ -30,10 +30,30 @@ struct Epilogue {
     return p.lse + t.batch * p.lse_batch_stride + t.head * p.lse_head_stride + t.row0;
   }
 
+  // Packed GQA (tile_scheduler.cuh): tile row r is query position (row0 + r) / group of query head head + r % group.
+  __device__ __forceinline__ static bool packed(const AttentionParams& p) { return V::kSplitPaged && p.pack_gqa > 1; }
+  __device__ __forceinline__ static int row_position(const AttentionParams& p, const ConsumerTile& t, int r) {
+    return packed(p) ? (t.row0 + r) >> (__ffs(p.pack_gqa) - 1) : t.row0 + r;
+  }
+  __device__ __forceinline__ static int row_head(const AttentionParams& p, const ConsumerTile& t, int r) {
+    return packed(p) ? t.head + (r & (p.pack_gqa - 1)) : t.head;
+  }
+  // Tile row r's O row and lse entry in a packed tile (unpacked: tile_o + r * o_seq_stride and tile_lse + r, formed
+  // from pointers hoisted out of the loops).
+  __device__ __forceinline__ static Element* packed_o_row(const AttentionParams& p, const ConsumerTile& t, int r) {
+    return static_cast<Element*>(p.o) + t.batch * p.o_batch_stride + int64_t{row_position(p, t, r)} * p.o_seq_stride +
+           int64_t{row_head(p, t, r)} * p.o_head_stride;
+  }
+  __device__ __forceinline__ static float* packed_lse(const AttentionParams& p, const ConsumerTile& t, int r) {
+    return p.lse + t.batch * p.lse_batch_stride + int64_t{row_head(p, t, r)} * p.lse_head_stride +
+           row_position(p, t, r);
+  }
+
   // Tile row r's index in (B, Hq, Sq) within key range `split`: the partial lse's, and times D the partial O's.
   __device__ __forceinline__ static int64_t partial_row(const AttentionParams& p, const ConsumerTile& t, int split,
                                                         int r) {
-    return (int64_t{split} * p.batch + t.batch) * p.heads_q * p.seqlen_q + int64_t{t.head} * p.seqlen_q + t.row0 + r;
+    return (int64_t{split} * p.batch + t.batch) * p.heads_q * p.seqlen_q + int64_t{row_head(p, t, r)} * p.seqlen_q +
+           row_position(p, t, r);
   }
 
   // This consumer's rows inside the tensor: zeros and lse = -inf (a key range: lse = -inf only; the combine step
@@ -51,12 +71,15 @@ struct Epilogue {
     for (int i = wg_tid; i < 64 * kRowChunks; i += 128) {
       const int row = 64 * consumer + i / kRowChunks;
       if (row < t.q_rows) {
-        *reinterpret_cast<uint4*>(gO + row * p.o_seq_stride + (i % kRowChunks) * 8) = make_uint4(0, 0, 0, 0);
+        Element* o = packed(p) ? packed_o_row(p, t, row) : gO + row * p.o_seq_stride;
+        *reinterpret_cast<uint4*>(o + (i % kRowChunks) * 8) = make_uint4(0, 0, 0, 0);
       }
     }
     if (p.lse != nullptr) {
       float* gLse = tile_lse(p, t);
-      for (int r = 64 * consumer + wg_tid; r < min(t.q_rows, 64 * consumer + 64); r += 128) gLse[r] = -INFINITY;
+      for (int r = 64 * consumer + wg_tid; r < min(t.q_rows, 64 * consumer + 64); r += 128) {
+        *(packed(p) ? packed_lse(p, t, r) : gLse + r) = -INFINITY;
+      }
     }
   }
 
@@ -112,7 +135,10 @@ struct Epilogue {
 #pragma unroll
         for (int h = 0; h < 2; ++h) {
           const int row = warp_row0 + lane / 4 + 8 * h;
-          if (row < t.q_rows) gLse[row] = row_valid[h] ? m.softmax.row_lse(h, row_l[h], p.scale) : -INFINITY;
+          if (row < t.q_rows) {
+            *(packed(p) ? packed_lse(p, t, row) : gLse + row) =
+                row_valid[h] ? m.softmax.row_lse(h, row_l[h], p.scale) : -INFINITY;
+          }
         }
       }
     } else {
@@ -123,7 +149,7 @@ struct Epilogue {
 #pragma unroll
         for (int h = 0; h < 2; ++h) {
           const int row = warp_row0 + lane / 4 + 8 * h;
-          if (row < t.q_rows) gLse[row] = row_valid[h] ? row_lse[h] : -INFINITY;
+          if (row < t.q_rows) *(packed(p) ? packed_lse(p, t, row) : gLse + row) = row_valid[h] ? row_lse[h] : -INFINITY;
         }
       }
     }
@@ -145,10 +171,19 @@ struct Epilogue {
     fence_proxy_async_smem();  // the generic-proxy writes, visible to the TMA unit ...
     sync_consumer(consumer);   // ... from every thread of the consumer
     if (wg_tid == 0) {
+      if (packed(p)) {  // the 5-D map: 64 / group positions of the group's heads (tensor_map.h)
+        const int shift = __ffs(p.pack_gqa) - 1;
 #pragma unroll
-      for (int panel = 0; panel < T::kPanels; ++panel) {
-        tma_store_4d(&tma_o, sO + panel * T::kQPanelBytes + 64 * consumer * T::kRowBytes, panel * 64,
-                     t.row0 + 64 * consumer, t.head, t.batch);
+        for (int panel = 0; panel < T::kPanels; ++panel) {
+          tma_store_5d(&tma_o, sO + panel * T::kQPanelBytes + 64 * consumer * T::kRowBytes, panel * 64, 0,
+                       (t.row0 + 64 * consumer) >> shift, t.head >> shift, t.batch);
+        }
+      } else {
+#pragma unroll
+        for (int panel = 0; panel < T::kPanels; ++panel) {
+          tma_store_4d(&tma_o, sO + panel * T::kQPanelBytes + 64 * consumer * T::kRowBytes, panel * 64,
+                       t.row0 + 64 * consumer, t.head, t.batch);
+        }
       }
       bulk_commit_group();
       if constexpr (T::kOInQ) {  // O was staged in this consumer's rows of Q: they may refill once read

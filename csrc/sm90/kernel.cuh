@@ -39,7 +39,8 @@ __device__ __forceinline__ void init_barriers(SmemView<T> s) {
 
 // kMaskBlocks: some key block may be partly invisible (causal, window, kv_lengths, or seqlen_k not a multiple of
 // kBlockKV); false compiles the mask out. kHasSoftcap: s = softcap * tanh(s * scale / softcap). kSplitPaged: split
-// key ranges (p.num_splits > 1) or paged K/V (p.page_table). num_tiles: batch x heads_q x query blocks x ranges.
+// key ranges (p.num_splits > 1), paged K/V (p.page_table) or packed GQA (p.pack_gqa > 1). num_tiles: batch x head
+// units (query heads, or kv heads when packed) x query blocks x ranges.
 template <class T, bool kMaskBlocks, bool kHasSoftcap, bool kSplitPaged = false>
 __global__ void __launch_bounds__(T::kNumThreads, 1)
     attention_kernel(const __grid_constant__ AttentionParams p, const __grid_constant__ CUtensorMap tma_q,

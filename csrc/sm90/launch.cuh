@@ -29,10 +29,11 @@ std::string launch_sm90(AttentionParams p, const CUtensorMap& map_q, const CUten
   // A persistent grid, one block per SM (the shared memory allows no second); causal tiles differ by up to the whole
   // key range, so the blocks draw them from a counter, heaviest first (a static stride left some SMs all the heavy
   // ones: causal 16384 keys fell from 631 to 416 TFLOP/s).
-  const int64_t num_tiles = static_cast<int64_t>(p.num_q_blocks) * p.heads_q * p.batch * p.num_splits;
+  const int64_t units = p.pack_gqa > 1 ? p.heads_k : p.heads_q;  // query heads, or kv heads when packed
+  const int64_t num_tiles = static_cast<int64_t>(p.num_q_blocks) * units * p.batch * p.num_splits;
   if (T::kTileIndex32 && num_tiles > INT_MAX) {
     return "sm90 kernel with " + std::to_string(T::kConsumers) + " consumer warpgroups: " + std::to_string(num_tiles) +
-           " tiles (batch x heads_q x query blocks x key ranges) exceed its 32-bit tile index (at most " +
+           " tiles (batch x head units x query blocks x key ranges) exceed its 32-bit tile index (at most " +
            std::to_string(INT_MAX) + ")";
   }
   int device = 0;
@@ -70,11 +71,21 @@ template <KernelKey kKey>
 std::string run_attention_sm90(const AttentionParams& params, cudaStream_t stream) {
   using T = Traits<kKey>;
   AttentionParams p = params;
-  p.num_q_blocks = (p.seqlen_q + T::kBlockQ - 1) / T::kBlockQ;
+  // Packed GQA: tiles of kBlockQ rows = kBlockQ / group positions of the group's heads, Q and O through 5-D maps
+  // (tensor_map.h), each consumer's 64 rows a whole number of positions: the group divides 64.
+  const bool packed = p.pack_gqa > 1;
+  if (packed && 64 % p.pack_gqa != 0) {
+    return "the sm90 family packs GQA groups of 2, 4, 8, 16, 32 or 64 query heads per kv head, got " +
+           std::to_string(p.pack_gqa) + "; use pack_gqa=False or a family='sm80' config";
+  }
+  p.num_q_blocks = static_cast<int>((int64_t{p.seqlen_q} * p.pack_gqa + T::kBlockQ - 1) / T::kBlockQ);
   constexpr bool kBf16 = kKey.dtype == static_cast<int>(DType::kBFloat16);
   CUtensorMap map_q{}, map_k{}, map_v{}, map_o{};
-  std::string failure = encode_bshd_map(&map_q, p.q, kBf16, p.batch, p.seqlen_q, p.heads_q, p.head_dim,
-                                        p.q_batch_stride, p.q_seq_stride, p.q_head_stride, T::kBlockQ);
+  std::string failure =
+      packed ? encode_packed_map(&map_q, p.q, kBf16, p.batch, p.seqlen_q, p.heads_k, p.pack_gqa, p.head_dim,
+                                 p.q_batch_stride, p.q_seq_stride, p.q_head_stride, T::kBlockQ / p.pack_gqa)
+             : encode_bshd_map(&map_q, p.q, kBf16, p.batch, p.seqlen_q, p.heads_q, p.head_dim, p.q_batch_stride,
+                               p.q_seq_stride, p.q_head_stride, T::kBlockQ);
   // seqlen_k = 0: every block writes zeros without loading, and an empty tensor has no map. Paged K / V: the map
   // spans the pool (num_pages, page_size, Hk, D), whose batch stride steps a page, in boxes inside one page.
   const bool paged = p.page_table != nullptr;
@@ -93,14 +104,16 @@ std::string run_attention_sm90(const AttentionParams& params, cudaStream_t strea
   }
   // O: each consumer stores its 64 rows of a tile, one 64 x 64 box per panel (epilogue.cuh)
   if (failure.empty()) {
-    failure = encode_bshd_map(&map_o, p.o, kBf16, p.batch, p.seqlen_q, p.heads_q, p.head_dim, p.o_batch_stride,
-                              p.o_seq_stride, p.o_head_stride, 64);
+    failure = packed ? encode_packed_map(&map_o, p.o, kBf16, p.batch, p.seqlen_q, p.heads_k, p.pack_gqa, p.head_dim,
+                                         p.o_batch_stride, p.o_seq_stride, p.o_head_stride, 64 / p.pack_gqa)
+                     : encode_bshd_map(&map_o, p.o, kBf16, p.batch, p.seqlen_q, p.heads_q, p.head_dim,
+                                       p.o_batch_stride, p.o_seq_stride, p.o_head_stride, 64);
   }
   if (!failure.empty()) return failure;
   const bool mask_blocks = p.window_left < kUnbounded || p.window_right < kUnbounded || p.kv_lengths != nullptr ||
                            p.seqlen_k % T::kBlockKV != 0;
   const bool softcap = p.softcap > 0.0f;
-  if (p.num_splits > 1 || paged) {
+  if (p.num_splits > 1 || paged || packed) {
     return softcap ? launch_sm90<T, true, true, true>(p, map_q, map_k, map_v, map_o, stream)
                    : launch_sm90<T, true, false, true>(p, map_q, map_k, map_v, map_o, stream);
   }

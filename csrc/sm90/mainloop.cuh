@@ -168,9 +168,20 @@ struct Mainloop {
         for (int e = 0; e < 4; ++e) acc_s[0][n][e] = softcap_score(acc_s[0][n][e], p.softcap, softcap_exp2_scale);
     }
     if constexpr (V::kMaskBlocks) {
-      mask_key_block<kKeys, V::kMaskOwnRows, V::kMaskRightOnly>(
-          *reinterpret_cast<float(*)[1][kKeys / 8][4]>(&acc_s[0][0][0]), j * T::kBlockKV, tile.row0,
-          tile.q_rows_valid, warp_row0, lane, lo_off, hi_off, tile.len.kv_len);
+      auto& scores = *reinterpret_cast<float(*)[1][kKeys / 8][4]>(&acc_s[0][0][0]);
+      if (V::kSplitPaged && p.pack_gqa > 1) {  // packed GQA: the bounds apply to the rows' positions
+        const int shift = __ffs(p.pack_gqa) - 1;
+        const int r = tile.row0 + warp_row0 + lane / 4;
+        const int pos[1][2] = {{r >> shift, (r + 8) >> shift}};
+        const int first_pos = (tile.row0 + warp_row0) >> shift;
+        const int last_pos = (tile.row0 + min(warp_row0 + 16, tile.q_rows_valid) - 1) >> shift;
+        mask_key_block_packed<kKeys>(scores, j * T::kBlockKV, first_pos, last_pos, pos, lane, lo_off, hi_off,
+                                     tile.len.kv_len);
+      } else {
+        mask_key_block<kKeys, V::kMaskOwnRows, V::kMaskRightOnly>(scores, j * T::kBlockKV, tile.row0,
+                                                                  tile.q_rows_valid, warp_row0, lane, lo_off, hi_off,
+                                                                  tile.len.kv_len);
+      }
     }
     return softmax.template update_max<kKeys / 8>(acc_s, p.scale_log2, max_growth, alpha);
   }
@@ -325,8 +336,13 @@ struct Mainloop {
     // uniform is serialised.)
     half_last = false;
     if constexpr (V::kTrimTail || V::kHalfLast) {
-      const KeySpan mine = visible_keys_of_rows(p, t.len, t.row0 + 64 * consumer,
-                                                t.row0 + min(64 * consumer + 64, t.q_rows_valid));
+      int row_begin = t.row0 + 64 * consumer, row_end = t.row0 + min(64 * consumer + 64, t.q_rows_valid);
+      if (V::kSplitPaged && p.pack_gqa > 1) {  // packed GQA: the rows' positions
+        const int shift = __ffs(p.pack_gqa) - 1;
+        row_begin >>= shift;
+        row_end = (row_end + p.pack_gqa - 1) >> shift;
+      }
+      const KeySpan mine = visible_keys_of_rows(p, t.len, row_begin, row_end);
       if constexpr (V::kTrimTail) {
         my_end = max(t.block_begin + 1, min(t.block_end, (mine.end + T::kBlockKV - 1) / T::kBlockKV));
       }

@@ -223,9 +223,18 @@ struct Producer {
       const int qb = P::q_buffer_of(tiles_done);
       mbarrier_wait(s.q_empty(qb), P::q_parity_of(tiles_done) ^ 1);  // the buffer's last tile's last Q K^T is done
       mbarrier_arrive_expect_tx(s.q_full(qb), T::kQBytes);
+      if (V::kSplitPaged && p.pack_gqa > 1) {  // packed GQA: the 5-D map (group, position) of w.kv_head
+        const int position0 = w.row0 >> (__ffs(p.pack_gqa) - 1);
 #pragma unroll
-      for (int panel = 0; panel < T::kPanels; ++panel) {
-        tma_load_4d(s.q(qb) + panel * T::kQPanelBytes, &tma_q, s.q_full(qb), panel * 64, w.row0, w.head, w.batch);
+        for (int panel = 0; panel < T::kPanels; ++panel) {
+          tma_load_5d(s.q(qb) + panel * T::kQPanelBytes, &tma_q, s.q_full(qb), panel * 64, 0, position0, w.kv_head,
+                      w.batch);
+        }
+      } else {
+#pragma unroll
+        for (int panel = 0; panel < T::kPanels; ++panel) {
+          tma_load_4d(s.q(qb) + panel * T::kQPanelBytes, &tma_q, s.q_full(qb), panel * 64, w.row0, w.head, w.batch);
+        }
       }
       trace(kTraceProducerQ, n);
       ++tiles_done;

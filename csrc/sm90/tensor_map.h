@@ -54,4 +54,36 @@ inline std::string encode_bshd_map(CUtensorMap* map, const void* base, bool bf16
   return {};
 }
 
+// Packed GQA (common/params.h, pack_gqa): `map` over the same (B, S, H, D) tensor seen as (B, S, Hk, G, D), heads
+// h = kv_head * G + g, dims innermost first (D, G, S, Hk, B), box (64, G, box_positions, 1, 1). A box is G x
+// box_positions rows of 64 columns in shared memory, row r = position r / G of head g = r % G: the rows of a packed
+// tile, laid out (and swizzled) as a 2-D box of as many rows would be. Positions past S read as zeros and are not
+// written.
+inline std::string encode_packed_map(CUtensorMap* map, const void* base, bool bf16, int64_t batch, int64_t seq,
+                                     int64_t heads_k, int64_t group, int64_t head_dim, int64_t batch_stride,
+                                     int64_t seq_stride, int64_t head_stride, int box_positions) {
+  std::string failure;
+  auto encode = tensor_map_encoder(failure);
+  if (encode == nullptr) return failure;
+  const cuuint64_t dims[5] = {static_cast<cuuint64_t>(head_dim), static_cast<cuuint64_t>(group),
+                              static_cast<cuuint64_t>(seq), static_cast<cuuint64_t>(heads_k),
+                              static_cast<cuuint64_t>(batch)};
+  const cuuint64_t strides_bytes[4] = {static_cast<cuuint64_t>(head_stride) * 2,
+                                       static_cast<cuuint64_t>(seq_stride) * 2,
+                                       static_cast<cuuint64_t>(head_stride * group) * 2,
+                                       static_cast<cuuint64_t>(batch_stride) * 2};
+  const cuuint32_t box[5] = {64, static_cast<cuuint32_t>(group), static_cast<cuuint32_t>(box_positions), 1, 1};
+  const cuuint32_t element_strides[5] = {1, 1, 1, 1, 1};
+  const CUresult result = encode(
+      map, bf16 ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16 : CU_TENSOR_MAP_DATA_TYPE_FLOAT16, 5, const_cast<void*>(base), dims,
+      strides_bytes, box, element_strides, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
+      CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+  if (result != CUDA_SUCCESS) {
+    return "cuTensorMapEncodeTiled failed (error " + std::to_string(static_cast<int>(result)) + ") for a packed (" +
+           std::to_string(batch) + ", " + std::to_string(seq) + ", " + std::to_string(heads_k) + " x " +
+           std::to_string(group) + ", " + std::to_string(head_dim) + ") tensor";
+  }
+  return {};
+}
+
 }  // namespace jax_flash::sm90

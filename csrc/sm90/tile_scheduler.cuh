@@ -2,7 +2,10 @@
 // what a tile's facts are (TileWork), the slot the producer publishes them in, and the launcher's ordering plan.
 //
 // One tile = one (batch, query head, block of kBlockQ query rows), or with split-KV (p.num_splits > 1) one key range
-// of it: the (batch, range) pairs take the place of the batch entries below. Tile -> (batch, head, query block):
+// of it: the (batch, range) pairs take the place of the batch entries below. With packed GQA (p.pack_gqa = group, a
+// power of two dividing 64) a kv head takes the place of the query head: its seqlen_q x group rows step through the
+// group's query heads fastest (common/params.h), and a tile's first row is a multiple of the group, so its row r is
+// query position (row0 + r) / group of query head head + r % group. Tile -> (batch, head, query block):
 //  - no right bound (every tile costs the same): query blocks innermost, so the tiles in flight share K/V in L2;
 //  - a right bound (causal; a tile costs up to its last row's keys): the (batch, head) pairs are cut into sections of
 //    p.section_heads whose K and V fit in L2 together, and inside a section the tiles go query block by query block,
@@ -22,7 +25,7 @@
 namespace jax_flash::sm90 {
 
 struct TileWork {
-  int batch, head, kv_head, row0;
+  int batch, head, kv_head, row0;  // packed: head = kv_head * group, the query head of row 0; row0 counts packed rows
   int q_rows;        // rows of this tile inside the tensor (the rest of the block is past seqlen_q)
   int q_rows_valid;  // rows that compute (below q_lengths[b]); the others write zeros
   BatchLengths len;
@@ -37,14 +40,19 @@ struct TileSlot {
 };
 
 // Index: the tile numbers' type, int64_t, or int where the launcher has checked that they fit (T::kTileIndex32).
-// kSplit: the kernel variant splits key ranges (p.num_splits > 1 only there); `split`: the tile's range (0 unsplit).
+// kSplit: the kernel variant splits key ranges and packs GQA (p.num_splits > 1 and p.pack_gqa > 1 only there);
+// `split`: the tile's range (0 unsplit).
 template <class T, class Index, bool kSplit>
 __device__ __forceinline__ TileWork tile_work(const AttentionParams& p, Index tile, int& split) {
   TileWork w;
   int q_block;
   Index batch_head;
+  const int pack = kSplit ? p.pack_gqa : 1;
+  const int pack_shift = kSplit ? __ffs(pack) - 1 : 0;  // (a power of two: the launcher checks)
+  // head units: query heads, or kv heads when packed (read at each use: the other variants keep their instructions)
+  auto units = [&] { return kSplit && pack > 1 ? p.heads_k : p.heads_q; };
   if (p.window_right < kUnbounded) {
-    const Index batch_heads = static_cast<Index>(p.batch) * (kSplit ? p.num_splits : 1) * p.heads_q;
+    const Index batch_heads = static_cast<Index>(p.batch) * (kSplit ? p.num_splits : 1) * units();
     const Index section_tiles = static_cast<Index>(p.section_heads) * p.num_q_blocks;
     const Index section = tile / section_tiles;
     const Index first = section * p.section_heads;
@@ -56,20 +64,26 @@ __device__ __forceinline__ TileWork tile_work(const AttentionParams& p, Index ti
     q_block = static_cast<int>(tile % p.num_q_blocks);
     batch_head = tile / p.num_q_blocks;
   }
-  w.head = static_cast<int>(batch_head % p.heads_q);
+  w.head = static_cast<int>(batch_head % units());
   // (batch, key range) pairs, ranges innermost, in 32 bits: 64-bit divisions here spilled the 40-register producer
-  const int batch_split = static_cast<int>(batch_head / p.heads_q);
+  const int batch_split = static_cast<int>(batch_head / units());
   split = kSplit && p.num_splits > 1 ? batch_split % p.num_splits : 0;
   w.batch = kSplit && p.num_splits > 1 ? batch_split / p.num_splits : batch_split;
   w.kv_head = w.head / p.q_heads_per_kv_head;
+  if (kSplit && pack > 1) {  // the unit is a kv head; head: the query head of row 0
+    w.kv_head = w.head;
+    w.head <<= pack_shift;
+  }
   // (p.q_block_shift: block 0 is the short one; read only where the launcher may set it: in the 40-register
   // producers of head dim 256 the extra arithmetic spilled 4 bytes)
   const int shift = T::kEndAlignedQueryBlocks ? p.q_block_shift : 0;
   w.row0 = q_block * T::kBlockQ - (q_block > 0 ? shift : 0);
-  w.q_rows = min(q_block > 0 ? T::kBlockQ : T::kBlockQ - shift, p.seqlen_q - w.row0);
+  // (seqlen_q x group < 2^31: jax_flash checks)
+  w.q_rows = min(q_block > 0 ? T::kBlockQ : T::kBlockQ - shift, (p.seqlen_q << pack_shift) - w.row0);
   w.len = batch_lengths(p, w.batch);
-  w.q_rows_valid = max(0, min(T::kBlockQ, w.len.q_len - w.row0));
-  const KeySpan keys = visible_keys_of_rows(p, w.len, w.row0, w.row0 + w.q_rows_valid);
+  w.q_rows_valid = max(0, min(T::kBlockQ, (w.len.q_len << pack_shift) - w.row0));
+  const KeySpan keys = visible_keys_of_rows(p, w.len, w.row0 >> pack_shift,
+                                            (w.row0 + w.q_rows_valid + pack - 1) >> pack_shift);
   w.block_begin = keys.begin / T::kBlockKV;
   w.block_end = (keys.end + T::kBlockKV - 1) / T::kBlockKV;
   if (kSplit && p.num_splits > 1) {
@@ -94,7 +108,7 @@ void plan_tile_order(AttentionParams& p, int64_t l2_bytes) {
   // (batch, head) pairs per heaviest-first section: their K and V together fill at most half the L2 (+ 1 byte keeps
   // seqlen_k = 0 from dividing by zero), and at most T::kMaxSectionHeads; at least 1, at most all pairs.
   const int64_t kv_bytes_per_head = 2 * int64_t{p.seqlen_k} * p.head_dim * 2 + 1;
-  const int64_t batch_heads = int64_t{p.batch} * p.num_splits * p.heads_q;  // (batch, key range, head)
+  const int64_t batch_heads = int64_t{p.batch} * p.num_splits * (p.pack_gqa > 1 ? p.heads_k : p.heads_q);
   const int64_t section = std::min<int64_t>(std::min<int64_t>((l2_bytes / 2) / kv_bytes_per_head,
                                                               T::kMaxSectionHeads), batch_heads);
   p.section_heads = static_cast<int>(std::max<int64_t>(section, 1));
@@ -102,7 +116,8 @@ void plan_tile_order(AttentionParams& p, int64_t l2_bytes) {
   // consumer's rows lie wholly inside or outside block 0 (an idle consumer writes nothing; a TMA store of a partly
   // valid one would overwrite block 1's rows).
   p.q_block_shift = 0;
-  if (T::kEndAlignedQueryBlocks && p.window_right < kUnbounded && p.seqlen_q >= T::kEndAlignedMinRows) {
+  if (T::kEndAlignedQueryBlocks && p.window_right < kUnbounded && p.seqlen_q >= T::kEndAlignedMinRows &&
+      p.pack_gqa == 1) {  // (packed tiles start at multiples of the group)
     p.q_block_shift = (p.num_q_blocks * T::kBlockQ - p.seqlen_q) / 64 * 64;
   }
 }

@@ -144,18 +144,19 @@ struct Traits {
 };
 
 // The schedule of one compiled variant: the config's traits refined by the runtime facts the launcher picks a
-// variant by (kMaskBlocks: some key block may be partly invisible; kHasSoftcap; kSplitPaged: split key ranges or
-// paged K/V, always with kMaskBlocks).
+// variant by (kMaskBlocks: some key block may be partly invisible; kHasSoftcap; kSplitPaged: split key ranges,
+// paged K/V or packed GQA, always with kMaskBlocks).
 template <class T, bool kMaskBlocks_, bool kHasSoftcap_, bool kSplitPaged_ = false>
 struct Variant {
   static constexpr bool kMaskBlocks = kMaskBlocks_;
   static constexpr bool kHasSoftcap = kHasSoftcap_;
-  // The split-KV epilogue and the paged loads are compiled into variants of their own, and the other variants keep
+  // The split-KV epilogue, the paged loads and the packed GQA rows are compiled into variants of their own, and the
+  // other variants keep
   // the instructions they had before either existed: chunked prefill (512 x 16384 keys, causal, D = 128, H100) ran
   // at 266 instead of 212 us when only the producer's K / V loads went through the shared helper (the same copies,
   // differently scheduled), with the key loop unchanged.
   static constexpr bool kSplitPaged = kSplitPaged_;
-  static_assert(!kSplitPaged || kMaskBlocks, "split / paged calls run the masked variant");
+  static_assert(!kSplitPaged || kMaskBlocks, "split, paged and packed calls run the masked variant");
   // The soft-capped 192-key-block kernels have the fewest registers to spare: S (96), P (48) and the softcap.
   static constexpr bool kTightSoftcap = kHasSoftcap && T::kBlockKV > 128;
   // The consumer index through a lane-0 shuffle, warp-uniform for ptxas, so the Q descriptor lives in uniform
