@@ -164,10 +164,13 @@ def _lower_cuda(ctx, *args, cfg, **params):
     seq_k = _seq_k(k_aval, ctx.avals_in[5], params)
     tuned = _tuned("cuda", q_aval, seq_k, params) if cfg is None else None
     right_bounded = bool(params["causal"]) or params["window_right"] >= 0
+    batch, heads_k, head_dim = q_aval.shape[0], k_aval.shape[2], q_aval.shape[3]
     shape = CallShape(seq_q=q_aval.shape[1] if _static_dims(q_aval) else None,
                       seq_k=seq_k if isinstance(seq_k, int) else 0,
-                      group=q_aval.shape[2] // k_aval.shape[2] if k_aval.shape[2] else 1,
-                      tensors=has_tensors(params))
+                      group=q_aval.shape[2] // heads_k if heads_k else 1,
+                      tensors=has_tensors(params),
+                      kv_bytes=2 * batch * seq_k * heads_k * head_dim * q_aval.dtype.itemsize
+                      if isinstance(batch, int) and isinstance(seq_k, int) else 0)
     cfg = resolve_gpu_config(cfg, q_aval.dtype, q_aval.shape[3], tuned, right_bounded, shape)
     return jax.ffi.ffi_lowering(native.TARGET_NAME)(ctx, *args, **_attrs(cfg, params))
 

@@ -73,10 +73,11 @@ class KernelConfig:
         block and merged by the log-sum-exp afterwards (split-KV, Flash-Decoding). 0 = chosen per call from the grid,
         the SM count and the key length (csrc/common/split_plan.h); n forces n (at most MAX_SPLITS). On CPU it forces
         the CPU path's key splits the same way.
-    pack_gqa (launch; the sm80 family and the CPU path): pack the query heads that share a kv head into the rows of
+    pack_gqa (launch; both families and the CPU path): pack the query heads that share a kv head into the rows of
         one tile, so each K/V block is read once per kv head (row r of a packed tile is query position r // group of
         head kv_head * group + r % group). None = decided per call by tile efficiency
-        (jax_flash.selection.should_pack_gqa). The sm90 family's tiles hold one query head: True there is an error.
+        (jax_flash.selection.should_pack_gqa). The sm90 family packs groups of 2, 4, 8, 16, 32 or 64 heads (each
+        consumer's 64 rows hold whole positions); True with another group is an error there.
     The sm80-only knobs stay at their defaults in an sm90 config, and the sm90-only knobs in an sm80 config.
 
     Data type and head dim come from the inputs. On CPU, block_q and block_kv are the tile sizes of the CPU path

@@ -2,8 +2,9 @@
 mask on Hopper, the decode tiles, packed GQA, and the checks that turn an impossible request into a clear error.
 
 Rule (cfg=None): a decode-shaped call (at most 64 rows per kv head once the group's query heads are packed) runs
-the sm80 family's decode or tuned tiles on every GPU; otherwise the autotune cache's entry for the
-call if it is compiled; on sm_90 the SM90_BY_SHAPE entry for (head dim, right bound); else DEFAULTS for (arch, dtype,
+the sm80 family's decode tiles on every GPU; a call of more rows that fills 128-row tiles better packed runs the sm90
+family packed on sm_90 (groups dividing 64, 16 MiB of K/V or more), else the sm80 family's tuned tile; otherwise the
+autotune cache's entry for the call if it is compiled; on sm_90 the SM90_BY_SHAPE entry for (head dim, right bound); else DEFAULTS for (arch, dtype,
 head dim), falling back to the nearest older architecture in the table; else the first compiled config for (dtype,
 head dim) in registry order. pack_gqa=None becomes should_pack_gqa's answer for the chosen tile. On CPU cfg=None uses
 the CPU path's own tiles, CPU_TILES; a given cfg's block_q and block_kv are the CPU tiles. The measurements behind
@@ -63,9 +64,15 @@ class CallShape:
     seq_k: int = 0
     group: int = 1
     tensors: bool = False
+    kv_bytes: int = 0  # K and V bytes the call reads (logical, paged or not); 0: not known (symbolic shapes)
 
 
 _MAX_ROWS = 2**31 - 1  # the kernels number a unit's rows (seq_q x group when packed) in 32 bits
+# Groups the sm90 family packs: each consumer's 64 rows hold whole query positions (sm90/launch.cuh); 1 packs nothing.
+SM90_PACK_GROUPS = (1, 2, 4, 8, 16, 32, 64)
+# cfg=None packs on the sm90 family from this many K/V bytes: below, its fixed cost (about 22-26 us against 17-21 for
+# the sm80 tile, H100) outweighs its faster products; MQA 4 and 8 rows, D 128, 1 x 32768 keys (16 MiB): 1.19-1.32x.
+SM90_PACK_MIN_KV_BYTES = 16 * 2**20
 
 
 def should_pack_gqa(seq_q: int | None, group: int, block_q: int) -> bool:
@@ -95,10 +102,9 @@ def decode_gpu_config(head_dim: int, shape: CallShape, compiled: list[KernelConf
     """The sm80 family's tile for a decode-shaped or packed call (cfg=None); None for other calls. Rows per kv
     head: seq_q x group packed, else seq_q. At most 16: the one-warp decode tile; at most 64: the four-warp one; more,
     where packing fills 128-row tiles better than one head's rows do (MQA with a few rows per sequence), or with
-    segment ids or bias / mask tensors: the tuned prefill tile. The sm90 family reads K/V per query head and masks by
-    positions only: for MQA at 8 rows x 32 heads the packed sm80 tile ran 2.2x faster than the sm90 kernel's 32 tiles
-    of 8 rows (H100). Paged calls of more rows take the default path, like contiguous ones (chunked prefill over
-    64-key pages on an H100: the sm90 family 1.3-1.7x faster than the tuned sm80 tile at head dims 64, 128 and 256)."""
+    segment ids or bias / mask tensors: the tuned prefill tile (on sm_90, sm90_packed_config comes first). Paged
+    calls of more rows take the default path, like contiguous ones (chunked prefill over 64-key pages on an H100: the
+    sm90 family 1.3-1.7x faster than the tuned sm80 tile at head dims 64, 128 and 256)."""
     if shape.seq_q is None:
         if not shape.tensors:
             return None
@@ -117,6 +123,23 @@ def decode_gpu_config(head_dim: int, shape: CallShape, compiled: list[KernelConf
     if choice is None:
         return None
     return dataclasses.replace(choice, pack_gqa=should_pack_gqa(shape.seq_q, shape.group, choice.block_q))
+
+
+def sm90_packed_config(arch: int, dtype: str, head_dim: int, shape: CallShape, compiled: list[KernelConfig],
+                       right_bounded: bool) -> KernelConfig | None:
+    """On sm_90, the sm90 family packed (cfg=None) for a call of more than 64 rows per kv head once packed that fills
+    128-row tiles better packed (MQA or GQA with a few rows per sequence) and reads at least SM90_PACK_MIN_KV_BYTES;
+    None for other calls. The tile: the first SM90_CONFIGS entry (128 rows, pingpong) with or without a right bound;
+    packed MQA on an H100 ran 1.0-1.2x faster on it than on the 192-row tile (head dim 64) or without pingpong (head
+    dim 128, causal). The measurements: docs/PERFORMANCE.md (packed GQA on the sm90 family)."""
+    if arch != 90 or shape.tensors or shape.seq_q is None or shape.group not in SM90_PACK_GROUPS[1:]:
+        return None
+    if shape.seq_q * shape.group <= 64 or not should_pack_gqa(shape.seq_q, shape.group, 128):
+        return None
+    if shape.kv_bytes < SM90_PACK_MIN_KV_BYTES:
+        return None
+    cfg = SM90_CONFIGS[head_dim][0] if head_dim in SM90_CONFIGS else None
+    return dataclasses.replace(cfg, pack_gqa=True) if cfg in compiled else None
 
 
 def default_gpu_config(arch: int, dtype: str, head_dim: int, compiled: list[KernelConfig], right_bounded: bool = False,
@@ -166,7 +189,8 @@ def resolve_gpu_config(cfg: KernelConfig | None, dtype, head_dim: int, tuned: Ke
         raise ValueError(f"cfg={cfg!r} is a family='sm90' (Hopper: wgmma, TMA) config; this GPU is sm_{arch}. "
                          f"Use a family='sm80' config or cfg=None")
     if cfg is None:
-        decode = decode_gpu_config(head_dim, shape, compiled)
+        decode = (sm90_packed_config(arch, dtype_name, head_dim, shape, compiled, right_bounded)
+                  or decode_gpu_config(head_dim, shape, compiled))
         if decode is not None:
             return decode
         if tuned is not None and tuned.kernel() in compiled:  # the autotune cache first, then the table
@@ -179,13 +203,15 @@ def resolve_gpu_config(cfg: KernelConfig | None, dtype, head_dim: int, tuned: Ke
                          f"Compiled configs:\n  {listing}\n(build with -DJAX_FLASH_CONFIG_SET=all for the whole "
                          f"tuning space; num_splits and pack_gqa are chosen per call and need no build)")
     if cfg.family == "sm90":
-        if cfg.pack_gqa:
-            raise ValueError(f"cfg={cfg!r}: pack_gqa=True runs on family='sm80' configs; the sm90 family's tiles hold "
-                             f"one query head")
         if shape.tensors:
             raise ValueError(f"cfg={cfg!r}: segment ids and bias / mask tensors run on family='sm80' configs "
                              f"(cfg=None picks one); the sm90 family masks by positions only")
-        return dataclasses.replace(cfg, pack_gqa=False)
+        if cfg.pack_gqa and shape.group not in SM90_PACK_GROUPS:
+            raise ValueError(f"cfg={cfg!r}: the sm90 family packs groups of {SM90_PACK_GROUPS[1:]} query heads per kv "
+                             f"head; this call has {shape.group} (use pack_gqa=False or a family='sm80' config)")
+        if cfg.pack_gqa is None:
+            return dataclasses.replace(cfg, pack_gqa=shape.group in SM90_PACK_GROUPS[1:] and should_pack_gqa(
+                shape.seq_q, shape.group, cfg.block_q))
     if cfg.pack_gqa is None:
         return dataclasses.replace(cfg, pack_gqa=should_pack_gqa(shape.seq_q, shape.group, cfg.block_q))
     if cfg.pack_gqa and shape.seq_q is not None and shape.seq_q * shape.group > _MAX_ROWS:

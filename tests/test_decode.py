@@ -317,6 +317,23 @@ def test_paged_prefill_routing():
     assert decode.block_q == 16 and decode.pack_gqa
 
 
+def test_sm90_packed_routing():
+    """cfg=None on a GPU: on sm_90, more than 64 rows per kv head once packed that fill 128-row tiles better packed
+    (MQA with a few rows per sequence) take the sm90 family packed, for groups dividing 64; not on other GPUs, not
+    with tensors, not for decode rows (the decode tiles) nor for rows that fill tiles unpacked."""
+    from jax_flash import config, selection
+
+    compiled = list(config.TUNED_CONFIGS[128]) + list(config.DECODE_CONFIGS[128]) + list(config.SM90_CONFIGS[128])
+    mqa = selection.CallShape(seq_q=8, seq_k=32768, group=32, kv_bytes=2 * 32768 * 128 * 2)  # 16 MiB
+    choice = selection.sm90_packed_config(90, "bfloat16", 128, mqa, compiled, True)
+    assert choice == dataclasses.replace(config.SM90_CONFIGS[128][0], pack_gqa=True)
+    assert selection.sm90_packed_config(80, "bfloat16", 128, mqa, compiled, True) is None
+    for shape in (dataclasses.replace(mqa, tensors=True), dataclasses.replace(mqa, seq_q=1),  # tensors; 32 rows
+                  dataclasses.replace(mqa, group=12), dataclasses.replace(mqa, seq_q=512, group=4),  # 12; full tiles
+                  dataclasses.replace(mqa, seq_q=None), dataclasses.replace(mqa, kv_bytes=2**24 - 1)):
+        assert selection.sm90_packed_config(90, "bfloat16", 128, shape, compiled, True) is None, shape
+
+
 @requires_gpu
 def test_gpu_decode_routes_to_the_packed_decode_tile():
     """cfg=None on a decode shape lowers to the sm80 family's one-warp tile with pack_gqa (in the FFI attributes)."""
@@ -392,12 +409,53 @@ def test_sm90_paged_equals_contiguous(head_dim, cfg, page_size):
 
 @requires_hopper
 @pytest.mark.parametrize("head_dim", [64, 128, 256])
-def test_sm90_runs_paged_prefill_and_refuses_packing(head_dim):
-    """cfg=None sends a paged call of many rows to the sm90 family on Hopper; pack_gqa=True there is a clear error."""
+def test_sm90_runs_paged_prefill(head_dim):
+    """cfg=None sends a paged call of many rows to the sm90 family on Hopper; pack_gqa=True with a group that does
+    not divide 64 is a clear error there."""
     q, k, v = random_qkv(1, 1, 512, 2048, 8, 2, head_dim, jnp.bfloat16, GPU_DEVICES[0])
     k_pages, v_pages, table = paged_cache(k, v, 64, seed=1)
     text = jax.jit(lambda *a: jax_flash.attention(a[0], a[1], a[2], page_table=a[3], causal=True)).lower(
         q, k_pages, v_pages, table).as_text()
     assert "family = 90" in text, text[-2000:]
-    with pytest.raises(ValueError, match="pack_gqa=True runs on family='sm80'"):
-        jax_flash.attention(q, k, v, dataclasses.replace(jax_flash.config.SM90_CONFIGS[head_dim][0], pack_gqa=True))
+    q12 = jnp.concatenate([q, q[:, :, :4]], axis=2)  # 12 query heads over 2 kv heads: a group of 6
+    with pytest.raises(ValueError, match="packs groups of"):
+        jax_flash.attention(q12, k, v, dataclasses.replace(jax_flash.config.SM90_CONFIGS[head_dim][0], pack_gqa=True))
+
+
+@requires_hopper
+@pytest.mark.parametrize("head_dim,cfg", SM90_CASES, ids=SM90_IDS)
+@pytest.mark.parametrize("group,seq_q", [(2, 100), (4, 37), (8, 16), (32, 8), (64, 3)])
+def test_sm90_packed_gqa(head_dim, cfg, group, seq_q):
+    """Every shipped sm90 config packed (pack_gqa=True): causal with a window, softcap and both lengths (rows past
+    q_lengths, a tile's last position split across tiles), split and unsplit, contiguous and paged; the output and
+    lse equal the unpacked call's, and plain (unmasked) packed attention is right too."""
+    gpu = GPU_DEVICES[0]
+    heads_k = 2 if group < 32 else 1
+    q, k, v = random_qkv(group + seq_q + head_dim, 2, seq_q, 1000, group * heads_k, heads_k, head_dim, jnp.bfloat16,
+                         gpu)
+    kwargs = dict(causal=True, window=(600, -1), softcap=20.0, q_lengths=jnp.array([seq_q, seq_q // 2 + 1], jnp.int32),
+                  kv_lengths=jnp.array([1000, 555], jnp.int32))
+    _, lse_unpacked = jax_flash.attention(q, k, v, dataclasses.replace(cfg, pack_gqa=False), return_lse=True, **kwargs)
+    lse_unpacked = np.asarray(lse_unpacked)
+    finite = np.isfinite(lse_unpacked)
+    k_pages, v_pages, table = paged_cache(k, v, 64, seed=group)
+    for splits, paged in ((1, False), (3, False), (0, True)):
+        run = dataclasses.replace(cfg, num_splits=splits, pack_gqa=True)
+        pages = dict(page_table=table) if paged else {}
+        out, lse = jax_flash.attention(q, k_pages if paged else k, v_pages if paged else v, run, return_lse=True,
+                                       **pages, **kwargs)
+        assert_flash_close(out, q, k, v, **kwargs)
+        lse = np.asarray(lse)
+        np.testing.assert_array_equal(np.isneginf(lse), np.isneginf(lse_unpacked))
+        np.testing.assert_allclose(lse[finite], lse_unpacked[finite], atol=1e-3, rtol=0)
+    plain = jax_flash.attention(q, k, v, dataclasses.replace(cfg, pack_gqa=True))
+    assert_flash_close(plain, q, k, v)
+
+
+@requires_hopper
+def test_sm90_packs_mqa_decode_rows():
+    """cfg=None on Hopper lowers MQA with 8 rows per sequence (32 heads: 256 packed rows) to the sm90 family packed."""
+    q, k, v = random_qkv(2, 2, 8, 16384, 32, 1, 128, jnp.bfloat16, GPU_DEVICES[0])  # 16 MiB of K/V
+    text = jax.jit(lambda q, k, v: jax_flash.attention(q, k, v, causal=True)).lower(q, k, v).as_text()
+    assert "family = 90" in text and "pack_gqa = 1" in text, text[-2000:]
+    assert_flash_close(jax_flash.attention(q, k, v, causal=True), q, k, v, causal=True)
