@@ -97,10 +97,13 @@ ffi::Error attention_cuda_impl(cudaStream_t stream, ffi::ScratchAllocator scratc
 
   DeviceLimits limits;
   if (ffi::Error err = current_device_limits(limits); err.failure()) return err;
-  const bool tensors = params.q_segment_ids != nullptr || params.bias != nullptr || params.mask != nullptr;
-  if (key.family == 90 && tensors) {
-    return invalid("segment ids or a bias / mask tensor need a family='sm80' config (cfg=None picks one); " +
-                   describe(key) + " masks by positions only");
+  if (key.family == 90 && (params.bias != nullptr || params.mask != nullptr)) {
+    return invalid("a bias / mask tensor needs a family='sm80' config (cfg=None picks one); " + describe(key) +
+                   " masks by positions and segment ids only");
+  }
+  if (key.family == 90 && params.q_segment_ids != nullptr && params.pack_gqa > 1) {
+    return invalid("pack_gqa=True with segment ids needs a family='sm80' config; " + describe(key) +
+                   " packs calls without segment ids only");
   }
   if (key.family == 90 && params.pack_gqa > 1 && 64 % params.pack_gqa != 0) {
     return invalid("pack_gqa=True on " + describe(key) + " packs groups of 2, 4, 8, 16, 32 or 64 query heads per kv "
@@ -131,6 +134,16 @@ ffi::Error attention_cuda_impl(cudaStream_t stream, ffi::ScratchAllocator scratc
                                                                 " bytes of scratch memory for the segment id ranges");
     }
     params.kv_block_segments = static_cast<int*>(*ranges);
+    if (key.family == 90) {  // ... and the sm90 pre-pass's key blocks per query block (params.h, q_block_segments)
+      const size_t q_bytes = 4 * sizeof(int) * params.batch * ((params.seqlen_q + key.block_q - 1) / key.block_q);
+      std::optional<void*> q_ranges = q_bytes > 0 ? scratch.Allocate(q_bytes, kScratchAlignment) : std::nullopt;
+      if (q_bytes > 0 && !q_ranges.has_value()) {
+        return ffi::Error(ffi::ErrorCode::kResourceExhausted,
+                          "jax_flash: could not allocate " + std::to_string(q_bytes) +
+                              " bytes of scratch memory for the segment id ranges of the query blocks");
+      }
+      params.q_block_segments = q_bytes > 0 ? static_cast<int*>(*q_ranges) : nullptr;
+    }
   }
   if (params.mask != nullptr && params.pack_gqa == 1) {  // the mask pre-pass's flag per (query block, key block)
     const int64_t bytes = MaskBlockShape::of(params, key.block_q, key.block_kv).bytes();

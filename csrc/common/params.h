@@ -125,6 +125,11 @@ struct AttentionParams {
   // sm80 family with bias or mask tensors: nonzero orders the tiles batch before head (after the query block), so
   // the tiles that share a tensor broadcast over the batch run together and read it once through L2.
   int batch_inner;
+  // sm90 family with segment ids: per (batch, query block of the kernel's block_q rows), the key blocks
+  // [first, end) whose (min, max) kv id range meets the block's query ids and that range (q_min, q_max), as
+  // (first, end, q_min, q_max) in 4 ints (16-byte aligned), scratch the launcher's second pre-pass fills
+  // (common/segment_blocks.cuh). nullptr: none.
+  int* q_block_segments;
 };
 
 inline constexpr int kUnbounded = 1 << 30;  // a window side with no bound (|offsets| stay far from int overflow)

@@ -50,6 +50,61 @@ inline std::string launch_kv_block_segments(const AttentionParams& p, int block_
   return {};
 }
 
+// One warp per (batch row, query block of block_q rows): the query block's (min, max) q segment id, and the first and
+// last key block whose (min, max) kv range (the first pre-pass's) meets it, into p.q_block_segments as (first, last +
+// 1, q_min, q_max); (0, 0, ...) when none does. Segment ids that are sorted (documents packed one after another) make
+// the blocks in between exactly the ones to visit; unsorted ones visit a superset.
+static __global__ void q_block_segments_kernel(const AttentionParams p, int block_q, int block_kv, int q_blocks) {
+  const int64_t item = (int64_t{blockIdx.x} * blockDim.x + threadIdx.x) / 32;
+  const int lane = threadIdx.x % 32;
+  if (item >= int64_t{p.batch} * q_blocks) return;  // (whole warps: blockDim.x is a multiple of 32)
+  const int64_t b = item / q_blocks;
+  const int qb = static_cast<int>(item % q_blocks);
+  const int* q_ids = p.q_segment_ids + b * p.q_segment_stride;
+  int lo = INT_MAX, hi = INT_MIN;
+  for (int i = qb * block_q + lane; i < min(p.seqlen_q, (qb + 1) * block_q); i += 32) {
+    const int id = __ldg(q_ids + i);
+    lo = min(lo, id);
+    hi = max(hi, id);
+  }
+  for (int offset = 16; offset > 0; offset /= 2) {
+    lo = min(lo, __shfl_xor_sync(0xffffffffu, lo, offset));
+    hi = max(hi, __shfl_xor_sync(0xffffffffu, hi, offset));
+  }
+  const int key_blocks = segment_key_blocks(p, block_kv);
+  const int2* ranges = reinterpret_cast<const int2*>(p.kv_block_segments) + b * key_blocks;
+  int first = INT_MAX, last = -1;
+  for (int kb = lane; kb < key_blocks; kb += 32) {
+    const int2 range = __ldg(ranges + kb);
+    if (range.x <= hi && range.y >= lo) {
+      first = min(first, kb);
+      last = max(last, kb);
+    }
+  }
+  for (int offset = 16; offset > 0; offset /= 2) {
+    first = min(first, __shfl_xor_sync(0xffffffffu, first, offset));
+    last = max(last, __shfl_xor_sync(0xffffffffu, last, offset));
+  }
+  if (lane == 0) {
+    reinterpret_cast<int4*>(p.q_block_segments)[item] = last < 0 ? make_int4(0, 0, lo, hi)
+                                                                  : make_int4(first, last + 1, lo, hi);
+  }
+}
+
+// Launches the second pre-pass (after launch_kv_block_segments, on the same stream) when the call has scratch for it.
+inline std::string launch_q_block_segments(const AttentionParams& p, int block_q, int block_kv, cudaStream_t stream) {
+  if (p.q_block_segments == nullptr || p.kv_block_segments == nullptr || p.seqlen_q == 0) return {};
+  const int q_blocks = (p.seqlen_q + block_q - 1) / block_q;
+  const int64_t threads = int64_t{p.batch} * q_blocks * 32;
+  constexpr int kThreads = 256;
+  q_block_segments_kernel<<<static_cast<unsigned>((threads + kThreads - 1) / kThreads), kThreads, 0, stream>>>(
+      p, block_q, block_kv, q_blocks);
+  if (cudaError_t err = cudaGetLastError(); err != cudaSuccess) {
+    return cuda_failure("segment pre-pass (query blocks) launch", err);
+  }
+  return {};
+}
+
 // The key blocks of [begin, end) that a tile visits, in order. Without segment ids (or pre-pass) and mask flags
 // every block; with segment ids, the blocks whose (min, max) kv id range meets [q_min, q_max], the tile's query ids;
 // with mask flags (common/mask_blocks.cuh), the blocks whose mask tile holds a nonzero entry. Lane i of the warp

@@ -11,6 +11,7 @@
 #include <string>
 
 #include "common/launch_util.h"
+#include "common/segment_blocks.cuh"
 #include "common/split_combine.cuh"
 #include "sm90/api.h"
 #include "sm90/kernel.cuh"
@@ -78,6 +79,8 @@ std::string run_attention_sm90(const AttentionParams& params, cudaStream_t strea
     return "the sm90 family packs GQA groups of 2, 4, 8, 16, 32 or 64 query heads per kv head, got " +
            std::to_string(p.pack_gqa) + "; use pack_gqa=False or a family='sm80' config";
   }
+  const bool segments = p.q_segment_ids != nullptr;
+  if (segments && packed) return "the sm90 family does not pack GQA with segment ids; use pack_gqa=False";
   p.num_q_blocks = static_cast<int>((int64_t{p.seqlen_q} * p.pack_gqa + T::kBlockQ - 1) / T::kBlockQ);
   constexpr bool kBf16 = kKey.dtype == static_cast<int>(DType::kBFloat16);
   CUtensorMap map_q{}, map_k{}, map_v{}, map_o{};
@@ -110,10 +113,13 @@ std::string run_attention_sm90(const AttentionParams& params, cudaStream_t strea
                                        p.o_batch_stride, p.o_seq_stride, p.o_head_stride, 64);
   }
   if (!failure.empty()) return failure;
+  // Segment ids: each key block's (min, max) kv id, then each query block's key blocks to visit (segment_blocks.cuh)
+  if (std::string pre = launch_kv_block_segments(p, T::kBlockKV, stream); !pre.empty()) return pre;
+  if (std::string pre = launch_q_block_segments(p, T::kBlockQ, T::kBlockKV, stream); !pre.empty()) return pre;
   const bool mask_blocks = p.window_left < kUnbounded || p.window_right < kUnbounded || p.kv_lengths != nullptr ||
                            p.seqlen_k % T::kBlockKV != 0;
   const bool softcap = p.softcap > 0.0f;
-  if (p.num_splits > 1 || paged || packed) {
+  if (p.num_splits > 1 || paged || packed || p.q_block_segments != nullptr) {
     return softcap ? launch_sm90<T, true, true, true>(p, map_q, map_k, map_v, map_o, stream)
                    : launch_sm90<T, true, false, true>(p, map_q, map_k, map_v, map_o, stream);
   }

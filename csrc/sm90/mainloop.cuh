@@ -8,6 +8,7 @@
 #pragma once
 
 #include <cstdint>
+#include <type_traits>
 
 #include "common/mask_fragment.cuh"
 #include "common/params.h"
@@ -182,9 +183,47 @@ struct Mainloop {
                                                                   tile.q_rows_valid, warp_row0, lane, lo_off, hi_off,
                                                                   tile.len.kv_len);
       }
+      if (V::kSplitPaged && p.q_block_segments != nullptr) mask_segments<kKeys>(scores, j);
     }
     return softmax.template update_max<kKeys / 8>(acc_s, p.scale_log2, max_growth, alpha);
   }
+  // Segment ids: hides each score of key block j whose key's kv id differs from its row's q id, unless every query
+  // row of the tile and every key of the block carry one id (the pre-passes' ranges, common/segment_blocks.cuh:
+  // inside a document of sorted ids, most blocks). The ids come from global memory (L1): a row's two, then a lane's
+  // 2 x kKeys / 8 columns, compared into one bit per score in a loop of 4 loads in flight (all of them at once, fully
+  // unrolled, the variant spilled 270 more bytes; 8 at once, 60), the bits then applied.
+  template <int kKeys>
+  __device__ __forceinline__ void mask_segments(float (&scores)[1][kKeys / 8][4], int j) {
+    const int key_blocks = (p.seqlen_k + T::kBlockKV - 1) / T::kBlockKV;
+    const int64_t q_block = int64_t{tile.batch} * p.num_q_blocks + tile.row0 / T::kBlockQ;
+    const int4 tile_ids = reinterpret_cast<const int4*>(p.q_block_segments)[q_block];
+    const int2 block_ids =
+        reinterpret_cast<const int2*>(p.kv_block_segments)[int64_t{tile.batch} * key_blocks + j];
+    if (tile_ids.z == tile_ids.w && block_ids.x == tile_ids.z && block_ids.y == tile_ids.z) return;
+    const int* q_ids = p.q_segment_ids + tile.batch * p.q_segment_stride;
+    const int* kv_ids = p.kv_segment_ids + tile.batch * p.kv_segment_stride;
+    const int row = tile.row0 + warp_row0 + lane / 4;
+    const int row_id0 = row < p.seqlen_q ? __ldg(q_ids + row) : 0;  // (rows past seqlen_q are never stored)
+    const int row_id1 = row + 8 < p.seqlen_q ? __ldg(q_ids + row + 8) : 0;
+    using Bits = std::conditional_t<(kKeys / 4 > 32), uint64_t, uint32_t>;  // a bit per column of this lane
+    Bits hide0 = 0, hide1 = 0;  // bit 2n + c: column col0 + 8n + c hidden from row lane / 4 (+ 8)
+    const int col0 = j * T::kBlockKV + 2 * (lane % 4);
+#pragma unroll 4
+    for (int i = 0; i < kKeys / 4; ++i) {
+      const int col = col0 + 8 * (i / 2) + i % 2;
+      const int id = col < p.seqlen_k ? __ldg(kv_ids + col) : 0;  // (keys past seqlen_k: masked already)
+      hide0 |= static_cast<Bits>(id != row_id0) << i;
+      hide1 |= static_cast<Bits>(id != row_id1) << i;
+    }
+#pragma unroll
+    for (int n = 0; n < kKeys / 8; ++n)
+#pragma unroll
+      for (int c = 0; c < 2; ++c) {  // element 2h + c of tile n: row lane / 4 + 8h, column col0 + 8n + c
+        if ((hide0 >> (2 * n + c)) & 1) scores[0][n][c] = -INFINITY;
+        if ((hide1 >> (2 * n + c)) & 1) scores[0][n][2 + c] = -INFINITY;
+      }
+  }
+
   // P = exp2(...) in place, inside the exponentials' turn (V::kExpTurns)
   template <int kKeys = T::kBlockKV>
   __device__ __forceinline__ void exponentiate_in_turn() {

@@ -40,8 +40,8 @@ struct TileSlot {
 };
 
 // Index: the tile numbers' type, int64_t, or int where the launcher has checked that they fit (T::kTileIndex32).
-// kSplit: the kernel variant splits key ranges and packs GQA (p.num_splits > 1 and p.pack_gqa > 1 only there);
-// `split`: the tile's range (0 unsplit).
+// kSplit: the kernel variant splits key ranges, packs GQA and takes segment ids (p.num_splits > 1, p.pack_gqa > 1
+// and p.q_block_segments only there); `split`: the tile's range (0 unsplit).
 template <class T, class Index, bool kSplit>
 __device__ __forceinline__ TileWork tile_work(const AttentionParams& p, Index tile, int& split) {
   TileWork w;
@@ -86,6 +86,12 @@ __device__ __forceinline__ TileWork tile_work(const AttentionParams& p, Index ti
                                             (w.row0 + w.q_rows_valid + pack - 1) >> pack_shift);
   w.block_begin = keys.begin / T::kBlockKV;
   w.block_end = (keys.end + T::kBlockKV - 1) / T::kBlockKV;
+  if (kSplit && p.q_block_segments != nullptr) {  // segment ids: the key blocks whose ids can meet the tile's
+    const int4 segments =
+        reinterpret_cast<const int4*>(p.q_block_segments)[static_cast<int64_t>(w.batch) * p.num_q_blocks + q_block];
+    w.block_begin = max(w.block_begin, segments.x);
+    w.block_end = max(w.block_begin, min(w.block_end, segments.y));
+  }
   if (kSplit && p.num_splits > 1) {
     const BlockRange range = split_blocks(w.block_begin, w.block_end, split, p.num_splits);
     w.block_begin = range.begin;
@@ -117,7 +123,8 @@ void plan_tile_order(AttentionParams& p, int64_t l2_bytes) {
   // valid one would overwrite block 1's rows).
   p.q_block_shift = 0;
   if (T::kEndAlignedQueryBlocks && p.window_right < kUnbounded && p.seqlen_q >= T::kEndAlignedMinRows &&
-      p.pack_gqa == 1) {  // (packed tiles start at multiples of the group)
+      p.pack_gqa == 1 && p.q_block_segments == nullptr) {  // (packed tiles start at multiples of the group; the
+                                                             // segment pre-pass takes plain query blocks)
     p.q_block_shift = (p.num_q_blocks * T::kBlockQ - p.seqlen_q) / 64 * 64;
   }
 }
