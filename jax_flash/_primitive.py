@@ -135,6 +135,11 @@ def has_tensors(params) -> bool:
     return params["segments"] or params["has_bias"] or params["has_mask"]
 
 
+def has_bias_or_mask(params) -> bool:
+    """Whether the call has a bias or mask tensor (the sm90 family takes segment ids, not these)."""
+    return params["has_bias"] or params["has_mask"]
+
+
 def xla_fallback_warning(what: str) -> None:
     _warn_once("xla on gpu", f"jax_flash: the deterministic GPU backward does not take segment ids or bias / mask "
                              f"tensors; {what} runs an XLA implementation (O(Sq x Sk) memory) on the GPU. The "
@@ -168,7 +173,7 @@ def _lower_cuda(ctx, *args, cfg, **params):
     shape = CallShape(seq_q=q_aval.shape[1] if _static_dims(q_aval) else None,
                       seq_k=seq_k if isinstance(seq_k, int) else 0,
                       group=q_aval.shape[2] // heads_k if heads_k else 1,
-                      tensors=has_tensors(params),
+                      tensors=has_bias_or_mask(params), segments=params["segments"],
                       kv_bytes=2 * batch * seq_k * heads_k * head_dim * q_aval.dtype.itemsize
                       if isinstance(batch, int) and isinstance(seq_k, int) else 0)
     cfg = resolve_gpu_config(cfg, q_aval.dtype, q_aval.shape[3], tuned, right_bounded, shape)

@@ -63,7 +63,8 @@ class CallShape:
     seq_q: int | None = None
     seq_k: int = 0
     group: int = 1
-    tensors: bool = False
+    tensors: bool = False  # a bias or mask tensor
+    segments: bool = False  # segment ids
     kv_bytes: int = 0  # K and V bytes the call reads (logical, paged or not); 0: not known (symbolic shapes)
 
 
@@ -98,15 +99,18 @@ def resolve_cpu_pack(cfg: KernelConfig, seq_q: int | None, group: int, block_q: 
                                and seq_q * group <= _MAX_ROWS)
 
 
-def decode_gpu_config(head_dim: int, shape: CallShape, compiled: list[KernelConfig]) -> KernelConfig | None:
+def decode_gpu_config(head_dim: int, shape: CallShape, compiled: list[KernelConfig],
+                      arch: int = 80) -> KernelConfig | None:
     """The sm80 family's tile for a decode-shaped or packed call (cfg=None); None for other calls. Rows per kv
     head: seq_q x group packed, else seq_q. At most 16: the one-warp decode tile; at most 64: the four-warp one; more,
     where packing fills 128-row tiles better than one head's rows do (MQA with a few rows per sequence), or with
-    segment ids or bias / mask tensors: the tuned prefill tile (on sm_90, sm90_packed_config comes first). Paged
+    bias / mask tensors (and segment ids below sm_90): the tuned prefill tile (on sm_90, sm90_packed_config comes
+    first, and segment ids take the default path). Paged
     calls of more rows take the default path, like contiguous ones (chunked prefill over 64-key pages on an H100: the
     sm90 family 1.3-1.7x faster than the tuned sm80 tile at head dims 64, 128 and 256)."""
+    sm80_only = shape.tensors or (shape.segments and arch != 90)  # what the sm90 family does not take
     if shape.seq_q is None:
-        if not shape.tensors:
+        if not sm80_only:
             return None
         choice = next((c for c in TUNED_CONFIGS.get(head_dim, ()) if c in compiled), None)
         return dataclasses.replace(choice, pack_gqa=False) if choice is not None else None
@@ -117,7 +121,7 @@ def decode_gpu_config(head_dim: int, shape: CallShape, compiled: list[KernelConf
         choice = min(candidates, key=lambda c: c.block_q) if candidates else None
         if choice is not None:
             return dataclasses.replace(choice, pack_gqa=shape.group > 1)
-    if not (packs_better or shape.tensors):
+    if not (packs_better or sm80_only):
         return None
     choice = next((c for c in TUNED_CONFIGS.get(head_dim, ()) if c in compiled), None)
     if choice is None:
@@ -132,7 +136,9 @@ def sm90_packed_config(arch: int, dtype: str, head_dim: int, shape: CallShape, c
     None for other calls. The tile: the first SM90_CONFIGS entry (128 rows, pingpong) with or without a right bound;
     packed MQA on an H100 ran 1.0-1.2x faster on it than on the 192-row tile (head dim 64) or without pingpong (head
     dim 128, causal). The measurements: docs/PERFORMANCE.md (packed GQA on the sm90 family)."""
-    if arch != 90 or shape.tensors or shape.seq_q is None or shape.group not in SM90_PACK_GROUPS[1:]:
+    if arch != 90 or shape.tensors or shape.segments or shape.seq_q is None:
+        return None
+    if shape.group not in SM90_PACK_GROUPS[1:]:
         return None
     if shape.seq_q * shape.group <= 64 or not should_pack_gqa(shape.seq_q, shape.group, 128):
         return None
@@ -190,7 +196,7 @@ def resolve_gpu_config(cfg: KernelConfig | None, dtype, head_dim: int, tuned: Ke
                          f"Use a family='sm80' config or cfg=None")
     if cfg is None:
         decode = (sm90_packed_config(arch, dtype_name, head_dim, shape, compiled, right_bounded)
-                  or decode_gpu_config(head_dim, shape, compiled))
+                  or decode_gpu_config(head_dim, shape, compiled, arch))
         if decode is not None:
             return decode
         if tuned is not None and tuned.kernel() in compiled:  # the autotune cache first, then the table
@@ -204,14 +210,17 @@ def resolve_gpu_config(cfg: KernelConfig | None, dtype, head_dim: int, tuned: Ke
                          f"tuning space; num_splits and pack_gqa are chosen per call and need no build)")
     if cfg.family == "sm90":
         if shape.tensors:
-            raise ValueError(f"cfg={cfg!r}: segment ids and bias / mask tensors run on family='sm80' configs "
-                             f"(cfg=None picks one); the sm90 family masks by positions only")
+            raise ValueError(f"cfg={cfg!r}: bias / mask tensors run on family='sm80' configs (cfg=None picks one); "
+                             f"the sm90 family masks by positions and segment ids only")
+        if shape.segments and cfg.pack_gqa and shape.group > 1:
+            raise ValueError(f"cfg={cfg!r}: pack_gqa=True with segment ids runs on family='sm80' configs; the sm90 "
+                             f"family packs calls without segment ids only")
         if cfg.pack_gqa and shape.group not in SM90_PACK_GROUPS:
             raise ValueError(f"cfg={cfg!r}: the sm90 family packs groups of {SM90_PACK_GROUPS[1:]} query heads per kv "
                              f"head; this call has {shape.group} (use pack_gqa=False or a family='sm80' config)")
         if cfg.pack_gqa is None:
-            return dataclasses.replace(cfg, pack_gqa=shape.group in SM90_PACK_GROUPS[1:] and should_pack_gqa(
-                shape.seq_q, shape.group, cfg.block_q))
+            return dataclasses.replace(cfg, pack_gqa=shape.group in SM90_PACK_GROUPS[1:] and not shape.segments
+                                       and should_pack_gqa(shape.seq_q, shape.group, cfg.block_q))
     if cfg.pack_gqa is None:
         return dataclasses.replace(cfg, pack_gqa=should_pack_gqa(shape.seq_q, shape.group, cfg.block_q))
     if cfg.pack_gqa and shape.seq_q is not None and shape.seq_q * shape.group > _MAX_ROWS:

@@ -328,7 +328,8 @@ def test_sm90_packed_routing():
     choice = selection.sm90_packed_config(90, "bfloat16", 128, mqa, compiled, True)
     assert choice == dataclasses.replace(config.SM90_CONFIGS[128][0], pack_gqa=True)
     assert selection.sm90_packed_config(80, "bfloat16", 128, mqa, compiled, True) is None
-    for shape in (dataclasses.replace(mqa, tensors=True), dataclasses.replace(mqa, seq_q=1),  # tensors; 32 rows
+    for shape in (dataclasses.replace(mqa, tensors=True), dataclasses.replace(mqa, segments=True),
+                  dataclasses.replace(mqa, seq_q=1),  # 32 rows
                   dataclasses.replace(mqa, group=12), dataclasses.replace(mqa, seq_q=512, group=4),  # 12; full tiles
                   dataclasses.replace(mqa, seq_q=None), dataclasses.replace(mqa, kv_bytes=2**24 - 1)):
         assert selection.sm90_packed_config(90, "bfloat16", 128, shape, compiled, True) is None, shape

@@ -1,9 +1,11 @@
 """Segment ids (packed sequences): q_segment_ids / kv_segment_ids against attention_reference's segment mask, alone and
 with every other mask, their gradients, vmap, sharding, and clear errors. CPU always; on a GPU the same checks run
-(the sm80 family's kernels, forward and backward)."""
+(cfg=None: the sm90 family's forward on Hopper, else the sm80 family's; the sm80 family's backward), and every
+shipped sm90 config on Hopper."""
 
 from __future__ import annotations
 
+import dataclasses
 import warnings
 
 import jax
@@ -15,6 +17,7 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 import jax_flash
 from conftest import assert_flash_close, attention_calls, random_qkv
 from test_backward import assert_grads_close
+from test_decode import SM90_CASES, SM90_IDS, requires_hopper
 
 
 def packed_ids(seed, batch, seq, mean_length):
@@ -52,8 +55,8 @@ def test_segment_layouts(device, layout, causal):
     np.testing.assert_array_equal(np.isneginf(np.asarray(lse)), np.isneginf(ref_lse))
     finite = np.isfinite(ref_lse)
     np.testing.assert_allclose(np.asarray(lse)[finite], ref_lse[finite], atol=2e-2, rtol=0)
-    # One segment per row is the call without segments, bit for bit on CPU (on a GPU the call with segments runs an
-    # sm80-family tile, the one without may run the sm90 family: equal within the tolerance above).
+    # One segment per row is the call without segments, bit for bit on CPU (on a GPU the call with segments may run
+    # another kernel variant: equal within the tolerance above).
     if layout == "one_segment" and device.platform == "cpu":
         plain = jax_flash.attention(q, k, v, causal=causal)
         np.testing.assert_array_equal(np.asarray(out.astype(jnp.float32)), np.asarray(plain.astype(jnp.float32)))
@@ -173,8 +176,8 @@ def test_segment_id_errors():
 @pytest.mark.skipif(not jax_flash.native.BUILT_WITH_CUDA, reason="module built without CUDA")
 def test_cuda_lowering_with_and_without_segment_ids():
     """Lowered for a GPU: the forward and the backward are our custom calls with the segment ids among their operands,
-    the forward on an sm80-family config (the sm90 family masks by positions only); deterministic=True's backward is
-    XLA's, after a warning (the deterministic kernels do not take segment ids)."""
+    the forward of 64 rows on the sm80 family's decode tile; deterministic=True's backward is XLA's, after a warning
+    (the deterministic kernels do not take segment ids)."""
     q, k, v = random_qkv(2, 1, 64, 64, 2, 2, 64, jnp.float16)
     ids = packed_ids(2, 1, 64, 16)
 
@@ -209,3 +212,48 @@ def test_segments_with_a_paged_cache(device):
     out = jax.jit(lambda q, kp, vp, t: jax_flash.attention(q, kp, vp, page_table=t, **kwargs))(
         q, k_pages, v_pages, table)
     assert_flash_close(out, q, k, v, **kwargs)
+
+
+@requires_hopper
+@pytest.mark.parametrize("head_dim,cfg", SM90_CASES, ids=SM90_IDS)
+@pytest.mark.parametrize("layout", ["random", "unsorted"])
+def test_sm90_segments(head_dim, cfg, layout):
+    """Every shipped sm90 config with segment ids (documents of about 150 tokens, or unsorted ids), causal with a
+    window, softcap and both lengths, split and unsplit, contiguous and paged: against the reference (out and lse);
+    and a bias with segment ids is a clear error there."""
+    from test_decode import paged_cache
+
+    gpu = jax.devices("gpu")[0]
+    q, k, v = random_qkv(head_dim, 2, 700, 700, 4, 2, head_dim, jnp.bfloat16, gpu)
+    ids = packed_ids(head_dim, 2, 700, 150) if layout == "random" else LAYOUTS["unsorted"](2, 700)
+    kwargs = dict(causal=True, window=(400, -1), softcap=20.0, q_lengths=jnp.array([700, 500], jnp.int32),
+                  kv_lengths=jnp.array([700, 650], jnp.int32), **_both(ids))
+    _, ref_lse = jax_flash.attention_reference(q, k, v, return_lse=True, **kwargs)
+    ref_lse = np.asarray(ref_lse)
+    k_pages, v_pages, table = paged_cache(k, v, 64, seed=head_dim)
+    logical = table.shape[1] * 64  # the paged call's key length: the ids padded to whole pages
+    paged_kwargs = dict(kwargs, page_table=table, kv_segment_ids=jnp.pad(ids, ((0, 0), (0, logical - 700)),
+                                                                        constant_values=-1))
+    for splits, paged in ((1, False), (3, False), (0, True)):
+        run = dataclasses.replace(cfg, num_splits=splits)
+        out, lse = jax_flash.attention(q, k_pages if paged else k, v_pages if paged else v, run, return_lse=True,
+                                       **(paged_kwargs if paged else kwargs))
+        assert_flash_close(out, q, k, v, **kwargs)
+        lse = np.asarray(lse)
+        np.testing.assert_array_equal(np.isneginf(lse), np.isneginf(ref_lse))
+        finite = np.isfinite(ref_lse)
+        np.testing.assert_allclose(lse[finite], ref_lse[finite], atol=2e-2, rtol=0)
+    plain = jax_flash.attention(q, k, v, cfg, **_both(ids))
+    assert_flash_close(plain, q, k, v, **_both(ids))
+    with pytest.raises(ValueError, match="bias / mask tensors run on family='sm80'"):
+        jax_flash.attention(q, k, v, cfg, bias=jnp.zeros((1, 1, 700, 700), jnp.float32))
+
+
+@requires_hopper
+def test_sm90_takes_segment_ids():
+    """cfg=None on Hopper lowers a prefill-sized call with segment ids to the sm90 family."""
+    q, k, v = random_qkv(4, 1, 1024, 1024, 4, 4, 128, jnp.bfloat16, jax.devices("gpu")[0])
+    ids = packed_ids(4, 1, 1024, 200)
+    text = jax.jit(lambda q, k, v, ids: jax_flash.attention(q, k, v, causal=True, **_both(ids))).lower(
+        q, k, v, ids).as_text()
+    assert "family = 90" in text, text[-2000:]
