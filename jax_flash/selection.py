@@ -3,10 +3,11 @@ mask on Hopper, the decode tiles, packed GQA, and the checks that turn an imposs
 
 Rule (cfg=None): a decode-shaped call (at most 64 rows per kv head once the group's query heads are packed) runs
 the sm80 family's decode tiles on every GPU; a call of more rows that fills 128-row tiles better packed runs the sm90
-family packed on sm_90 (groups dividing 64, 16 MiB of K/V or more), else the sm80 family's tuned tile; otherwise the
-autotune cache's entry for the call if it is compiled; on sm_90 the SM90_BY_SHAPE entry for (head dim, right bound); else DEFAULTS for (arch, dtype,
-head dim), falling back to the nearest older architecture in the table; else the first compiled config for (dtype,
-head dim) in registry order. pack_gqa=None becomes should_pack_gqa's answer for the chosen tile. On CPU cfg=None uses
+family packed on sm_90 (groups dividing 64, 16 MiB of K/V or more), else the sm80 family's tuned tile; a call with a
+bias or mask tensor (or segment ids below sm_90) the sm80 family's tuned tile; otherwise the autotune cache's entry
+for the call if it is compiled; on sm_90 the SM90_BY_SHAPE entry for (head dim, right bound); else DEFAULTS for
+(arch, dtype, head dim), falling back to the nearest older architecture in the table; else the first compiled config
+for (dtype, head dim) in registry order. pack_gqa=None becomes should_pack_gqa's answer for the chosen tile. On CPU cfg=None uses
 the CPU path's own tiles, CPU_TILES; a given cfg's block_q and block_kv are the CPU tiles. The measurements behind
 each entry: docs/PERFORMANCE.md.
 """

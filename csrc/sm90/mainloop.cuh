@@ -189,9 +189,11 @@ struct Mainloop {
   }
   // Segment ids: hides each score of key block j whose key's kv id differs from its row's q id, unless every query
   // row of the tile and every key of the block carry one id (the pre-passes' ranges, common/segment_blocks.cuh:
-  // inside a document of sorted ids, most blocks). The ids come from global memory (L1): a row's two, then a lane's
-  // 2 x kKeys / 8 columns, compared into one bit per score in a loop of 4 loads in flight (all of them at once, fully
-  // unrolled, the variant spilled 270 more bytes; 8 at once, 60), the bits then applied.
+  // inside a document of sorted ids, most blocks). The ids come from global memory (L1): a lane's two rows', which
+  // decide a block of one id whole (a tile across a document boundary, over one document's keys); only a block
+  // across a boundary takes the lane's 2 x kKeys / 8 columns, compared into one bit per score in a loop of 4 loads
+  // in flight (all of them at once, fully unrolled, the variant spilled 270 more bytes; 8 at once, 60), the bits
+  // then applied.
   template <int kKeys>
   __device__ __forceinline__ void mask_segments(float (&scores)[1][kKeys / 8][4], int j) {
     const int key_blocks = (p.seqlen_k + T::kBlockKV - 1) / T::kBlockKV;
@@ -201,10 +203,20 @@ struct Mainloop {
         reinterpret_cast<const int2*>(p.kv_block_segments)[int64_t{tile.batch} * key_blocks + j];
     if (tile_ids.z == tile_ids.w && block_ids.x == tile_ids.z && block_ids.y == tile_ids.z) return;
     const int* q_ids = p.q_segment_ids + tile.batch * p.q_segment_stride;
-    const int* kv_ids = p.kv_segment_ids + tile.batch * p.kv_segment_stride;
     const int row = tile.row0 + warp_row0 + lane / 4;
     const int row_id0 = row < p.seqlen_q ? __ldg(q_ids + row) : 0;  // (rows past seqlen_q are never stored)
     const int row_id1 = row + 8 < p.seqlen_q ? __ldg(q_ids + row + 8) : 0;
+    if (block_ids.x == block_ids.y) {  // every key of the block carries one id: a row sees all of it or none
+#pragma unroll
+      for (int n = 0; n < kKeys / 8; ++n)
+#pragma unroll
+        for (int c = 0; c < 2; ++c) {
+          if (row_id0 != block_ids.x) scores[0][n][c] = -INFINITY;
+          if (row_id1 != block_ids.x) scores[0][n][2 + c] = -INFINITY;
+        }
+      return;
+    }
+    const int* kv_ids = p.kv_segment_ids + tile.batch * p.kv_segment_stride;
     using Bits = std::conditional_t<(kKeys / 4 > 32), uint64_t, uint32_t>;  // a bit per column of this lane
     Bits hide0 = 0, hide1 = 0;  // bit 2n + c: column col0 + 8n + c hidden from row lane / 4 (+ 8)
     const int col0 = j * T::kBlockKV + 2 * (lane % 4);
