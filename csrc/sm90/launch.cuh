@@ -72,6 +72,12 @@ template <KernelKey kKey>
 std::string run_attention_sm90(const AttentionParams& params, cudaStream_t stream) {
   using T = Traits<kKey>;
   AttentionParams p = params;
+  // Softcap: the kernels keep tanh(s * scale / softcap) as the scores and the factor softcap in the softmax's scale
+  // (mainloop.cuh, softcap_tanh), so the lse comes out as scale * max + log(sum) as without it.
+  if (p.softcap > 0.0f) {
+    p.scale = p.softcap;
+    p.scale_log2 = p.softcap * 1.4426950408889634f;  // log2(e)
+  }
   // Packed GQA: tiles of kBlockQ rows = kBlockQ / group positions of the group's heads, Q and O through 5-D maps
   // (tensor_map.h), each consumer's 64 rows a whole number of positions: the group divides 64.
   const bool packed = p.pack_gqa > 1;

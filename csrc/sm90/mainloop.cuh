@@ -32,14 +32,15 @@ struct ConsumerTile {
   BatchLengths len;
 };
 
-// softcap * tanh(s * scale / softcap) as softcap - 2 softcap / (1 + 2^(s * exp2_scale)), exp2_scale = 2 log2(e) *
-// scale / softcap: two MUFU operations (ex2, rcp) and three FMA-pipe ones instead of tanhf's branchy polynomial, whose
-// temporaries made the wide-block variants spill. Absolute error ~1e-7 * softcap (the form loses relative accuracy
-// only where tanh is near 0, i.e. where the score is near 0 anyway); +-inf exponentials give +-softcap exactly.
-__device__ __forceinline__ float softcap_score(float s, float softcap, float exp2_scale) {
-  float r;
-  asm("rcp.approx.ftz.f32 %0, %1;" : "=f"(r) : "f"(1.0f + exp2_approx(s * exp2_scale)));
-  return fmaf(-2.0f * softcap, r, softcap);
+// The soft-capped score softcap * tanh(s * scale / softcap) without its factor softcap, which the softmax takes in
+// its scale instead (the launcher sets scale = softcap, scale_log2 = softcap log2(e): launch.cuh): one MUFU operation
+// (tanh.approx.f32, relative error about 2^-11, below bf16's rounding of P) and one FMUL per score, beside the
+// exponential's MUFU. As softcap - 2 softcap / (1 + 2^(2 log2(e) s scale / softcap)) (two MUFU operations and three
+// FMA-pipe ones) head dim 128 ran at 0.64-0.74x the speed without softcap (H100), the MUFU pipe the bound.
+__device__ __forceinline__ float softcap_tanh(float s, float scale_over_softcap) {
+  float t;
+  asm("tanh.approx.f32 %0, %1;" : "=f"(t) : "f"(s * scale_over_softcap));
+  return t;
 }
 
 // One consumer's registers that live across tiles (a local of the consumer role, which the epilogue and the split
@@ -92,7 +93,6 @@ struct Mainloop {
   int lo_off, hi_off;       // key j is visible to row i when i + lo_off <= j <= i + hi_off, j < kv_len
   int my_end;               // this consumer's key blocks end here (V::kTrimTail), else the tile's
   bool half_last;           // V::kHalfLast: its last key block is computed at half width
-  float softcap_exp2_scale;
 
   __device__ __forceinline__ Mainloop(const AttentionParams& p_, SmemView<T> s_, int consumer_, int warp_in_wg_,
                                       int lane_, Tracer& trace_, ConsumerRegisters<T, V>& r)
@@ -162,11 +162,11 @@ struct Mainloop {
   // softcap, mask and the running max of S_j; sets alpha for the O rescale and returns whether it is needed
   template <int kKeys = T::kBlockKV>
   __device__ __forceinline__ bool scores_to_max(int j) {
-    if constexpr (V::kHasSoftcap) {  // S = softcap * tanh(S * scale / softcap); the softmax then runs with scale 1
+    if constexpr (V::kHasSoftcap) {  // S = tanh(S * scale / softcap); the softmax's scale holds the factor softcap
 #pragma unroll
       for (int n = 0; n < kKeys / 8; ++n)
 #pragma unroll
-        for (int e = 0; e < 4; ++e) acc_s[0][n][e] = softcap_score(acc_s[0][n][e], p.softcap, softcap_exp2_scale);
+        for (int e = 0; e < 4; ++e) acc_s[0][n][e] = softcap_tanh(acc_s[0][n][e], p.softcap_scale);
     }
     if constexpr (V::kMaskBlocks) {
       auto& scores = *reinterpret_cast<float(*)[1][kKeys / 8][4]>(&acc_s[0][0][0]);
@@ -412,7 +412,6 @@ struct Mainloop {
       p_desc0 = smem_descriptor(sP_addr, 16, 1024);
       st_base = sP_addr + st_row * T::kRowBytes;
     }
-    softcap_exp2_scale = p.softcap_scale * 2.0f * 1.4426950408889634f;  // 2 log2(e) * scale / softcap
   }
 
   // No intra-warpgroup overlap (cuDNN's schedule). Per key block: S_j = Q K_j^T waited for at once, its row max,
