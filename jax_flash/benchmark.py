@@ -65,11 +65,14 @@ def _other_families(dtype, head_dim: int) -> dict:
 
 
 def _implementations(platform: str, dtype, head_dim: int, configs: str, causal: bool, family: str = "all",
-                     pass_: str = "forward"):
-    """name -> fn(q, k, v) for everything that can run here (`family` filters `configs="compiled"`)."""
+                     pass_: str = "forward", softcap: float | None = None):
+    """name -> fn(q, k, v) for everything that can run here (`family` filters `configs="compiled"`; `softcap` adds
+    jax_flash with it beside the same call without, which the other columns compute)."""
     impls = {}
     if configs == "default":
         impls["jax_flash"] = lambda q, k, v: jax_flash.attention(q, k, v, causal=causal)
+        if softcap:
+            impls["jax_flash_softcap"] = lambda q, k, v: jax_flash.attention(q, k, v, causal=causal, softcap=softcap)
         if platform == "gpu" and pass_ != "forward":  # the backward's other variant: dQ without float atomics
             impls["jax_flash_deterministic"] = lambda q, k, v: jax_flash.attention(q, k, v, causal=causal,
                                                                                  deterministic=True)
@@ -170,7 +173,7 @@ def run(args) -> list[dict]:
               file=sys.stderr, flush=True)
         results = {}
         impls = {name: fn for name, fn in _implementations(platform, dtype, head_dim, args.configs, causal,
-                                                              args.family, args.pass_).items()
+                                                              args.family, args.pass_, args.softcap).items()
                  # (XLA materialises (S, S) scores: too slow and too large at long sequences)
                  if not (name == "xla" and seq > args.xla_max_seq)}
         timed = {}
@@ -315,6 +318,9 @@ def main(argv=None) -> int:
                              "its own (jax_flash.timing.time_interleaved_ms; the default and the README tables' "
                              "method), or all repetitions of one implementation, then the next")
     parser.add_argument("--xla-max-seq", type=int, default=4096 if on_gpu else 8192)
+    parser.add_argument("--softcap", type=float, default=None,
+                        help="also time jax_flash with this softcap (column jax_flash_softcap) beside the call "
+                             "without it; the other columns have none (jax.nn takes no softcap)")
     parser.add_argument("--json", help="write the rows as JSON here")
     parser.add_argument("--plot", help="write a PNG of TFLOP/s against sequence length here")
     args = parser.parse_args(argv)
