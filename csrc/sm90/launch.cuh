@@ -85,6 +85,10 @@ std::string run_attention_sm90(const AttentionParams& params, cudaStream_t strea
     return "the sm90 family packs GQA groups of 2, 4, 8, 16, 32 or 64 query heads per kv head, got " +
            std::to_string(p.pack_gqa) + "; use pack_gqa=False or a family='sm80' config";
   }
+  if (packed && int64_t{p.seqlen_q} * p.pack_gqa > INT_MAX) {  // (the kernels number a unit's rows in 32 bits)
+    return "pack_gqa=True packs seqlen_q x group = " + std::to_string(int64_t{p.seqlen_q} * p.pack_gqa) +
+           " rows per kv head, more than 2^31 - 1; use pack_gqa=False";
+  }
   const bool segments = p.q_segment_ids != nullptr;
   if (segments && packed) return "the sm90 family does not pack GQA with segment ids; use pack_gqa=False";
   p.num_q_blocks = static_cast<int>((int64_t{p.seqlen_q} * p.pack_gqa + T::kBlockQ - 1) / T::kBlockQ);
