@@ -57,15 +57,15 @@ def attention(q, k, v, cfg: KernelConfig | None = None, *, causal: bool = False,
       q_segment_ids, kv_segment_ids: int32 (batch, seq_q) and (batch, seq_k), given together (traced): packed
         sequences. Query i sees key j only when q_segment_ids[b, i] == kv_segment_ids[b, j], on top of every other
         mask; causal and window keep measuring positions in the row. Ids need not be sorted or contiguous. Key
-        tiles whose ids cannot meet a query tile's are skipped (CPU; GPUs run an XLA implementation for now).
+        tiles whose ids cannot meet a query tile's are skipped (the CPU path and both GPU families).
       return_lse: also return the float32 (batch, heads_q, seq_q) natural log-sum-exp of the scaled scores.
       deterministic: the GPU backward adds each query block's dQ shares in key-block order instead of with float
         atomics, so gradients repeat bit for bit (slower; the CPU backward always does). Static.
       bias, mask: rank-4 tensors broadcastable to (batch, heads_q, seq_q, seq_k) (each dimension full or 1, as
         jax.nn.dot_product_attention takes them; traced). The bias (any float dtype, used in float32) is added to the
         scaled, soft-capped scores; a False (zero) mask entry hides the key, on top of every other mask. Broadcast
-        dimensions are never materialised; the CPU path skips key tiles the mask hides entirely (GPUs run an XLA
-        implementation for now). The bias gets a gradient (computed by XLA, O(Sq x Sk) per batch row and head).
+        dimensions are never materialised; key tiles the mask hides entirely are skipped (the CPU path and the sm80
+        family, which runs these calls on every GPU). The bias gets a gradient (computed by XLA, O(Sq x Sk) per batch row and head).
 
     Returns:
       out (batch, seq_q, heads_q, head_dim) in q's dtype, or (out, lse) with return_lse. A row that sees no key
