@@ -2,6 +2,7 @@
 // the stream XLA provides. Every failure comes back as an ffi::Error whose message reaches Python intact.
 #include <cuda_runtime_api.h>
 
+#include <algorithm>
 #include <array>
 #include <atomic>
 #include <optional>
@@ -97,9 +98,9 @@ ffi::Error attention_cuda_impl(cudaStream_t stream, ffi::ScratchAllocator scratc
 
   DeviceLimits limits;
   if (ffi::Error err = current_device_limits(limits); err.failure()) return err;
-  if (key.family == 90 && (params.bias != nullptr || params.mask != nullptr)) {
-    return invalid("a bias / mask tensor needs a family='sm80' config (cfg=None picks one); " + describe(key) +
-                   " masks by positions and segment ids only");
+  if (key.family == 90 && (params.bias != nullptr || params.mask != nullptr) && params.pack_gqa > 1) {
+    return invalid("pack_gqa=True with bias / mask tensors needs a family='sm80' config; " + describe(key) +
+                   " packs calls without tensors only");
   }
   if (key.family == 90 && params.q_segment_ids != nullptr && params.pack_gqa > 1) {
     return invalid("pack_gqa=True with segment ids needs a family='sm80' config; " + describe(key) +
@@ -146,13 +147,21 @@ ffi::Error attention_cuda_impl(cudaStream_t stream, ffi::ScratchAllocator scratc
     }
   }
   if (params.mask != nullptr && params.pack_gqa == 1) {  // the mask pre-pass's flag per (query block, key block)
-    const int64_t bytes = MaskBlockShape::of(params, key.block_q, key.block_kv).bytes();
+    const MaskBlockShape shape = MaskBlockShape::of(params, key.block_q, key.block_kv);
+    const int64_t bytes = shape.bytes();
+    // sm80: whether each mask tile holds a nonzero entry; sm90: whether it holds a zero one, and each query block's
+    // range of key blocks (common/params.h)
+    const int64_t range_bytes = key.family == 90 ? 2 * sizeof(int) * (bytes / std::max(shape.key_blocks, 1)) : 0;
     std::optional<void*> flags = bytes > 0 ? scratch.Allocate(bytes, kScratchAlignment) : std::nullopt;
-    if (bytes > 0 && !flags.has_value()) {
-      return ffi::Error(ffi::ErrorCode::kResourceExhausted, "jax_flash: could not allocate " + std::to_string(bytes) +
-                                                                " bytes of scratch memory for the mask tile flags");
+    std::optional<void*> ranges = range_bytes > 0 ? scratch.Allocate(range_bytes, kScratchAlignment) : std::nullopt;
+    if ((bytes > 0 && !flags.has_value()) || (range_bytes > 0 && !ranges.has_value())) {
+      return ffi::Error(ffi::ErrorCode::kResourceExhausted,
+                        "jax_flash: could not allocate " + std::to_string(bytes + range_bytes) +
+                            " bytes of scratch memory for the mask tile flags");
     }
-    params.mask_blocks = bytes > 0 ? static_cast<uint8_t*>(*flags) : nullptr;
+    uint8_t* const flag_bytes = bytes > 0 ? static_cast<uint8_t*>(*flags) : nullptr;
+    (key.family == 90 ? params.mask_partial : params.mask_blocks) = flag_bytes;
+    params.mask_ranges = range_bytes > 0 ? static_cast<int*>(*ranges) : nullptr;
   }
   if (ffi::Error err = plan_splits(params, *entry, limits, attrs.num_splits, scratch); err.failure()) return err;
   if (key.family == 90) {  // the dynamic tile scheduler's counter: XLA scratch memory, ordered on this stream

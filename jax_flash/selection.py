@@ -3,13 +3,13 @@ mask on Hopper, the decode tiles, packed GQA, and the checks that turn an imposs
 
 Rule (cfg=None): a decode-shaped call (at most 64 rows per kv head once the group's query heads are packed) runs
 the sm80 family's decode tiles on every GPU; a call of more rows that fills 128-row tiles better packed runs the sm90
-family packed on sm_90 (groups dividing 64, 16 MiB of K/V or more), else the sm80 family's tuned tile; a call with a
-bias or mask tensor (or segment ids below sm_90) the sm80 family's tuned tile; otherwise the autotune cache's entry
-for the call if it is compiled; on sm_90 the SM90_BY_SHAPE entry for (head dim, right bound); else DEFAULTS for
-(arch, dtype, head dim), falling back to the nearest older architecture in the table; else the first compiled config
-for (dtype, head dim) in registry order. pack_gqa=None becomes should_pack_gqa's answer for the chosen tile. On CPU cfg=None uses
-the CPU path's own tiles, CPU_TILES; a given cfg's block_q and block_kv are the CPU tiles. The measurements behind
-each entry: docs/PERFORMANCE.md.
+family packed on sm_90 (groups dividing 64, 16 MiB of K/V or more, no tensors or segment ids), else the sm80 family's
+tuned tile; below sm_90, a call with a bias or mask tensor or segment ids the sm80 family's tuned tile; otherwise the
+autotune cache's entry for the call if it is compiled; on sm_90 the SM90_BY_SHAPE entry for (head dim, right bound);
+else DEFAULTS for (arch, dtype, head dim), falling back to the nearest older architecture in the table; else the first
+compiled config for (dtype, head dim) in registry order. pack_gqa=None becomes should_pack_gqa's answer for the chosen
+tile (never with tensors or segment ids on the sm90 family). On CPU cfg=None uses the CPU path's own tiles, CPU_TILES;
+a given cfg's block_q and block_kv are the CPU tiles. The measurements behind each entry: docs/PERFORMANCE.md.
 """
 
 from __future__ import annotations
@@ -54,6 +54,10 @@ SM90_BY_SHAPE: dict[tuple[int, bool], tuple[tuple[int, KernelConfig], ...]] = {
     (256, False): ((0, SM90_CONFIGS[256][0]),),
     (256, True): ((0, SM90_CONFIGS[256][1]),),
 }
+# sm_90 with a bias or mask tensor, where it differs from SM90_BY_SHAPE: head dim 64 on two consumer warpgroups (the
+# three-consumer tile's tensor variant spills 312 bytes; H100, bf16, 8 x 2048 tokens, 16 heads: a dense causal mask
+# 253 against 193 TFLOP/s, a (B, 1, 1, S) padding mask 382 against 343, an ALiBi bias 168 against 167).
+SM90_TENSOR_CONFIGS: dict[int, KernelConfig] = {64: SM90_CONFIGS[64][0]}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -105,11 +109,11 @@ def decode_gpu_config(head_dim: int, shape: CallShape, compiled: list[KernelConf
     """The sm80 family's tile for a decode-shaped or packed call (cfg=None); None for other calls. Rows per kv
     head: seq_q x group packed, else seq_q. At most 16: the one-warp decode tile; at most 64: the four-warp one; more,
     where packing fills 128-row tiles better than one head's rows do (MQA with a few rows per sequence), or with
-    bias / mask tensors (and segment ids below sm_90): the tuned prefill tile (on sm_90, sm90_packed_config comes
-    first, and segment ids take the default path). Paged
+    bias / mask tensors or segment ids below sm_90: the tuned prefill tile (on sm_90, sm90_packed_config comes
+    first, and tensors and segment ids take the default path). Paged
     calls of more rows take the default path, like contiguous ones (chunked prefill over 64-key pages on an H100: the
     sm90 family 1.3-1.7x faster than the tuned sm80 tile at head dims 64, 128 and 256)."""
-    sm80_only = shape.tensors or (shape.segments and arch != 90)  # what the sm90 family does not take
+    sm80_only = (shape.tensors or shape.segments) and arch != 90  # what the sm90 family does not take
     if shape.seq_q is None:
         if not sm80_only:
             return None
@@ -150,9 +154,12 @@ def sm90_packed_config(arch: int, dtype: str, head_dim: int, shape: CallShape, c
 
 
 def default_gpu_config(arch: int, dtype: str, head_dim: int, compiled: list[KernelConfig], right_bounded: bool = False,
-                       seq_k: int = 0) -> KernelConfig | None:
+                       seq_k: int = 0, tensors: bool = False) -> KernelConfig | None:
     """The config cfg=None runs on a GPU of compute capability `arch` (e.g. 90); None when nothing is compiled.
-    `compiled` holds only configs this GPU can run (the caller drops the sm90 family below sm_90)."""
+    `compiled` holds only configs this GPU can run (the caller drops the sm90 family below sm_90); `tensors`: the call
+    has a bias or mask tensor."""
+    if arch == 90 and tensors and SM90_TENSOR_CONFIGS.get(head_dim) in compiled:
+        return SM90_TENSOR_CONFIGS[head_dim]
     if arch == 90:
         choice = [cfg for min_seq_k, cfg in SM90_BY_SHAPE.get((head_dim, right_bounded), ()) if min_seq_k <= seq_k]
         if choice and choice[-1] in compiled:
@@ -203,24 +210,23 @@ def resolve_gpu_config(cfg: KernelConfig | None, dtype, head_dim: int, tuned: Ke
         if tuned is not None and tuned.kernel() in compiled:  # the autotune cache first, then the table
             cfg = tuned
         else:
-            cfg = default_gpu_config(arch, dtype_name, head_dim, compiled, right_bounded, shape.seq_k)
+            cfg = default_gpu_config(arch, dtype_name, head_dim, compiled, right_bounded, shape.seq_k, shape.tensors)
     elif cfg.kernel() not in compiled:
         listing = "\n  ".join(repr(c) for c in compiled)
         raise ValueError(f"cfg={cfg!r} is not compiled into this build for {dtype_name} head_dim={head_dim}. "
                          f"Compiled configs:\n  {listing}\n(build with -DJAX_FLASH_CONFIG_SET=all for the whole "
                          f"tuning space; num_splits and pack_gqa are chosen per call and need no build)")
     if cfg.family == "sm90":
-        if shape.tensors:
-            raise ValueError(f"cfg={cfg!r}: bias / mask tensors run on family='sm80' configs (cfg=None picks one); "
-                             f"the sm90 family masks by positions and segment ids only")
-        if shape.segments and cfg.pack_gqa and shape.group > 1:
-            raise ValueError(f"cfg={cfg!r}: pack_gqa=True with segment ids runs on family='sm80' configs; the sm90 "
-                             f"family packs calls without segment ids only")
+        if (shape.segments or shape.tensors) and cfg.pack_gqa and shape.group > 1:
+            what = "segment ids" if shape.segments else "bias / mask tensors"
+            raise ValueError(f"cfg={cfg!r}: pack_gqa=True with {what} runs on family='sm80' configs; the sm90 "
+                             f"family packs calls without segment ids or tensors only")
         if cfg.pack_gqa and shape.group not in SM90_PACK_GROUPS:
             raise ValueError(f"cfg={cfg!r}: the sm90 family packs groups of {SM90_PACK_GROUPS[1:]} query heads per kv "
                              f"head; this call has {shape.group} (use pack_gqa=False or a family='sm80' config)")
         if cfg.pack_gqa is None:
             return dataclasses.replace(cfg, pack_gqa=shape.group in SM90_PACK_GROUPS[1:] and not shape.segments
+                                       and not shape.tensors
                                        and should_pack_gqa(shape.seq_q, shape.group, cfg.block_q))
     if cfg.pack_gqa is None:
         return dataclasses.replace(cfg, pack_gqa=should_pack_gqa(shape.seq_q, shape.group, cfg.block_q))

@@ -1,8 +1,11 @@
 """Bias and mask tensors: jax_flash.attention(bias=, mask=) against attention_reference for broadcast shapes, with
 the other masks, their gradients (the bias's too), vmap, sharding and clear errors. CPU always; on a GPU the same
-checks run on the sm80 family's kernels."""
+checks run on the kernels cfg=None picks (the sm90 family on Hopper for calls of more than 64 rows), and every
+shipped sm90 config is checked on Hopper."""
 
 from __future__ import annotations
+
+import dataclasses
 
 import jax
 import jax.numpy as jnp
@@ -12,6 +15,7 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 import jax_flash
 from conftest import assert_flash_close, attention_calls, random_qkv
+from test_decode import SM90_CASES, SM90_IDS, paged_cache, requires_hopper
 
 B, S, HQ, HK, D = 2, 96, 4, 2, 64
 
@@ -190,3 +194,67 @@ def test_cuda_lowering_of_bias_and_mask():
     assert "family = 80" in forward
     for call in (forward, backward):
         assert "tensor<1x2x32x32xf32>, tensor<1x1x1x32xi1>" in call
+
+
+SM90_TENSOR_SHAPES = {"full": lambda b, h, sq, sk: (b, h, sq, sk), "heads": lambda b, h, sq, sk: (1, h, sq, sk),
+                      "keys": lambda b, h, sq, sk: (b, 1, 1, sk), "rows": lambda b, h, sq, sk: (1, 1, sq, 1)}
+
+
+@requires_hopper
+@pytest.mark.parametrize("head_dim,cfg", SM90_CASES, ids=SM90_IDS)
+@pytest.mark.parametrize("shape", SM90_TENSOR_SHAPES)
+def test_sm90_bias_and_mask(head_dim, cfg, shape):
+    """Every shipped sm90 config with a bias and a block-sparse mask of each broadcast shape (the mask pre-pass's
+    key-block ranges and per-tile tests: common/mask_blocks.cuh): alone; with causal, a window, softcap and both
+    lengths, split and paged; with segment ids: against the reference (out and lse)."""
+    gpu = jax.devices("gpu")[0]
+    batch, heads, seq_q, seq_k = 2, 4, 450, 700
+    q, k, v = random_qkv(head_dim, batch, seq_q, seq_k, heads, 2, head_dim, jnp.bfloat16, gpu)
+    dims = SM90_TENSOR_SHAPES[shape](batch, heads, seq_q, seq_k)
+    bias, mask = _bias(dims, seed=head_dim), _block_sparse_mask(dims, seed=head_dim, cell=16, p=0.6)
+    if dims[2] > 1:
+        mask = mask.at[:, :, 200:400].set(False)  # query tiles that see no key at all (an empty key-block range)
+    ids = jnp.cumsum(jax.random.bernoulli(jax.random.PRNGKey(9), 0.004, (batch, seq_k)).astype(jnp.int32), axis=1)
+    k_pages, v_pages, table = paged_cache(k, v, 64, seed=head_dim)
+    pad = table.shape[1] * 64 - seq_k  # the paged call's key length: whole pages
+    padded = dict(bias=jnp.pad(bias, ((0, 0),) * 3 + ((0, pad if dims[3] > 1 else 0),)),
+                  mask=jnp.pad(mask, ((0, 0),) * 3 + ((0, pad if dims[3] > 1 else 0),)))
+    plain = dict(bias=bias, mask=mask)
+    masked = dict(causal=True, window=(300, -1), softcap=20.0, q_lengths=jnp.array([seq_q, 400], jnp.int32),
+                  kv_lengths=jnp.array([seq_k, 650], jnp.int32))
+    segments = dict(q_segment_ids=ids[:, seq_k - seq_q:], kv_segment_ids=ids)
+    refs = {}
+    for name, extra, splits, paged in (("plain", {}, 1, False), ("masked", masked, 3, False),
+                                       ("masked", masked, 0, True), ("segments", segments, 1, False)):
+        kwargs = dict(plain, **extra)
+        if name not in refs:
+            refs[name] = np.asarray(jax_flash.attention_reference(q, k, v, return_lse=True, **kwargs)[1])
+        ref_lse = refs[name]
+        run = dataclasses.replace(cfg, num_splits=splits)
+        call = dict(extra, page_table=table, **padded) if paged else kwargs
+        out, lse = jax_flash.attention(q, k_pages if paged else k, v_pages if paged else v, run, return_lse=True,
+                                       **call)
+        assert_flash_close(out, q, k, v, **kwargs)
+        lse = np.asarray(lse)
+        np.testing.assert_array_equal(np.isneginf(lse), np.isneginf(ref_lse))
+        finite = np.isfinite(ref_lse)
+        assert finite.any()
+        np.testing.assert_allclose(lse[finite], ref_lse[finite], atol=2e-2, rtol=0)
+    with pytest.raises(ValueError, match="pack_gqa=True with bias / mask tensors runs on family='sm80'"):
+        jax_flash.attention(q, k, v, dataclasses.replace(cfg, pack_gqa=True), mask=mask)
+
+
+def test_tensor_routing():
+    """cfg=None on a GPU (jax_flash/selection.py): bias / mask tensors take the default path on sm_90 (the sm90
+    family, unpacked) and the sm80 family's tuned tile below it; decode-sized calls keep the decode tiles."""
+    from jax_flash import config, selection
+
+    compiled = list(config.TUNED_CONFIGS[128]) + list(config.DECODE_CONFIGS[128]) + list(config.SM90_CONFIGS[128])
+    shape = selection.CallShape(seq_q=1024, seq_k=1024, group=4, tensors=True)
+    assert selection.decode_gpu_config(128, shape, compiled, 90) is None
+    assert selection.sm90_packed_config(90, "bfloat16", 128, shape, compiled, False) is None
+    assert selection.decode_gpu_config(128, shape, compiled, 80).family == "sm80"
+    assert selection.default_gpu_config(90, "bfloat16", 64, list(config.SM90_CONFIGS[64]), False, 1024,
+                                        True) == config.SM90_CONFIGS[64][0]
+    decode = dataclasses.replace(shape, seq_q=1, group=1)
+    assert selection.decode_gpu_config(128, decode, compiled, 90).kernel() in config.DECODE_CONFIGS[128]

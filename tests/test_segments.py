@@ -220,7 +220,7 @@ def test_segments_with_a_paged_cache(device):
 def test_sm90_segments(head_dim, cfg, layout):
     """Every shipped sm90 config with segment ids (documents of about 150 tokens, or unsorted ids), causal with a
     window, softcap and both lengths, split and unsplit, contiguous and paged: against the reference (out and lse);
-    a bias, or packing the GQA heads, with segment ids is a clear error there."""
+    packing the GQA heads with segment ids is a clear error there."""
     from test_decode import paged_cache
 
     gpu = jax.devices("gpu")[0]
@@ -245,23 +245,19 @@ def test_sm90_segments(head_dim, cfg, layout):
         np.testing.assert_allclose(lse[finite], ref_lse[finite], atol=2e-2, rtol=0)
     plain = jax_flash.attention(q, k, v, cfg, **_both(ids))
     assert_flash_close(plain, q, k, v, **_both(ids))
-    with pytest.raises(ValueError, match="bias / mask tensors run on family='sm80'"):
-        jax_flash.attention(q, k, v, cfg, bias=jnp.zeros((1, 1, 700, 700), jnp.float32))
     with pytest.raises(ValueError, match="pack_gqa=True with segment ids runs on family='sm80'"):
         jax_flash.attention(q, k, v, dataclasses.replace(cfg, pack_gqa=True), **_both(ids))
 
 
 def test_segment_routing():
     """cfg=None on a GPU (jax_flash/selection.py): segment ids take the default path on sm_90 (the sm90 family) and
-    the sm80 family's tuned tile below it; bias / mask tensors the sm80 family everywhere."""
+    the sm80 family's tuned tile below it."""
     from jax_flash import config, selection
 
     compiled = list(config.TUNED_CONFIGS[128]) + list(config.DECODE_CONFIGS[128]) + list(config.SM90_CONFIGS[128])
     shape = selection.CallShape(seq_q=1024, seq_k=1024, segments=True)
     assert selection.decode_gpu_config(128, shape, compiled, 90) is None
     assert selection.decode_gpu_config(128, shape, compiled, 80).family == "sm80"
-    tensors = dataclasses.replace(shape, segments=False, tensors=True)
-    assert selection.decode_gpu_config(128, tensors, compiled, 90).family == "sm80"
 
 
 @requires_hopper

@@ -130,15 +130,34 @@ struct AttentionParams {
   // (first, end, q_min, q_max) in 4 ints (16-byte aligned), scratch the launcher's second pre-pass fills
   // (common/segment_blocks.cuh). nullptr: none.
   int* q_block_segments;
+  // sm90 family, mask tensor: per (block_q x block_kv) tile of the mask (MaskBlockShape, common/mask_blocks.h), 1
+  // where it holds a zero entry (the per-score test is needed), and per (mask batch, mask head, query block) the key
+  // blocks [first, end) holding a nonzero entry as (key_blocks - first, end) in 2 ints (0, 0 where none), scratch
+  // the launcher's pre-pass fills (common/mask_blocks.cuh). nullptr: none.
+  uint8_t* mask_partial;
+  int* mask_ranges;
 };
 
 inline constexpr int kUnbounded = 1 << 30;  // a window side with no bound (|offsets| stay far from int overflow)
 
-// Every row of every tile sees every key (no window, no lengths): the tiles of one kernel all cost the same (the
-// sm90 launcher's static stride and split tail, and the FFI handler's scratch for the latter).
+// Every row of every tile sees every key (no window, no lengths, no mask tensor or segment ids, whose key-block
+// ranges differ from tile to tile): the tiles of one kernel all cost the same (the sm90 launcher's static stride
+// and split tail).
 inline bool has_equal_cost_tiles(const AttentionParams& p) {
   return p.window_left >= kUnbounded && p.window_right >= kUnbounded && p.q_lengths == nullptr &&
-         p.kv_lengths == nullptr && p.page_table == nullptr && p.num_splits == 1;
+         p.kv_lengths == nullptr && p.page_table == nullptr && p.num_splits == 1 && p.mask == nullptr &&
+         p.q_segment_ids == nullptr;
+}
+
+// A bias or mask tensor shared by the batch but not by the heads (ALiBi's (1, N, T, S) bias): the launchers set
+// batch_inner, so the batch's tiles of one head and query block run together and read it once through L2. In head
+// order they run heads x query blocks apart, and each batch entry read the tensor again from memory (4 GB a call for
+// a (1, 16, 4096, 4096) float32 bias over a batch of 4).
+inline bool tensors_shared_by_batch(const AttentionParams& p) {
+  auto shared = [](const void* tensor, const int64_t* strides) {
+    return tensor != nullptr && strides[0] == 0 && strides[1] != 0;
+  };
+  return shared(p.bias, p.bias_strides) || shared(p.mask, p.mask_strides);
 }
 
 // Sets the paged-K/V fields: k and v of shape (num_pages, page_size, Hk, D), page_table (B, pages_per_seq) int32.

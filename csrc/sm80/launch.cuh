@@ -57,13 +57,7 @@ std::string run_attention_sm80(const AttentionParams& params, cudaStream_t strea
                            p.seqlen_k % T::kBlockKV != 0;
   const bool softcap = p.softcap > 0.0f;
   if (p.q_segment_ids != nullptr || p.bias != nullptr || p.mask != nullptr) {  // (masked blocks included)
-    // A tensor shared by the batch but not by the heads (ALiBi's (1, N, T, S) bias): the batch's tiles of one head
-    // and query block run together. In head order they run heads x query blocks apart, so each batch entry read the
-    // tensor again from memory (4 GB a call for a (1, 16, 4096, 4096) float32 bias over a batch of 4).
-    auto batch_shared = [](const void* tensor, const int64_t* strides) {
-      return tensor != nullptr && strides[0] == 0 && strides[1] != 0;
-    };
-    p.batch_inner = batch_shared(p.bias, p.bias_strides) || batch_shared(p.mask, p.mask_strides);
+    p.batch_inner = tensors_shared_by_batch(p);  // (common/params.h)
     return softcap ? launch_sm80<T, true, true, true>(p, stream) : launch_sm80<T, true, false, true>(p, stream);
   }
   if (mask_blocks) {

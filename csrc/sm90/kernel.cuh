@@ -39,15 +39,16 @@ __device__ __forceinline__ void init_barriers(SmemView<T> s) {
 
 // kMaskBlocks: some key block may be partly invisible (causal, window, kv_lengths, or seqlen_k not a multiple of
 // kBlockKV); false compiles the mask out. kHasSoftcap: s = softcap * tanh(s * scale / softcap). kSplitPaged: split
-// key ranges (p.num_splits > 1), paged K/V (p.page_table) or packed GQA (p.pack_gqa > 1). num_tiles: batch x head
-// units (query heads, or kv heads when packed) x query blocks x ranges.
-template <class T, bool kMaskBlocks, bool kHasSoftcap, bool kSplitPaged = false>
+// key ranges (p.num_splits > 1), paged K/V (p.page_table), packed GQA (p.pack_gqa > 1) or segment ids; kTensors
+// (with kSplitPaged): bias or mask tensors. num_tiles: batch x head units (query heads, or kv heads when packed) x
+// query blocks x ranges.
+template <class T, bool kMaskBlocks, bool kHasSoftcap, bool kSplitPaged = false, bool kTensors = false>
 __global__ void __launch_bounds__(T::kNumThreads, 1)
     attention_kernel(const __grid_constant__ AttentionParams p, const __grid_constant__ CUtensorMap tma_q,
                      const __grid_constant__ CUtensorMap tma_k, const __grid_constant__ CUtensorMap tma_v,
                      const __grid_constant__ CUtensorMap tma_o, int64_t num_tiles) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-  using V = Variant<T, kMaskBlocks, kHasSoftcap, kSplitPaged>;
+  using V = Variant<T, kMaskBlocks, kHasSoftcap, kSplitPaged, kTensors>;
   extern __shared__ char smem_raw[];
   // The 128-byte swizzle is a function of address bits 4-9: tiles must start on 1024-byte boundaries.
   constexpr uint32_t kMask = kSmemAlignSlack - 1;

@@ -11,6 +11,7 @@
 #include <string>
 
 #include "common/launch_util.h"
+#include "common/mask_blocks.cuh"
 #include "common/segment_blocks.cuh"
 #include "common/split_combine.cuh"
 #include "sm90/api.h"
@@ -22,11 +23,11 @@
 
 namespace jax_flash::sm90 {
 
-template <class T, bool kMaskBlocks, bool kHasSoftcap, bool kSplitPaged = false>
+template <class T, bool kMaskBlocks, bool kHasSoftcap, bool kSplitPaged = false, bool kTensors = false>
 std::string launch_sm90(AttentionParams p, const CUtensorMap& map_q, const CUtensorMap& map_k,
                         const CUtensorMap& map_v, const CUtensorMap& map_o, cudaStream_t stream) {
-  using V = Variant<T, kMaskBlocks, kHasSoftcap, kSplitPaged>;
-  auto kernel = attention_kernel<T, kMaskBlocks, kHasSoftcap, kSplitPaged>;
+  using V = Variant<T, kMaskBlocks, kHasSoftcap, kSplitPaged, kTensors>;
+  auto kernel = attention_kernel<T, kMaskBlocks, kHasSoftcap, kSplitPaged, kTensors>;
   // A persistent grid, one block per SM (the shared memory allows no second); causal tiles differ by up to the whole
   // key range, so the blocks draw them from a counter, heaviest first (a static stride left some SMs all the heavy
   // ones: causal 16384 keys fell from 631 to 416 TFLOP/s).
@@ -91,6 +92,8 @@ std::string run_attention_sm90(const AttentionParams& params, cudaStream_t strea
   }
   const bool segments = p.q_segment_ids != nullptr;
   if (segments && packed) return "the sm90 family does not pack GQA with segment ids; use pack_gqa=False";
+  const bool tensors = p.bias != nullptr || p.mask != nullptr;
+  if (tensors && packed) return "the sm90 family does not pack GQA with bias / mask tensors; use pack_gqa=False";
   p.num_q_blocks = static_cast<int>((int64_t{p.seqlen_q} * p.pack_gqa + T::kBlockQ - 1) / T::kBlockQ);
   constexpr bool kBf16 = kKey.dtype == static_cast<int>(DType::kBFloat16);
   CUtensorMap map_q{}, map_k{}, map_v{}, map_o{};
@@ -126,9 +129,16 @@ std::string run_attention_sm90(const AttentionParams& params, cudaStream_t strea
   // Segment ids: each key block's (min, max) kv id, then each query block's key blocks to visit (segment_blocks.cuh)
   if (std::string pre = launch_kv_block_segments(p, T::kBlockKV, stream); !pre.empty()) return pre;
   if (std::string pre = launch_q_block_segments(p, T::kBlockQ, T::kBlockKV, stream); !pre.empty()) return pre;
+  // Mask tensor: each mask tile's flags and each query block's key blocks with a visible entry (mask_blocks.cuh)
+  if (std::string pre = launch_mask_blocks(p, T::kBlockQ, T::kBlockKV, stream); !pre.empty()) return pre;
+  p.batch_inner = tensors_shared_by_batch(p);  // (common/params.h; tile_scheduler.cuh)
   const bool mask_blocks = p.window_left < kUnbounded || p.window_right < kUnbounded || p.kv_lengths != nullptr ||
                            p.seqlen_k % T::kBlockKV != 0;
   const bool softcap = p.softcap > 0.0f;
+  if (tensors) {  // (a variant of its own: the per-score loads spilled the split / paged one's registers)
+    return softcap ? launch_sm90<T, true, true, true, true>(p, map_q, map_k, map_v, map_o, stream)
+                   : launch_sm90<T, true, false, true, true>(p, map_q, map_k, map_v, map_o, stream);
+  }
   if (p.num_splits > 1 || paged || packed || p.q_block_segments != nullptr) {
     return softcap ? launch_sm90<T, true, true, true>(p, map_q, map_k, map_v, map_o, stream)
                    : launch_sm90<T, true, false, true>(p, map_q, map_k, map_v, map_o, stream);

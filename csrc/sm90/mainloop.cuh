@@ -10,6 +10,7 @@
 #include <cstdint>
 #include <type_traits>
 
+#include "common/mask_blocks.h"
 #include "common/mask_fragment.cuh"
 #include "common/params.h"
 #include "common/row_reduce.cuh"  // lazy_rescale_threshold
@@ -184,6 +185,7 @@ struct Mainloop {
                                                                   tile.len.kv_len);
       }
       if (V::kSplitPaged && p.q_block_segments != nullptr) mask_segments<kKeys>(scores, j);
+      if constexpr (V::kTensors) apply_tensors<kKeys>(scores, j);
     }
     return softmax.template update_max<kKeys / 8>(acc_s, p.scale_log2, max_growth, alpha);
   }
@@ -234,6 +236,66 @@ struct Mainloop {
         if ((hide0 >> (2 * n + c)) & 1) scores[0][n][c] = -INFINITY;
         if ((hide1 >> (2 * n + c)) & 1) scores[0][n][2 + c] = -INFINITY;
       }
+  }
+
+  // Bias and mask tensors (common/params.h): s += bias / scale (the softmax multiplies S by scale, which holds the
+  // factor softcap when soft-capped), then -inf where the mask entry is 0; each entry read from global memory
+  // (broadcast dimensions have stride 0; rows past seqlen_q and keys past seqlen_k read the last one's entry and are
+  // dropped or hidden already). The mask's per-score test runs only on blocks whose mask tile holds a zero entry
+  // (p.mask_partial, the pre-pass's).
+  template <int kKeys>
+  __device__ __forceinline__ void apply_tensors(float (&scores)[1][kKeys / 8][4], int j) {
+    const int row = tile.row0 + warp_row0 + lane / 4;
+    const int rows[2] = {min(row, p.seqlen_q - 1), min(row + 8, p.seqlen_q - 1)};
+    const int col0 = j * T::kBlockKV + 2 * (lane % 4), last_key = p.seqlen_k - 1;
+    if (p.bias != nullptr) {
+      const float inv_scale = 1.0f / p.scale;
+      const int64_t step = p.bias_strides[3];
+      // A lane's two keys of a tile as one 8-byte load where the rows are float2-aligned (keys contiguous, an even
+      // key count: every stride a multiple of it), the pair clamped to the last one; else one load per key.
+      const bool pairs = step == 1 && p.seqlen_k % 2 == 0;
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const float* entries = p.bias + tile.batch * p.bias_strides[0] + tile.head * p.bias_strides[1] +
+                               rows[h] * p.bias_strides[2];
+        if (pairs) {
+#pragma unroll
+          for (int n = 0; n < kKeys / 8; ++n) {
+            const float2 b = __ldg(reinterpret_cast<const float2*>(entries + min(col0 + 8 * n, last_key - 1)));
+            scores[0][n][2 * h] += b.x * inv_scale;
+            scores[0][n][2 * h + 1] += b.y * inv_scale;
+          }
+        } else {
+#pragma unroll
+          for (int n = 0; n < kKeys / 8; ++n)
+#pragma unroll
+            for (int c = 0; c < 2; ++c) {
+              scores[0][n][2 * h + c] += __ldg(entries + min(col0 + 8 * n + c, last_key) * step) * inv_scale;
+            }
+        }
+      }
+    }
+    if (p.mask != nullptr) {
+      if (p.mask_partial != nullptr) {
+        const MaskBlockShape shape = MaskBlockShape::of(p, T::kBlockQ, T::kBlockKV);
+        if (p.mask_partial[shape.block_of(p, tile.batch, tile.head, tile.row0 / T::kBlockQ) * shape.key_blocks + j] ==
+            0) {
+          return;  // every entry of the block's mask tile is nonzero
+        }
+      }
+      const int64_t step = p.mask_strides[3];
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const uint8_t* entries = p.mask + tile.batch * p.mask_strides[0] + tile.head * p.mask_strides[1] +
+                                 rows[h] * p.mask_strides[2];
+#pragma unroll
+        for (int n = 0; n < kKeys / 8; ++n)
+#pragma unroll
+          for (int c = 0; c < 2; ++c) {
+            if (__ldg(entries + min(col0 + 8 * n + c, last_key) * step) == 0) scores[0][n][2 * h + c] = -INFINITY;
+          }
+      }
+    }
   }
 
   // P = exp2(...) in place, inside the exponentials' turn (V::kExpTurns)

@@ -204,7 +204,8 @@ struct Producer {
       int key_range = 0;
       if (more) {
         sched[slot].work =
-            tile_work<T, TileIndex, V::kSplitPaged>(p, whole ? next : p.split_whole_tiles + split->tile, key_range);
+            tile_work<T, TileIndex, V::kSplitPaged, V::kTensors>(p, whole ? next : p.split_whole_tiles + split->tile,
+                                                                 key_range);
       }
       if (V::kSplit && more) take_split_piece(p, *split, sched[slot].work, whole, n);
       if (V::kSplitPaged && more) s.tile_split()[n & 3] = key_range;

@@ -7,7 +7,8 @@
 // group's query heads fastest (common/params.h), and a tile's first row is a multiple of the group, so its row r is
 // query position (row0 + r) / group of query head head + r % group. Tile -> (batch, head, query block):
 //  - no right bound (every tile costs the same): query blocks innermost, so the tiles in flight share K/V in L2;
-//  - a right bound (causal; a tile costs up to its last row's keys): the (batch, head) pairs are cut into sections of
+//  - a right bound (causal; a tile costs up to its last row's keys), or a mask tensor (the tile's key-block range,
+//    the last query block's the longest for a causal-like mask): the (batch, head) pairs are cut into sections of
 //    p.section_heads whose K and V fit in L2 together, and inside a section the tiles go query block by query block,
 //    the last (heaviest) first, over all its heads: heavy tiles are handed out first and light ones fill the tail
 //    (longest-processing-time first), while K/V stay in L2.
@@ -18,6 +19,7 @@
 #include <algorithm>
 #include <cstdint>
 
+#include "common/mask_blocks.h"
 #include "common/params.h"
 #include "common/split_plan.h"
 #include "common/visibility.h"
@@ -40,9 +42,10 @@ struct TileSlot {
 };
 
 // Index: the tile numbers' type, int64_t, or int where the launcher has checked that they fit (T::kTileIndex32).
-// kSplit: the kernel variant splits key ranges, packs GQA and takes segment ids (p.num_splits > 1, p.pack_gqa > 1
-// and p.q_block_segments only there); `split`: the tile's range (0 unsplit).
-template <class T, class Index, bool kSplit>
+// kSplit: the kernel variant splits key ranges, packs GQA and takes segment ids (p.num_splits > 1,
+// p.pack_gqa > 1 and p.q_block_segments only there); kTensors: and bias / mask tensors (p.mask_ranges and
+// p.batch_inner); `split`: the tile's range (0 unsplit).
+template <class T, class Index, bool kSplit, bool kTensors = false>
 __device__ __forceinline__ TileWork tile_work(const AttentionParams& p, Index tile, int& split) {
   TileWork w;
   int q_block;
@@ -51,7 +54,7 @@ __device__ __forceinline__ TileWork tile_work(const AttentionParams& p, Index ti
   const int pack_shift = kSplit ? __ffs(pack) - 1 : 0;  // (a power of two: the launcher checks)
   // head units: query heads, or kv heads when packed (read at each use: the other variants keep their instructions)
   auto units = [&] { return kSplit && pack > 1 ? p.heads_k : p.heads_q; };
-  if (p.window_right < kUnbounded) {
+  if (p.window_right < kUnbounded || (kTensors && p.mask != nullptr)) {  // (a mask: causal-like, last heaviest)
     const Index batch_heads = static_cast<Index>(p.batch) * (kSplit ? p.num_splits : 1) * units();
     const Index section_tiles = static_cast<Index>(p.section_heads) * p.num_q_blocks;
     const Index section = tile / section_tiles;
@@ -64,9 +67,16 @@ __device__ __forceinline__ TileWork tile_work(const AttentionParams& p, Index ti
     q_block = static_cast<int>(tile % p.num_q_blocks);
     batch_head = tile / p.num_q_blocks;
   }
-  w.head = static_cast<int>(batch_head % units());
   // (batch, key range) pairs, ranges innermost, in 32 bits: 64-bit divisions here spilled the 40-register producer
-  const int batch_split = static_cast<int>(batch_head / units());
+  int batch_split;
+  if (kTensors && p.batch_inner) {  // a tensor shared by the batch: the batch's tiles of one head run together
+    const int pairs = p.batch * p.num_splits;
+    w.head = static_cast<int>(batch_head / pairs);
+    batch_split = static_cast<int>(batch_head % pairs);
+  } else {
+    w.head = static_cast<int>(batch_head % units());
+    batch_split = static_cast<int>(batch_head / units());
+  }
   split = kSplit && p.num_splits > 1 ? batch_split % p.num_splits : 0;
   w.batch = kSplit && p.num_splits > 1 ? batch_split / p.num_splits : batch_split;
   w.kv_head = w.head / p.q_heads_per_kv_head;
@@ -91,6 +101,12 @@ __device__ __forceinline__ TileWork tile_work(const AttentionParams& p, Index ti
         reinterpret_cast<const int4*>(p.q_block_segments)[static_cast<int64_t>(w.batch) * p.num_q_blocks + q_block];
     w.block_begin = max(w.block_begin, segments.x);
     w.block_end = max(w.block_begin, min(w.block_end, segments.y));
+  }
+  if (kTensors && p.mask_ranges != nullptr) {  // a mask tensor: its first to last key block with a visible entry
+    const MaskBlockShape shape = MaskBlockShape::of(p, T::kBlockQ, T::kBlockKV);
+    const int2 range = reinterpret_cast<const int2*>(p.mask_ranges)[shape.block_of(p, w.batch, w.head, q_block)];
+    w.block_begin = max(w.block_begin, shape.key_blocks - range.x);
+    w.block_end = max(w.block_begin, min(w.block_end, range.y));
   }
   if (kSplit && p.num_splits > 1) {
     const BlockRange range = split_blocks(w.block_begin, w.block_end, split, p.num_splits);
@@ -123,8 +139,8 @@ void plan_tile_order(AttentionParams& p, int64_t l2_bytes) {
   // valid one would overwrite block 1's rows).
   p.q_block_shift = 0;
   if (T::kEndAlignedQueryBlocks && p.window_right < kUnbounded && p.seqlen_q >= T::kEndAlignedMinRows &&
-      p.pack_gqa == 1 && p.q_block_segments == nullptr) {  // (packed tiles start at multiples of the group; the
-                                                             // segment pre-pass takes plain query blocks)
+      p.pack_gqa == 1 && p.q_block_segments == nullptr && p.mask == nullptr) {
+    // (packed tiles start at multiples of the group; the segment and mask pre-passes take plain query blocks)
     p.q_block_shift = (p.num_q_blocks * T::kBlockQ - p.seqlen_q) / 64 * 64;
   }
 }

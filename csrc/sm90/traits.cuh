@@ -145,8 +145,8 @@ struct Traits {
 
 // The schedule of one compiled variant: the config's traits refined by the runtime facts the launcher picks a
 // variant by (kMaskBlocks: some key block may be partly invisible; kHasSoftcap; kSplitPaged: split key ranges,
-// paged K/V or packed GQA, always with kMaskBlocks).
-template <class T, bool kMaskBlocks_, bool kHasSoftcap_, bool kSplitPaged_ = false>
+// paged K/V, packed GQA or segment ids, always with kMaskBlocks; kTensors: bias or mask tensors, with kSplitPaged).
+template <class T, bool kMaskBlocks_, bool kHasSoftcap_, bool kSplitPaged_ = false, bool kTensors_ = false>
 struct Variant {
   static constexpr bool kMaskBlocks = kMaskBlocks_;
   static constexpr bool kHasSoftcap = kHasSoftcap_;
@@ -157,6 +157,10 @@ struct Variant {
   // differently scheduled), with the key loop unchanged.
   static constexpr bool kSplitPaged = kSplitPaged_;
   static_assert(!kSplitPaged || kMaskBlocks, "split, paged and packed calls run the masked variant");
+  // Bias and mask tensors: the split / paged variant plus the per-score loads (mainloop.cuh, apply_tensors), in a
+  // variant of their own (in that one, the loads spilled up to 450 more bytes).
+  static constexpr bool kTensors = kTensors_;
+  static_assert(!kTensors || kSplitPaged, "tensor calls run the split / paged variant's tile scheduler");
   // The soft-capped 192-key-block kernels have the fewest registers to spare: S (96), P (48) and the softcap.
   static constexpr bool kTightSoftcap = kHasSoftcap && T::kBlockKV > 128;
   // The consumer index through a lane-0 shuffle, warp-uniform for ptxas, so the Q descriptor lives in uniform
