@@ -1,12 +1,13 @@
-"""Bias and mask tensor benchmark: causal attention given as a dense (1, 1, T, S) boolean mask, and attention with a
-(1, N, T, S) additive bias (ALiBi's shape), each beside the same call without the tensor and beside cuDNN given the
-same tensors (jax.nn.dot_product_attention).
+"""Bias and mask tensor benchmark: causal attention given as a dense (1, 1, T, S) boolean mask, attention with a
+(1, N, T, S) additive bias (ALiBi's shape) and a (B, 1, 1, S) padding mask, each beside the same call without the
+tensor (causal=True, no bias, kv_lengths) and beside cuDNN given the same tensors (jax.nn.dot_product_attention).
 
     python -m jax_flash.benchmark --suite tensors                   # bf16, D = 128, 16 heads, 2048 and 4096 tokens
     python -m jax_flash.benchmark --suite tensors --tensor-seqs 1024,4096 --dtypes bf16,fp16
 
-TFLOP/s count the visible pairs (half for the causal mask), 4 * heads * head_dim each; batch x seq = --tokens. The
-bias is float32 for jax_flash (its kernels add it in float32) and the input dtype for cuDNN, which takes no other.
+TFLOP/s count the visible pairs (half for the causal mask, 7/8 for the padding), 4 * heads * head_dim each;
+batch x seq = --tokens. The bias is float32 for jax_flash (its kernels add it in float32) and the input dtype for
+cuDNN, which takes no other.
 """
 
 from __future__ import annotations
@@ -31,20 +32,29 @@ def alibi_bias(heads: int, seq: int) -> jnp.ndarray:
     return (-slopes[:, None, None] * distance.astype(jnp.float32))[None]
 
 
-def _cases(seq: int, on_gpu: bool):
-    """(case name, causal pairs?, {implementation: fn(q, k, v)})."""
+def _cases(seq: int, batch: int, on_gpu: bool):
+    """(case name, the fraction of (query, key) pairs visible, {implementation: fn(q, k, v)})."""
     causal = jnp.tril(jnp.ones((seq, seq), bool))[None, None]
+    # padding: every other sequence holds 3/4 of its keys (a BERT-style batch), the same as kv_lengths
+    lengths = jnp.array([seq if b % 2 == 0 else seq * 3 // 4 for b in range(batch)], jnp.int32)
+    padding = (jnp.arange(seq)[None, :] < lengths[:, None])[:, None, None, :]
     bias = alibi_bias(HEADS, seq)
     mask_impls = {"jax_flash": lambda q, k, v: jax_flash.attention(q, k, v, mask=causal),
                   "jax_flash causal=True": lambda q, k, v: jax_flash.attention(q, k, v, causal=True)}
     bias_impls = {"jax_flash": lambda q, k, v: jax_flash.attention(q, k, v, bias=bias),
                   "jax_flash no bias": lambda q, k, v: jax_flash.attention(q, k, v)}
+    pad_impls = {"jax_flash": lambda q, k, v: jax_flash.attention(q, k, v, mask=padding),
+                 "jax_flash kv_lengths": lambda q, k, v: jax_flash.attention(q, k, v, kv_lengths=lengths)}
     if on_gpu:
+        pad_impls["cudnn"] = lambda q, k, v: jax.nn.dot_product_attention(q, k, v, mask=padding,
+                                                                          implementation="cudnn")
         mask_impls["cudnn"] = lambda q, k, v: jax.nn.dot_product_attention(q, k, v, mask=causal,
                                                                            implementation="cudnn")
         bias_impls["cudnn"] = lambda q, k, v: jax.nn.dot_product_attention(q, k, v, bias=bias.astype(q.dtype),
                                                                            implementation="cudnn")
-    return [("causal mask (1, 1, T, S)", True, mask_impls), ("ALiBi bias (1, N, T, S)", False, bias_impls)]
+    visible = float(jnp.mean(lengths)) / seq
+    return [("causal mask (1, 1, T, S)", 0.5, mask_impls), ("ALiBi bias (1, N, T, S)", 1.0, bias_impls),
+            ("padding mask (B, 1, 1, S)", visible, pad_impls)]
 
 
 def run(args) -> list[dict]:
@@ -58,13 +68,13 @@ def run(args) -> list[dict]:
             keys = jax.random.split(jax.random.PRNGKey(seq), 3)
             q, k, v = (jax.random.normal(key, (batch, seq, HEADS, HEAD_DIM), jnp.float32).astype(DTYPES[dtype_name])
                        for key in keys)
-            for case, causal, impls in _cases(seq, on_gpu):
+            for case, visible, impls in _cases(seq, batch, on_gpu):
                 print(f"[{dtype_name} {case} {batch} x {seq}]", file=sys.stderr, flush=True)
                 times, failures = time_interleaved_ms(impls, q, k, v, iters=args.iters, reps=args.reps,
                                                       min_rep_ms=args.min_rep_ms)
                 for name, error in failures.items():
                     print(f"#   {name} failed: {type(error).__name__}: {str(error)[:200]}", file=sys.stderr)
-                flops = 4 * batch * HEADS * HEAD_DIM * seq * seq * (0.5 if causal else 1.0)
+                flops = 4 * batch * HEADS * HEAD_DIM * seq * seq * visible
                 rows.append({"dtype": dtype_name, "head_dim": HEAD_DIM, "heads": HEADS, "batch": batch, "seq": seq,
                              "case": case, "device": _device_name(jax.devices()[0]),
                              "results": {name: {"ms": ms, "tflops": flops / ms / 1e9} for name, ms in times.items()}})

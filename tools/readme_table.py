@@ -170,9 +170,9 @@ def render_tensors(results: dict) -> str:
     head = ["dtype", "B x S", "tensor", "jax_flash (vs cuDNN)", "jax_flash without it", "cuDNN"]
     first = rows[0]
     lines = [f"**{results['device']}**, {results['date']}, jax {results['jax']}, bias and mask tensors, "
-             f"{first['heads']} heads, D = {first['head_dim']}: TFLOP/s (the causal mask's pairs halved) of "
-             f"`jax_flash.attention` given the tensor, the same call without it (`causal=True` for the mask), and "
-             f"cuDNN given the same tensor.", "", "| " + " | ".join(head) + " |",
+             f"{first['heads']} heads, D = {first['head_dim']}: TFLOP/s over the visible pairs of "
+             f"`jax_flash.attention` given the tensor, the same call without it (`causal=True` for the causal mask, "
+             f"`kv_lengths` for the padding mask), and cuDNN given the same tensor.", "", "| " + " | ".join(head) + " |",
              "| " + " | ".join("---" for _ in head) + " |"]
     for r in rows:
         res = r["results"]

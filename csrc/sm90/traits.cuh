@@ -158,7 +158,8 @@ struct Variant {
   static constexpr bool kSplitPaged = kSplitPaged_;
   static_assert(!kSplitPaged || kMaskBlocks, "split, paged and packed calls run the masked variant");
   // Bias and mask tensors: the split / paged variant plus the per-score loads (mainloop.cuh, apply_tensors), in a
-  // variant of their own (in that one, the loads spilled up to 450 more bytes).
+  // variant of their own (in that one they spilled up to 444 more bytes: 144 -> 588 in the three-consumer head dim
+  // 64 kernel).
   static constexpr bool kTensors = kTensors_;
   static_assert(!kTensors || kSplitPaged, "tensor calls run the split / paged variant's tile scheduler");
   // The soft-capped 192-key-block kernels have the fewest registers to spare: S (96), P (48) and the softcap.
