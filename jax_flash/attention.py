@@ -65,7 +65,8 @@ def attention(q, k, v, cfg: KernelConfig | None = None, *, causal: bool = False,
         jax.nn.dot_product_attention takes them; traced). The bias (any float dtype, used in float32) is added to the
         scaled, soft-capped scores; a False (zero) mask entry hides the key, on top of every other mask. Broadcast
         dimensions are never materialised; key tiles the mask hides entirely are skipped (the CPU path and the sm80
-        family, which runs these calls on every GPU). The bias gets a gradient (computed by XLA, O(Sq x Sk) per batch row and head).
+        family; on Hopper the sm90 family skips the key blocks outside the first to last with a visible entry). The
+        bias gets a gradient (computed by XLA, O(Sq x Sk) per batch row and head).
 
     Returns:
       out (batch, seq_q, heads_q, head_dim) in q's dtype, or (out, lse) with return_lse. A row that sees no key

@@ -185,8 +185,16 @@ def _padding_mask(batch, seq, lengths):
     return linen.make_attention_mask(valid, valid)  # (B, 1, S, S)
 
 
+@pytest.fixture
+def float32_on_cpu():
+    """Flax's modules default to float32, which only the CPU path takes: these tests run there also where a GPU is
+    the default device."""
+    with jax.default_device(jax.devices("cpu")[0]):
+        yield
+
+
 @pytest.mark.parametrize("masking", ["causal", "padding", "none"])
-def test_linen_attention_fn_equals_flax_default(masking):
+def test_linen_attention_fn_equals_flax_default(masking, float32_on_cpu):
     linen, _ = _flax()
     x = jax.random.normal(jax.random.PRNGKey(1), (3, 24, 64), jnp.float32)
     mask = {"causal": linen.make_causal_mask(jnp.ones((3, 24))),
@@ -200,7 +208,7 @@ def test_linen_attention_fn_equals_flax_default(masking):
 
 
 @pytest.mark.parametrize("masking", ["causal-flag", "causal-mask", "padding"])
-def test_nnx_attention_fn_equals_flax_default(masking):
+def test_nnx_attention_fn_equals_flax_default(masking, float32_on_cpu):
     _, nnx = _flax()
     if masking == "causal-flag" and "is_causal" not in inspect.signature(nnx.MultiHeadAttention.__call__).parameters:
         pytest.skip("this flax's nnx.MultiHeadAttention has no is_causal argument (flax 0.12.8 has)")
@@ -215,7 +223,7 @@ def test_nnx_attention_fn_equals_flax_default(masking):
         _close(ours(x, **call), default(x, **call), rtol=1e-4, atol=1e-5)
 
 
-def test_attention_given_to_linen_honours_its_mask():
+def test_attention_given_to_linen_honours_its_mask(float32_on_cpu):
     """Linen passes `mask=` to an attention_fn that names it: jax_flash.attention applies it as a mask tensor (it
     once ignored it, giving unmasked attention)."""
     linen, _ = _flax()
