@@ -5,11 +5,13 @@ Rule (cfg=None): a decode-shaped call (at most 64 rows per kv head once the grou
 the sm80 family's decode tiles on every GPU; a call of more rows that fills 128-row tiles better packed runs the sm90
 family packed on sm_90 (groups dividing 64, 16 MiB of K/V or more, no tensors or segment ids), else the sm80 family's
 tuned tile; below sm_90, a call with a bias or mask tensor or segment ids the sm80 family's tuned tile; otherwise the
-autotune cache's entry for the call if it is compiled; on sm_90 the SM90_BY_SHAPE entry for (head dim, right bound);
-else DEFAULTS for (arch, dtype, head dim), falling back to the nearest older architecture in the table; else the first
-compiled config for (dtype, head dim) in registry order. pack_gqa=None becomes should_pack_gqa's answer for the chosen
-tile (never with tensors or segment ids on the sm90 family). On CPU cfg=None uses the CPU path's own tiles, CPU_TILES;
-a given cfg's block_q and block_kv are the CPU tiles. The measurements behind each entry: docs/PERFORMANCE.md.
+autotune cache's entry for the call if it is compiled; on sm_90 SM90_TENSOR_CONFIGS for a call with tensors, the
+128-row tile for head dim 64 and SM90_SHORT_ROWS query rows without a right bound, else the SM90_BY_SHAPE entry for
+(head dim, right bound); else DEFAULTS for (arch, dtype, head dim), falling back to the nearest older architecture in
+the table; else the first compiled config for (dtype, head dim) in registry order. pack_gqa=None becomes
+should_pack_gqa's answer for the chosen tile (never with tensors or segment ids on the sm90 family). On CPU cfg=None
+uses the CPU path's own tiles, CPU_TILES; a given cfg's block_q and block_kv are the CPU tiles. The measurements behind
+each entry: docs/PERFORMANCE.md.
 """
 
 from __future__ import annotations
@@ -58,6 +60,11 @@ SM90_BY_SHAPE: dict[tuple[int, bool], tuple[tuple[int, KernelConfig], ...]] = {
 # three-consumer tile's tensor variant spills 312 bytes; H100, bf16, 8 x 2048 tokens, 16 heads: a dense causal mask
 # 253 against 193 TFLOP/s, a (B, 1, 1, S) padding mask 382 against 343, an ALiBi bias 168 against 167).
 SM90_TENSOR_CONFIGS: dict[int, KernelConfig] = {64: SM90_CONFIGS[64][0]}
+# sm_90, head dim 64 without a right bound, 193-256 query rows (ViT-B/16 at 224 px: 197 tokens): the 128-row tile
+# (two query tiles either way, the 192-row tile's second holding at most 64 rows). H100, bf16, 12 heads, batch 64 /
+# 256: 152 / 178 TFLOP/s against 136 / 160 on the 192-row tile (cuDNN 160 / 181); from 385 rows the 192-row tile
+# needs fewer tiles and wins (577 tokens 320 against 289, 512 385 against 354), and at 64 or 128 rows it ties or wins.
+SM90_SHORT_ROWS = (193, 256)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -154,12 +161,15 @@ def sm90_packed_config(arch: int, dtype: str, head_dim: int, shape: CallShape, c
 
 
 def default_gpu_config(arch: int, dtype: str, head_dim: int, compiled: list[KernelConfig], right_bounded: bool = False,
-                       seq_k: int = 0, tensors: bool = False) -> KernelConfig | None:
+                       seq_k: int = 0, tensors: bool = False, seq_q: int | None = None) -> KernelConfig | None:
     """The config cfg=None runs on a GPU of compute capability `arch` (e.g. 90); None when nothing is compiled.
     `compiled` holds only configs this GPU can run (the caller drops the sm90 family below sm_90); `tensors`: the call
-    has a bias or mask tensor."""
+    has a bias or mask tensor; seq_q: its query rows (None: symbolic)."""
     if arch == 90 and tensors and SM90_TENSOR_CONFIGS.get(head_dim) in compiled:
         return SM90_TENSOR_CONFIGS[head_dim]
+    short = seq_q is not None and SM90_SHORT_ROWS[0] <= seq_q <= SM90_SHORT_ROWS[1] and not right_bounded
+    if arch == 90 and head_dim == 64 and short and SM90_CONFIGS[64][0] in compiled:
+        return SM90_CONFIGS[64][0]
     if arch == 90:
         choice = [cfg for min_seq_k, cfg in SM90_BY_SHAPE.get((head_dim, right_bounded), ()) if min_seq_k <= seq_k]
         if choice and choice[-1] in compiled:
@@ -210,7 +220,8 @@ def resolve_gpu_config(cfg: KernelConfig | None, dtype, head_dim: int, tuned: Ke
         if tuned is not None and tuned.kernel() in compiled:  # the autotune cache first, then the table
             cfg = tuned
         else:
-            cfg = default_gpu_config(arch, dtype_name, head_dim, compiled, right_bounded, shape.seq_k, shape.tensors)
+            cfg = default_gpu_config(arch, dtype_name, head_dim, compiled, right_bounded, shape.seq_k, shape.tensors,
+                                     shape.seq_q)
     elif cfg.kernel() not in compiled:
         listing = "\n  ".join(repr(c) for c in compiled)
         raise ValueError(f"cfg={cfg!r} is not compiled into this build for {dtype_name} head_dim={head_dim}. "

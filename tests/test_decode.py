@@ -317,6 +317,17 @@ def test_paged_prefill_routing():
     assert decode.block_q == 16 and decode.pack_gqa
 
 
+def test_short_sequence_routing():
+    """cfg=None on sm_90, head dim 64: 193-256 query rows without a right bound take the 128-row sm90 tile (ViT's
+    197 tokens), other lengths and causal calls the 192-row one."""
+    from jax_flash import config, selection
+
+    compiled = list(config.TUNED_CONFIGS[64]) + list(config.SM90_CONFIGS[64])
+    pick = lambda seq, causal=False: selection.default_gpu_config(90, "bfloat16", 64, compiled, causal, seq, False, seq)
+    assert pick(197) == pick(256) == config.SM90_CONFIGS[64][0]
+    assert pick(64) == pick(192) == pick(257) == pick(577) == pick(197, causal=True) == config.SM90_CONFIGS[64][2]
+
+
 def test_sm90_packed_routing():
     """cfg=None on a GPU: on sm_90, more than 64 rows per kv head once packed that fill 128-row tiles better packed
     (MQA with a few rows per sequence) take the sm90 family packed, for groups dividing 64; not on other GPUs, not
