@@ -27,31 +27,44 @@ inline PFN_cuTensorMapEncodeTiled_v12000 tensor_map_encoder(std::string& failure
   return encode;
 }
 
-// `map` over base (B, S, H, D) with element strides (batch, seq, head; D contiguous), box (64, box_rows, 1, 1).
-// Rows past S read as zeros. Returns "" on success.
-inline std::string encode_bshd_map(CUtensorMap* map, const void* base, bool bf16, int64_t batch, int64_t seq,
-                                   int64_t heads, int64_t head_dim, int64_t batch_stride, int64_t seq_stride,
-                                   int64_t head_stride, int box_rows) {
+// `map` over `base`, a 16-bit tensor of `rank` dimensions (innermost first, the first contiguous) with the byte
+// strides of the others, in boxes of `box` elements, 128-byte swizzled; what() names the tensor in the error (built
+// only then: every sm90 call encodes four maps). Elements past the dimensions read as zeros and are not written.
+// Returns "" on success.
+template <int kRank, class Describe>
+std::string encode_swizzled_map(CUtensorMap* map, const void* base, bool bf16, const cuuint64_t (&dims)[kRank],
+                                const cuuint64_t (&strides_bytes)[kRank - 1], const cuuint32_t (&box)[kRank],
+                                Describe what) {
   std::string failure;
   auto encode = tensor_map_encoder(failure);
   if (encode == nullptr) return failure;
+  cuuint32_t element_strides[kRank];
+  for (int i = 0; i < kRank; ++i) element_strides[i] = 1;
+  const CUresult result = encode(
+      map, bf16 ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16 : CU_TENSOR_MAP_DATA_TYPE_FLOAT16, kRank, const_cast<void*>(base),
+      dims, strides_bytes, box, element_strides, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
+      CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+  if (result != CUDA_SUCCESS) {
+    return "cuTensorMapEncodeTiled failed (error " + std::to_string(static_cast<int>(result)) + ") for " + what();
+  }
+  return {};
+}
+
+// `map` over base (B, S, H, D) with element strides (batch, seq, head; D contiguous), box (64, box_rows, 1, 1).
+// Rows past S read as zeros.
+inline std::string encode_bshd_map(CUtensorMap* map, const void* base, bool bf16, int64_t batch, int64_t seq,
+                                   int64_t heads, int64_t head_dim, int64_t batch_stride, int64_t seq_stride,
+                                   int64_t head_stride, int box_rows) {
   const cuuint64_t dims[4] = {static_cast<cuuint64_t>(head_dim), static_cast<cuuint64_t>(seq),
                               static_cast<cuuint64_t>(heads), static_cast<cuuint64_t>(batch)};
   const cuuint64_t strides_bytes[3] = {static_cast<cuuint64_t>(seq_stride) * 2,
                                        static_cast<cuuint64_t>(head_stride) * 2,
                                        static_cast<cuuint64_t>(batch_stride) * 2};
   const cuuint32_t box[4] = {64, static_cast<cuuint32_t>(box_rows), 1, 1};
-  const cuuint32_t element_strides[4] = {1, 1, 1, 1};
-  const CUresult result = encode(
-      map, bf16 ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16 : CU_TENSOR_MAP_DATA_TYPE_FLOAT16, 4, const_cast<void*>(base), dims,
-      strides_bytes, box, element_strides, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
-      CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
-  if (result != CUDA_SUCCESS) {
-    return "cuTensorMapEncodeTiled failed (error " + std::to_string(static_cast<int>(result)) + ") for a (" +
-           std::to_string(batch) + ", " + std::to_string(seq) + ", " + std::to_string(heads) + ", " +
+  return encode_swizzled_map(map, base, bf16, dims, strides_bytes, box, [&] {
+    return "a (" + std::to_string(batch) + ", " + std::to_string(seq) + ", " + std::to_string(heads) + ", " +
            std::to_string(head_dim) + ") tensor";
-  }
-  return {};
+  });
 }
 
 // Packed GQA (common/params.h, pack_gqa): `map` over the same (B, S, H, D) tensor seen as (B, S, Hk, G, D), heads
@@ -62,9 +75,6 @@ inline std::string encode_bshd_map(CUtensorMap* map, const void* base, bool bf16
 inline std::string encode_packed_map(CUtensorMap* map, const void* base, bool bf16, int64_t batch, int64_t seq,
                                      int64_t heads_k, int64_t group, int64_t head_dim, int64_t batch_stride,
                                      int64_t seq_stride, int64_t head_stride, int box_positions) {
-  std::string failure;
-  auto encode = tensor_map_encoder(failure);
-  if (encode == nullptr) return failure;
   const cuuint64_t dims[5] = {static_cast<cuuint64_t>(head_dim), static_cast<cuuint64_t>(group),
                               static_cast<cuuint64_t>(seq), static_cast<cuuint64_t>(heads_k),
                               static_cast<cuuint64_t>(batch)};
@@ -73,17 +83,10 @@ inline std::string encode_packed_map(CUtensorMap* map, const void* base, bool bf
                                        static_cast<cuuint64_t>(head_stride * group) * 2,
                                        static_cast<cuuint64_t>(batch_stride) * 2};
   const cuuint32_t box[5] = {64, static_cast<cuuint32_t>(group), static_cast<cuuint32_t>(box_positions), 1, 1};
-  const cuuint32_t element_strides[5] = {1, 1, 1, 1, 1};
-  const CUresult result = encode(
-      map, bf16 ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16 : CU_TENSOR_MAP_DATA_TYPE_FLOAT16, 5, const_cast<void*>(base), dims,
-      strides_bytes, box, element_strides, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
-      CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
-  if (result != CUDA_SUCCESS) {
-    return "cuTensorMapEncodeTiled failed (error " + std::to_string(static_cast<int>(result)) + ") for a packed (" +
-           std::to_string(batch) + ", " + std::to_string(seq) + ", " + std::to_string(heads_k) + " x " +
-           std::to_string(group) + ", " + std::to_string(head_dim) + ") tensor";
-  }
-  return {};
+  return encode_swizzled_map(map, base, bf16, dims, strides_bytes, box, [&] {
+    return "a packed (" + std::to_string(batch) + ", " + std::to_string(seq) + ", " + std::to_string(heads_k) +
+           " x " + std::to_string(group) + ", " + std::to_string(head_dim) + ") tensor";
+  });
 }
 
 }  // namespace jax_flash::sm90
