@@ -56,10 +56,13 @@ SM90_BY_SHAPE: dict[tuple[int, bool], tuple[tuple[int, KernelConfig], ...]] = {
     (256, False): ((0, SM90_CONFIGS[256][0]),),
     (256, True): ((0, SM90_CONFIGS[256][1]),),
 }
-# sm_90 with a bias or mask tensor, where it differs from SM90_BY_SHAPE: head dim 64 on two consumer warpgroups (the
-# three-consumer tile's tensor variant spills 312 bytes; H100, bf16, 8 x 2048 tokens, 16 heads: a dense causal mask
-# 253 against 193 TFLOP/s, a (B, 1, 1, S) padding mask 382 against 343, an ALiBi bias 168 against 167).
-SM90_TENSOR_CONFIGS: dict[int, KernelConfig] = {64: SM90_CONFIGS[64][0]}
+# sm_90 with a bias or mask tensor, where it differs from SM90_BY_SHAPE (H100, bf16, 16 heads, 8 x 2048 and 4 x 4096
+# tokens): head dim 64 on two consumer warpgroups (the three-consumer tile's tensor variant spills 312 bytes; a dense
+# causal mask 253 against 193 TFLOP/s, a (B, 1, 1, S) padding mask 382 against 343, an ALiBi bias 168 against 167);
+# head dim 128 without pingpong, whose consumers' per-score loads wait at the same time instead of in turns (ALiBi
+# 251-255 against 187-188, causal mask 397-428 against 350-398, padding mask 493-524 against 447-501). Head dim 256
+# keeps pingpong (masks 1-2% faster with it, the bias equal).
+SM90_TENSOR_CONFIGS: dict[int, KernelConfig] = {64: SM90_CONFIGS[64][0], 128: SM90_CONFIGS[128][1]}
 # sm_90, head dim 64 without a right bound, 193-256 query rows (ViT-B/16 at 224 px: 197 tokens): the 128-row tile
 # (two query tiles either way, the 192-row tile's second holding at most 64 rows). H100, bf16, 12 heads, batch 64 /
 # 256: 152 / 178 TFLOP/s against 136 / 160 on the 192-row tile (cuDNN 160 / 181); from 385 rows the 192-row tile

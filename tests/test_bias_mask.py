@@ -256,5 +256,7 @@ def test_tensor_routing():
     assert selection.decode_gpu_config(128, shape, compiled, 80).family == "sm80"
     assert selection.default_gpu_config(90, "bfloat16", 64, list(config.SM90_CONFIGS[64]), False, 1024,
                                         True) == config.SM90_CONFIGS[64][0]
+    no_pingpong = selection.default_gpu_config(90, "bfloat16", 128, compiled, False, 1024, True)
+    assert no_pingpong == config.SM90_CONFIGS[128][1] and not no_pingpong.pingpong
     decode = dataclasses.replace(shape, seq_q=1, group=1)
     assert selection.decode_gpu_config(128, decode, compiled, 90).kernel() in config.DECODE_CONFIGS[128]
