@@ -9,6 +9,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from jax_flash import fp8
 from jax_flash._primitive import attention_p, no_lengths, no_segments, no_tensor
 from jax_flash._ring import ring_refusal
 from jax_flash.config import KernelConfig
@@ -27,11 +28,12 @@ except AttributeError:  # moved out of the public jax.core in newer releases
 def attention(q, k, v, cfg: KernelConfig | None = None, *, causal: bool = False, softmax_scale: float | None = None,
               window: tuple[int, int] | None = None, softcap: float | None = None, q_lengths=None, kv_lengths=None,
               page_table=None, q_segment_ids=None, kv_segment_ids=None, bias=None, mask=None,
-              return_lse: bool = False, deterministic: bool = False):
+              return_lse: bool = False, deterministic: bool = False, q_descale=None, k_descale=None, v_descale=None,
+              out_dtype=None):
     """FlashAttention forward: softmax(scale * q k^T, masked) v, computed blockwise without the (Sq, Sk) matrix.
 
     Args:
-      q: (batch, seq_q, heads_q, head_dim), float16 or bfloat16 (float32 also on CPU).
+      q: (batch, seq_q, heads_q, head_dim), float16 or bfloat16 (float32 and float8_e4m3fn also on CPU).
       k, v: (batch, seq_k, heads_k, head_dim), q's dtype; heads_q must be a multiple of heads_k (GQA/MQA: query head
         h reads kv head h // (heads_q // heads_k)). Any seq_q, seq_k >= 0. With page_table: a paged KV cache,
         (num_pages, page_size, heads_k, head_dim), page_size a multiple of 8.
@@ -67,16 +69,49 @@ def attention(q, k, v, cfg: KernelConfig | None = None, *, causal: bool = False,
         dimensions are never materialised; key tiles the mask hides entirely are skipped (the CPU path and the sm80
         family; on Hopper the sm90 family skips the key blocks outside the first to last with a visible entry). The
         bias gets a gradient (computed by XLA, O(Sq x Sk) per batch row and head).
+      q_descale, k_descale, v_descale: float8_e4m3fn inputs only: float32 (batch, heads_k) factors (None: 1); the
+        call computes attention of q * q_descale, k * k_descale, v * v_descale, each kv head's factor applying to
+        its group's query heads (jax_flash/fp8.py). FP8 runs on the CPU path only (no GPU kernel yet).
+      out_dtype: float8_e4m3fn inputs only: the output's dtype, bfloat16 (default), float16 or float32.
 
     Returns:
-      out (batch, seq_q, heads_q, head_dim) in q's dtype, or (out, lse) with return_lse. A row that sees no key
+      out (batch, seq_q, heads_q, head_dim) in q's dtype (out_dtype for FP8), or (out, lse) with return_lse. A row that sees no key
       gives zeros and lse -inf. Works eagerly and under jax.jit/vmap; differentiable (jax.grad, jax.jvp, on CPU and
       GPU: jax_flash/_autodiff.py).
     """
-    return _validated_call(q, k, v, cfg, causal=causal, softmax_scale=softmax_scale, window=window, softcap=softcap,
-                           q_lengths=q_lengths, kv_lengths=kv_lengths, page_table=page_table,
-                           q_segment_ids=q_segment_ids, kv_segment_ids=kv_segment_ids, bias=bias, mask=mask,
-                           return_lse=return_lse, deterministic=deterministic, ring=None)
+    kwargs = dict(causal=causal, softmax_scale=softmax_scale, window=window, softcap=softcap, q_lengths=q_lengths,
+                  kv_lengths=kv_lengths, page_table=page_table, q_segment_ids=q_segment_ids,
+                  kv_segment_ids=kv_segment_ids, bias=bias, mask=mask, deterministic=deterministic, ring=None)
+    q, k, v = (_as_array(x, name) for x, name in ((q, "q"), (k, "k"), (v, "v")))
+    descales = {"q_descale": q_descale, "k_descale": k_descale, "v_descale": v_descale}
+    if any(fp8.is_fp8(x) for x in (q, k, v)):
+        return _fp8_call(q, k, v, cfg, descales, out_dtype, return_lse, kwargs)
+    for name, descale in descales.items():
+        if descale is not None:
+            raise ValueError(f"{name} applies to float8_e4m3fn inputs only; q has dtype {jnp.dtype(q.dtype).name}")
+    fp8.check_out_dtype(out_dtype, fp8=False)
+    return _validated_call(q, k, v, cfg, return_lse=return_lse, **kwargs)
+
+
+def _fp8_call(q, k, v, cfg, descales, out_dtype, return_lse, kwargs):
+    """attention of float8_e4m3fn inputs: checked, widened to float32 with the descales folded in (jax_flash/fp8.py),
+    computed on the CPU path, the output scaled by v_descale and cast to out_dtype."""
+    if not all(fp8.is_fp8(x) for x in (q, k, v)):
+        raise TypeError(f"q, k and v must share one dtype; got q {q.dtype}, k {k.dtype}, v {v.dtype}")
+    for name, x in (("q", q), ("k", k)):
+        if x.ndim != 4:
+            raise ValueError(f"{name} has shape {tuple(x.shape)} (rank {x.ndim}); expected rank 4: "
+                             f"(batch, seq, heads, head_dim)")
+    out_dtype = fp8.check_out_dtype(out_dtype, fp8=True)
+    checked = {name: fp8.check_descale(x, name, q.shape[0], k.shape[2]) for name, x in descales.items()}
+    fp8.refuse_on_gpu(q)
+    q32, k32, v32, v_scale = fp8.dequantised_inputs(q, k, v, *checked.values())
+    result = _validated_call(q32, k32, v32, cfg, return_lse=return_lse, **kwargs)
+    out, lse = result if return_lse else (result, None)
+    if v_scale is not None:
+        out = out * v_scale
+    out = out.astype(out_dtype)
+    return (out, lse) if return_lse else out
 
 
 def _validated_call(q, k, v, cfg, *, causal, softmax_scale, window, softcap, q_lengths, kv_lengths, page_table,
@@ -90,7 +125,7 @@ def _validated_call(q, k, v, cfg, *, causal, softmax_scale, window, softcap, q_l
                              f"(batch, seq, heads, head_dim)")
         if jnp.dtype(x.dtype).name not in _INPUT_DTYPES:
             raise TypeError(f"{name} has dtype {jnp.dtype(x.dtype).name}; supported dtypes are float16 and bfloat16 "
-                            f"(float32 on CPU)")
+                            f"(float32 and float8_e4m3fn on CPU)")
     if not (q.dtype == k.dtype == v.dtype):
         raise TypeError(f"q, k and v must share one dtype; got q {q.dtype}, k {k.dtype}, v {v.dtype}")
     if k.shape != v.shape:

@@ -35,18 +35,26 @@ def visibility_mask(batch, seq_q, seq_k, *, causal=False, window=None, q_lengths
 
 def attention_reference(q, k, v, *, causal=False, softmax_scale=None, window=None, softcap=None, q_lengths=None,
                         kv_lengths=None, q_segment_ids=None, kv_segment_ids=None, bias=None, mask=None,
-                        return_lse=False, compute_dtype=None):
+                        return_lse=False, compute_dtype=None, q_descale=None, k_descale=None, v_descale=None):
     """jax_flash.attention's semantics in plain jnp: q (B, Sq, Hq, D), k and v (B, Sk, Hk, D), Hq % Hk == 0.
 
     bias (added to the soft-capped scores) and mask (False hides the key) broadcast to (B, Hq, Sq, Sk).
     Returns (B, Sq, Hq, D) in `compute_dtype` (default float32), and with return_lse the float32 (B, Hq, Sq) natural
     log-sum-exp of the scores over visible keys. Rows that see no key give zeros and lse -inf.
     Passing the input dtype as compute_dtype gives the plain low-precision attention of the tests' tolerance rule.
+    q_descale, k_descale, v_descale: (B, Hk) factors of FP8 inputs (jax_flash/fp8.py), each multiplying its input
+    after the conversion, a kv head's factor every query head of its group.
     """
     compute = compute_dtype or (jnp.float64 if q.dtype == jnp.float64 else jnp.float32)
     q, k, v = (jnp.asarray(x).astype(compute) for x in (q, k, v))
     batch, seq_q, heads_q, head_dim = q.shape
     seq_k, heads_k = k.shape[1], k.shape[2]
+    if q_descale is not None:
+        q = q * jnp.repeat(jnp.asarray(q_descale, compute), heads_q // heads_k, axis=1)[:, None, :, None]
+    if k_descale is not None:
+        k = k * jnp.asarray(k_descale, compute)[:, None, :, None]
+    if v_descale is not None:
+        v = v * jnp.asarray(v_descale, compute)[:, None, :, None]
     scale = (1.0 / math.sqrt(head_dim) if head_dim else 1.0) if softmax_scale is None else softmax_scale
     group = heads_q // heads_k if heads_k else 1
     k = jnp.repeat(k, group, axis=2)  # (B, Sk, Hq, D)

@@ -1,0 +1,116 @@
+"""FP8 (float8_e4m3fn) inputs with descale factors on the CPU path: the semantics of the dequantised inputs (against
+attention_reference given the same descales), with every mask, paged caches, jit and vmap, and clear errors; on a
+GPU the call is refused with a clear error (no FP8 GPU kernel yet)."""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import jax_flash
+from jax_flash import fp8
+from test_decode import paged_cache
+
+CPU = jax.devices("cpu")[0]
+
+
+@pytest.fixture(autouse=True)
+def on_cpu():
+    """FP8 runs on the CPU path: these tests put it there also where a GPU is the default device."""
+    with jax.default_device(CPU):
+        yield
+# The output's rounding (bfloat16: 2^-8 relative) over outputs of magnitude up to a few units, and float32's
+TOLERANCE = {jnp.bfloat16: 3e-2, jnp.float16: 4e-3, jnp.float32: 1e-4}
+
+
+def _fp8_inputs(seed, batch=2, seq_q=70, seq_k=90, heads_q=4, heads_k=2, head_dim=64):
+    keys = jax.random.split(jax.random.PRNGKey(seed), 6)
+    with jax.default_device(CPU):
+        q, k, v = (
+            (2.0 * jax.random.normal(key, (batch, seq, heads, head_dim))).astype(jnp.float8_e4m3fn)
+            for key, seq, heads in ((keys[0], seq_q, heads_q), (keys[1], seq_k, heads_k), (keys[2], seq_k, heads_k)))
+        descales = [jax.random.uniform(key, (batch, heads_k), jnp.float32, 0.05, 2.0) for key in keys[3:]]
+    return q, k, v, descales
+
+
+def _check(out, lse, q, k, v, out_dtype, **kwargs):
+    ref, ref_lse = jax_flash.attention_reference(q, k, v, return_lse=True, **kwargs)
+    assert out.dtype == out_dtype
+    np.testing.assert_allclose(np.asarray(out, np.float32), np.asarray(ref), atol=TOLERANCE[out_dtype],
+                               rtol=TOLERANCE[out_dtype])
+    lse, ref_lse = np.asarray(lse), np.asarray(ref_lse)
+    np.testing.assert_array_equal(np.isneginf(lse), np.isneginf(ref_lse))
+    seen = np.isfinite(ref_lse)
+    np.testing.assert_allclose(lse[seen], ref_lse[seen], atol=1e-4, rtol=1e-5)
+
+
+@pytest.mark.parametrize("out_dtype", [jnp.bfloat16, jnp.float16, jnp.float32])
+@pytest.mark.parametrize("heads", [(4, 4), (4, 2), (4, 1)], ids=["mha", "gqa", "mqa"])
+@pytest.mark.parametrize("scaled", [True, False], ids=["descales", "none"])
+def test_fp8_equals_the_dequantised_reference(out_dtype, heads, scaled):
+    q, k, v, descales = _fp8_inputs(1, heads_q=heads[0], heads_k=heads[1])
+    names = dict(zip(("q_descale", "k_descale", "v_descale"), descales)) if scaled else {}
+    out, lse = jax_flash.attention(q, k, v, causal=True, return_lse=True,
+                                   out_dtype=None if out_dtype == jnp.bfloat16 else out_dtype, **names)
+    _check(out, lse, q, k, v, out_dtype, causal=True, **names)
+
+
+def test_fp8_with_every_mask_and_a_paged_cache():
+    """Window, softcap, both lengths and segment ids, and the same call over a shuffled paged pool (the descales
+    stay per sequence: the pool's pages are only widened)."""
+    q, k, v, descales = _fp8_inputs(2, seq_q=50, seq_k=130)
+    names = dict(zip(("q_descale", "k_descale", "v_descale"), descales))
+    ids = jnp.cumsum(jax.random.bernoulli(jax.random.PRNGKey(3), 0.05, (2, 130)).astype(jnp.int32), axis=1)
+    kwargs = dict(causal=True, window=(60, -1), softcap=10.0, q_lengths=jnp.array([50, 31], jnp.int32),
+                  kv_lengths=jnp.array([130, 100], jnp.int32))
+    out, lse = jax_flash.attention(q, k, v, return_lse=True, q_segment_ids=ids[:, 80:], kv_segment_ids=ids,
+                                   **kwargs, **names)
+    _check(out, lse, q, k, v, jnp.bfloat16, q_segment_ids=ids[:, 80:], kv_segment_ids=ids, **kwargs, **names)
+    k_pages, v_pages, table = paged_cache(k.astype(jnp.float32), v.astype(jnp.float32), 16, seed=4)
+    k_pages, v_pages = k_pages.astype(jnp.float8_e4m3fn), v_pages.astype(jnp.float8_e4m3fn)
+    paged, paged_lse = jax_flash.attention(q, k_pages, v_pages, page_table=table, return_lse=True, **kwargs,
+                                           **names)
+    plain, plain_lse = jax_flash.attention(q, k, v, return_lse=True, **kwargs, **names)
+    np.testing.assert_allclose(np.asarray(paged, np.float32), np.asarray(plain, np.float32), atol=1e-2)
+    np.testing.assert_allclose(np.asarray(paged_lse), np.asarray(plain_lse), atol=1e-5)
+
+
+def test_fp8_under_jit_and_vmap():
+    q, k, v, (qd, kd, vd) = _fp8_inputs(5)
+    call = lambda q, k, v, qd, kd, vd: jax_flash.attention(q, k, v, q_descale=qd, k_descale=kd, v_descale=vd)
+    eager = call(q, k, v, qd, kd, vd)
+    np.testing.assert_array_equal(np.asarray(jax.jit(call)(q, k, v, qd, kd, vd), np.float32),
+                                  np.asarray(eager, np.float32))
+    stacked = [jnp.stack([x, x]) for x in (q, k, v, qd, kd, vd)]
+    mapped = jax.vmap(call)(*stacked)
+    np.testing.assert_allclose(np.asarray(mapped[1], np.float32), np.asarray(eager, np.float32), atol=1e-2)
+
+
+def test_fp8_errors():
+    q, k, v, (qd, kd, vd) = _fp8_inputs(6)
+    with pytest.raises(ValueError, match=r"k_descale must be a float32 array of shape \(batch, heads_k\) = \(2, 2\)"):
+        jax_flash.attention(q, k, v, k_descale=kd[:, :1])
+    with pytest.raises(ValueError, match="q_descale must be a float32 array"):
+        jax_flash.attention(q, k, v, q_descale=qd.astype(jnp.float16))
+    with pytest.raises(ValueError, match="out_dtype must be one of"):
+        jax_flash.attention(q, k, v, out_dtype=jnp.int8)
+    with pytest.raises(TypeError, match="q, k and v must share one dtype"):
+        jax_flash.attention(q, k.astype(jnp.bfloat16), v)
+    plain = q.astype(jnp.bfloat16)
+    with pytest.raises(ValueError, match="v_descale applies to float8_e4m3fn inputs only"):
+        jax_flash.attention(plain, k.astype(jnp.bfloat16), v.astype(jnp.bfloat16), v_descale=vd)
+    with pytest.raises(ValueError, match="out_dtype=.* applies to float8_e4m3fn inputs only"):
+        jax_flash.attention(plain, k.astype(jnp.bfloat16), v.astype(jnp.bfloat16), out_dtype=jnp.float32)
+    with pytest.raises(TypeError, match="float8_e5m2; supported dtypes are float16 and bfloat16"):
+        e5m2 = [x.astype(jnp.float32).astype(jnp.float8_e5m2) for x in (q, k, v)]
+        jax_flash.attention(*e5m2)
+
+
+def test_fp8_is_refused_where_it_would_reach_a_gpu(monkeypatch):
+    """A traced call where the default device is a GPU (here: reported as one) raises a clear error."""
+    q, k, v, _ = _fp8_inputs(7)
+    monkeypatch.setattr(fp8, "_default_platform", lambda: "gpu")
+    with pytest.raises(NotImplementedError, match="float8_e4m3fn q, k and v run on the CPU path only"):
+        jax.jit(lambda q, k, v: jax_flash.attention(q, k, v)).trace(q, k, v)
