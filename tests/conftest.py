@@ -29,7 +29,7 @@ GPU_DEVICES = _gpu_devices()
 requires_gpu = pytest.mark.skipif(not GPU_DEVICES, reason="no CUDA device visible to jax")
 
 
-# The quick subset, `pytest -m "not slow"`: the first case of every test function (each parametrized grid's first
+# The quick subset, `pytest -m "not slow" -n 2`: the first case of every test function (each parametrized grid's first
 # combination, each file's every check), without the hypothesis searches and the two longest single tests (13 s and
 # 7 s on 2 cores). `pytest` runs everything (CI does).
 SLOW_FILES = {"test_properties.py"}
