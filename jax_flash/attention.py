@@ -75,9 +75,9 @@ def attention(q, k, v, cfg: KernelConfig | None = None, *, causal: bool = False,
       out_dtype: float8_e4m3fn inputs only: the output's dtype, bfloat16 (default), float16 or float32.
 
     Returns:
-      out (batch, seq_q, heads_q, head_dim) in q's dtype (out_dtype for FP8), or (out, lse) with return_lse. A row that sees no key
-      gives zeros and lse -inf. Works eagerly and under jax.jit/vmap; differentiable (jax.grad, jax.jvp, on CPU and
-      GPU: jax_flash/_autodiff.py).
+      out (batch, seq_q, heads_q, head_dim) in q's dtype (out_dtype for FP8), or (out, lse) with return_lse. A row
+      that sees no key gives zeros and lse -inf. Works eagerly and under jax.jit/vmap; differentiable (jax.grad,
+      jax.jvp, on CPU and GPU: jax_flash/_autodiff.py).
     """
     kwargs = dict(causal=causal, softmax_scale=softmax_scale, window=window, softcap=softcap, q_lengths=q_lengths,
                   kv_lengths=kv_lengths, page_table=page_table, q_segment_ids=q_segment_ids,
@@ -104,7 +104,7 @@ def _fp8_call(q, k, v, cfg, descales, out_dtype, return_lse, kwargs):
                              f"(batch, seq, heads, head_dim)")
     out_dtype = fp8.check_out_dtype(out_dtype, fp8=True)
     checked = {name: fp8.check_descale(x, name, q.shape[0], k.shape[2]) for name, x in descales.items()}
-    fp8.refuse_on_gpu(q)
+    fp8.refuse_on_gpu(q, traced=isinstance(q, _Tracer))
     q32, k32, v32, v_scale = fp8.dequantised_inputs(q, k, v, *checked.values())
     result = _validated_call(q32, k32, v32, cfg, return_lse=return_lse, **kwargs)
     out, lse = result if return_lse else (result, None)

@@ -13,11 +13,6 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-try:
-    _Tracer = jax.core.Tracer
-except AttributeError:  # moved out of the public jax.core in newer releases
-    from jax._src.core import Tracer as _Tracer
-
 FP8_DTYPES = ("float8_e4m3fn",)
 OUT_DTYPES = ("bfloat16", "float16", "float32")
 
@@ -63,9 +58,10 @@ def _default_platform() -> str:
     return jax.default_backend()
 
 
-def refuse_on_gpu(q) -> None:
-    """FP8 inputs run on the CPU path only: a clear error where they would reach the GPU kernels."""
-    devices = q.devices() if not isinstance(q, _Tracer) and hasattr(q, "devices") else None
+def refuse_on_gpu(q, traced: bool) -> None:
+    """FP8 inputs run on the CPU path only: a clear error where they would reach the GPU kernels (q's devices where
+    it is a committed array, else the default device's platform)."""
+    devices = None if traced else q.devices()
     committed = devices and getattr(q, "committed", True)
     platforms = {d.platform for d in devices} if committed else {_default_platform()}
     if platforms - {"cpu"}:
