@@ -269,7 +269,7 @@ def main(argv=None) -> int:
                         default="prefill",
                         help="prefill: the standard grid (TFLOP/s); short: ViT and BERT shapes and more (batch, "
                              "head) pairs than 65535 (TFLOP/s); decode: a few query rows against a KV cache, "
-                             "contiguous and paged (us, K/V GB/s, % of copy bandwidth); ring: ring attention "
+                             "contiguous and paged (us, K/V GB/s, %% of copy bandwidth); ring: ring attention "
                              "against the gather, and scaling over 1, 2, 4, ... devices; packed: documents packed "
                              "into rows by segment ids against the same documents unpacked (TFLOP/s of visible "
                              "pairs); tensors: a dense causal mask and an ALiBi bias beside cuDNN given them")

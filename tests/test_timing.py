@@ -136,6 +136,15 @@ def test_benchmark_writes_rows_for_every_case(tmp_path, capsys, order):
         assert "ms and GFLOP/s on" in capsys.readouterr().out
 
 
+def test_benchmark_help_lists_every_option(capsys):
+    # argparse %-formats each help text: a bare % in one made --help raise instead of printing
+    with pytest.raises(SystemExit) as exit_info:
+        benchmark.main(["--help"])
+    assert exit_info.value.code == 0
+    out = capsys.readouterr().out
+    assert "--suite" in out and "% of copy" in out
+
+
 def test_benchmark_dtype_names(capsys):
     # jnp names are accepted as the short ones; anything else is refused by argparse with the allowed names
     assert benchmark._dtype_list("bfloat16,float16, fp32") == ["bf16", "fp16", "fp32"]
