@@ -1,5 +1,6 @@
 // run_backward: the backward's three launches on XLA's stream (common/backward_prepost.cuh's preprocess, the
-// family's kernel in the variant the call needs, the dq conversion), with grid and shared-memory checks. Kernels<T>
+// family's kernel in the variant the call needs, the dq conversion), with grid and shared-memory checks. The kernel
+// takes the BackwardParams and then the family's `extra` launch arguments (sm90: dQ's tensor map). Kernels<T>
 // names the family's kernel template: Kernels::template get<kMask, kSoftcap, kDeterministic>() (and, where it
 // declares kTakesTensors, get<true, kSoftcap, false, true>() for segment ids and bias / mask tensors). The deterministic
 // variants (p.dq_turns set) are compiled with the mask only, which handles every call: they are slow anyway, and a
@@ -19,8 +20,10 @@
 
 namespace jax_flash {
 
-template <class T, class Kernels, bool kMask, bool kSoftcap, bool kDeterministic = false, bool kTensors = false>
-std::string launch_backward_kernel(const BackwardParams& bp, int64_t num_blocks, cudaStream_t stream) {
+template <class T, class Kernels, bool kMask, bool kSoftcap, bool kDeterministic = false, bool kTensors = false,
+          class... Extra>
+std::string launch_backward_kernel(const BackwardParams& bp, int64_t num_blocks, cudaStream_t stream,
+                                   const Extra&... extra) {
   auto kernel = [] {
     if constexpr (kTensors) {
       return Kernels::template get<kMask, kSoftcap, kDeterministic, true>();
@@ -32,7 +35,7 @@ std::string launch_backward_kernel(const BackwardParams& bp, int64_t num_blocks,
   if (std::string failure = opt_in_shared_memory(kernel, T::kSmemBytes, opted_in_devices); !failure.empty()) {
     return failure;
   }
-  kernel<<<static_cast<unsigned>(num_blocks), T::kNumThreads, T::kSmemBytes, stream>>>(bp);
+  kernel<<<static_cast<unsigned>(num_blocks), T::kNumThreads, T::kSmemBytes, stream>>>(bp, extra...);
   if (cudaError_t err = cudaGetLastError(); err != cudaSuccess) return cuda_failure("backward kernel launch", err);
   return {};
 }
@@ -51,8 +54,8 @@ std::string launch_tensor_backward(const BackwardParams& bp, int64_t num_blocks,
 }
 
 // T: the family's traits (Element, kHeadDim, kBlockKV, kNumThreads, kSmemBytes).
-template <class T, class Kernels>
-std::string run_backward(const BackwardParams& bp, cudaStream_t stream) {
+template <class T, class Kernels, class... Extra>
+std::string run_backward(const BackwardParams& bp, cudaStream_t stream, const Extra&... extra) {
   using Element = typename T::Element;
   constexpr int kHeadDim = T::kHeadDim;
   const AttentionParams& p = bp.p;
@@ -77,12 +80,12 @@ std::string run_backward(const BackwardParams& bp, cudaStream_t stream) {
     std::string failure =
         tensors ? launch_tensor_backward<T, Kernels>(bp, kv_blocks, softcap, stream) :
         bp.dq_turns != nullptr
-            ? (softcap ? launch_backward_kernel<T, Kernels, true, true, true>(bp, kv_blocks, stream)
-                       : launch_backward_kernel<T, Kernels, true, false, true>(bp, kv_blocks, stream))
-        : mask ? (softcap ? launch_backward_kernel<T, Kernels, true, true>(bp, kv_blocks, stream)
-                        : launch_backward_kernel<T, Kernels, true, false>(bp, kv_blocks, stream))
-             : (softcap ? launch_backward_kernel<T, Kernels, false, true>(bp, kv_blocks, stream)
-                        : launch_backward_kernel<T, Kernels, false, false>(bp, kv_blocks, stream));
+            ? (softcap ? launch_backward_kernel<T, Kernels, true, true, true>(bp, kv_blocks, stream, extra...)
+                       : launch_backward_kernel<T, Kernels, true, false, true>(bp, kv_blocks, stream, extra...))
+        : mask ? (softcap ? launch_backward_kernel<T, Kernels, true, true>(bp, kv_blocks, stream, extra...)
+                        : launch_backward_kernel<T, Kernels, true, false>(bp, kv_blocks, stream, extra...))
+             : (softcap ? launch_backward_kernel<T, Kernels, false, true>(bp, kv_blocks, stream, extra...)
+                        : launch_backward_kernel<T, Kernels, false, false>(bp, kv_blocks, stream, extra...));
     if (!failure.empty()) return failure;
   }
   if (convert_blocks > 0) {

@@ -9,8 +9,11 @@
 
 namespace jax_flash {
 
-// Threads tid < kBlockQ write row q0 + tid's lse * log2(e) (+inf where the row sees no key or lies past q_len, so
-// exp2(s * scale_log2 - lse2) is exactly 0 there) and delta (0 past seqlen_q) into shared memory.
+// exp2(s * scale_log2 - lse2) with lse2 = lse * log2(e), +inf for a row that sees no key (lse = -inf): exactly 0.
+__device__ __forceinline__ float lse2_of(float lse) { return lse == -INFINITY ? INFINITY : lse * kLog2e; }
+
+// Threads tid < kBlockQ write row q0 + tid's lse2 (+inf past q_len too) and delta (0 past seqlen_q) into shared
+// memory.
 template <int kBlockQ>
 __device__ __forceinline__ void load_row_stats(const BackwardParams& bp, int64_t batch, int64_t head, int q0,
                                                BatchLengths len, float* sLse2, float* sDelta, int tid) {
@@ -19,8 +22,31 @@ __device__ __forceinline__ void load_row_stats(const BackwardParams& bp, int64_t
   const int row = q0 + tid;
   const int64_t stat = batch * p.lse_batch_stride + head * p.lse_head_stride + row;
   const float lse = row < len.q_len ? bp.t.lse[stat] : -INFINITY;
-  sLse2[tid] = lse == -INFINITY ? INFINITY : lse * kLog2e;
+  sLse2[tid] = lse2_of(lse);
   sDelta[tid] = row < p.seqlen_q ? bp.delta[stat] : 0.0f;
+}
+
+// load_row_stats in two steps, for a caller with work to do while the loads are in flight: fetch_row_stats loads
+// thread tid < kBlockQ's lse and delta into registers, store_row_stats writes them to shared memory.
+struct RowStats {
+  float lse, delta;
+};
+
+template <int kBlockQ>
+__device__ __forceinline__ RowStats fetch_row_stats(const BackwardParams& bp, int64_t batch, int64_t head, int q0,
+                                                    BatchLengths len, int tid) {
+  if (tid >= kBlockQ) return {};
+  const AttentionParams& p = bp.p;
+  const int row = q0 + tid;
+  const int64_t stat = batch * p.lse_batch_stride + head * p.lse_head_stride + row;
+  return {row < len.q_len ? bp.t.lse[stat] : -INFINITY, row < p.seqlen_q ? bp.delta[stat] : 0.0f};
+}
+
+template <int kBlockQ>
+__device__ __forceinline__ void store_row_stats(RowStats stats, float* sLse2, float* sDelta, int tid) {
+  if (tid >= kBlockQ) return;
+  sLse2[tid] = lse2_of(stats.lse);
+  sDelta[tid] = stats.delta;
 }
 
 // Deterministic dQ: the thread blocks of the key blocks that see query block q_block of (batch, head) take turns in

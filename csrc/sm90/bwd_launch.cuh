@@ -1,5 +1,5 @@
 // run_attention_bwd_sm90: common/backward_launch.cuh's three launches around the sm90 backward kernel
-// (sm90/bwd_kernel.cuh).
+// (sm90/bwd_kernel.cuh), which also takes the tensor map its dQ reduce-adds go through.
 #pragma once
 
 #include <cuda_bf16.h>
@@ -12,6 +12,7 @@
 #include "common/kernel_key.h"
 #include "sm90/bwd_api.h"
 #include "sm90/bwd_kernel.cuh"
+#include "sm90/tensor_map.h"
 
 namespace jax_flash::sm90 {
 
@@ -27,7 +28,14 @@ using BwdElement = std::conditional_t<kDType == static_cast<int>(DType::kBFloat1
 template <int kDType, int kHeadDim>
 std::string run_attention_bwd_sm90(const BackwardParams& bp, cudaStream_t stream) {
   using T = BwdTraits<BwdElement<kDType>, kHeadDim>;
-  return run_backward<T, BwdKernels<T>>(bp, stream);
+  const AttentionParams& p = bp.p;
+  CUtensorMap dq_map{};
+  if (int64_t{p.batch} * p.seqlen_q * p.heads_q > 0) {
+    std::string failure = encode_dq_accum_map(&dq_map, bp.dq_accum, p.batch, p.seqlen_q, p.heads_q, kHeadDim,
+                                              T::kDQRowsPerWarpgroup);
+    if (!failure.empty()) return failure;
+  }
+  return run_backward<T, BwdKernels<T>>(bp, stream, dq_map);
 }
 
 template <int kDType, int kHeadDim>

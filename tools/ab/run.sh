@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # A/B comparison on the GPU machine of binaries built by tools/ab/build.sh (carry build/ab):
-#   NAMES="base new" [DIMS="128 64"] [DTYPE=bf16] [ROUNDS=2] [NCU_SHAPES="128 2048;64 1024 causal"] [TRACE_NAME=t] \
+#   [HARNESS=sm90_bwd_ab] NAMES="base new" [DIMS="128 64"] [DTYPE=bf16] [ROUNDS=2] [NCU_SHAPES="128 2048;64 1024 causal"] [TRACE_NAME=t] \
 #     OUT=$OUT bash tools/ab/run.sh
 # Each binary's correctness check (bf16), ROUNDS rounds of the head dims' shapes (the first binary rotating from round to
 # round, so a drift of clock or temperature reaches all alike), the median TFLOP/s per binary and shape; then
@@ -10,17 +10,18 @@ set -uo pipefail
 OUT=${OUT:-/tmp/jax_flash_out}
 REPO=$(cd "$(dirname "$0")/../.." && pwd)
 BIN="$REPO/build/ab"
+H=${HARNESS:-sm90_ab}  # sm90_ab: the forward; sm90_bwd_ab: the backward
 mkdir -p "$OUT" /tmp/trace
 read -ra NAME_LIST <<< "${NAMES:?}"
 nvidia-smi --query-gpu=name,driver_version,clocks.max.sm --format=csv,noheader
 for v in "${NAME_LIST[@]}"; do
-  timeout 300 "$BIN/sm90_ab_$v" --check 64 512 --dtype bf16 > "$OUT/ab_check_$v.txt" 2>&1
+  timeout 300 "$BIN/${H}_$v" --check 64 1024 --dtype bf16 > "$OUT/ab_check_$v.txt" 2>&1
   echo "$v check: exit $? ($(grep -c ' ok$' "$OUT/ab_check_$v.txt") ok, $(grep -c FAIL "$OUT/ab_check_$v.txt") FAIL)"
 done
 for round in $(seq "${ROUNDS:-2}"); do
   for i in "${!NAME_LIST[@]}"; do
     v=${NAME_LIST[$(( (i + round - 1) % ${#NAME_LIST[@]} ))]}
-    for d in ${DIMS:-128 64 256}; do timeout 300 "$BIN/sm90_ab_$v" ${DTYPE:+--dtype $DTYPE} "$d" | sed "s/^/$v /"; done
+    for d in ${DIMS:-128 64 256}; do timeout 300 "$BIN/${H}_$v" ${DTYPE:+--dtype $DTYPE} "$d" | sed "s/^/$v /"; done
   done
 done > "$OUT/ab_time.txt" 2>&1
 python3 - "$OUT/ab_time.txt" "${NAMES}" <<'PY'
@@ -44,14 +45,14 @@ NCU=${NCU:-$(command -v ncu || echo /usr/local/cuda/bin/ncu)}
 IFS=';' read -ra SHAPES <<< "${NCU_SHAPES:-}"
 for shape in "${SHAPES[@]}"; do
   for v in "${NAME_LIST[@]}"; do
-    t=$(timeout 120 "$NCU" -k regex:attention --launch-skip 3 --launch-count 1 --section SpeedOfLight \
-        "$BIN/sm90_ab_$v" $shape 2>&1 | grep -E "^\s+Duration" | awk '{print $3, $2}')
+    t=$(timeout 120 "$NCU" -k regex:attention_kernel\|attention_bwd_kernel --launch-skip 3 --launch-count 1 \
+        --section SpeedOfLight "$BIN/${H}_$v" $shape 2>&1 | grep -E "^\s+Duration" | awk '{print $3, $2}')
     echo "ncu $v D,S=$shape: $t"
   done
 done 2>&1 | tee "$OUT/ab_ncu.txt"
 if [ -n "${TRACE_NAME:-}" ]; then
-  TRACE_FILE=/tmp/trace/tr timeout 120 "$BIN/sm90_ab_$TRACE_NAME" --dtype bf16 128 2048 > /dev/null
-  TRACE_FILE=/tmp/trace/tr timeout 120 "$BIN/sm90_ab_$TRACE_NAME" --dtype bf16 64 1024 causal > /dev/null
+  TRACE_FILE=/tmp/trace/tr timeout 120 "$BIN/${H}_$TRACE_NAME" --dtype bf16 128 2048 > /dev/null
+  TRACE_FILE=/tmp/trace/tr timeout 120 "$BIN/${H}_$TRACE_NAME" --dtype bf16 64 1024 causal > /dev/null
   for s in bf16_D128_S2048 bf16_D64_S1024c; do
     echo "=== $TRACE_NAME $s"; python3 "$REPO/tools/ab/trace_report.py" "/tmp/trace/tr_$s.bin" | head -12
   done 2>&1 | tee "$OUT/trace_report.txt"

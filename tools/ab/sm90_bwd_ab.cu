@@ -1,0 +1,235 @@
+// A/B timing of the sm90 family's backward without a package build: run_attention_bwd_sm90 (preprocess, kernel, dQ
+// conversion) for each row of the backward benchmark's grid (bf16 and fp16; head dims 64 and 128; causal and not;
+// 1024-16384 keys; batch x seq = 16384 tokens, heads x head_dim = 2048), launched back to back on one stream. An
+// alternative is a patch applied to a copy of the tree (HARNESS=sm90_bwd_ab tools/ab/build.sh), never a switch in the
+// shipped headers.
+//   sm90_bwd_ab [--check] [--dtype bf16|fp16] [D [S [causal]]]
+//     --check: first compare dq, dk, dv of small problems (partial key and query blocks, GQA, causal, softcap) with
+//              the CPU backward;
+//     D: only that head dim's shapes; D S [causal]: only that shape (for Nsight Compute).
+// One line per shape: median of 7 repetitions of back-to-back calls lasting >= 25 ms each; TFLOP/s count 2.5 times
+// the forward's FLOPs (the benchmark's convention).
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <string>
+#include <vector>
+
+#include "common/backward_params.h"
+#include "common/params.h"
+#include "cpu/attention_bwd_cpu.h"
+#include "cpu_reference.h"
+#include "harness_util.h"
+#include "sm90/bwd_launch.cuh"
+
+using namespace jax_flash;
+
+namespace {
+
+constexpr int kBf16 = static_cast<int>(DType::kBFloat16);
+constexpr int kFp16 = static_cast<int>(DType::kFloat16);
+
+struct Problem {
+  int dtype, batch, seq, heads_q, heads_k, head_dim;
+  bool causal;
+  float softcap;
+  std::vector<uint16_t> q, k, v, out, d_out;  // host copies (B, S, H, D)
+  std::vector<float> lse;                      // (B, Hq, S)
+  void *gq = nullptr, *gk = nullptr, *gv = nullptr, *gout = nullptr, *gdout = nullptr;
+  void *gdq = nullptr, *gdk = nullptr, *gdv = nullptr;
+  float *glse = nullptr, *gdq_accum = nullptr, *gdelta = nullptr;
+
+  // reference: the forward's out and lse from the CPU implementation (checks); else random out and a constant lse
+  // (timing: the products cost the same, and the CPU forward of a 16384-key problem takes minutes).
+  Problem(int dt, int b, int s, int hq, int hk, int d, bool is_causal, bool reference, float cap = 0.0f)
+      : dtype(dt), batch(b), seq(s), heads_q(hq), heads_k(hk), head_dim(d), causal(is_causal), softcap(cap) {
+    const size_t nq = size_t(b) * s * hq * d, nk = size_t(b) * s * hk * d;
+    uint32_t state = 12345u + s + d;
+    auto uniform = [&] {  // in [-2, 2)
+      state = state * 1664525u + 1013904223u;
+      return (state >> 8) * (4.0f / 16777216.0f) - 2.0f;
+    };
+    for (auto [t, n] : {std::pair{&q, nq}, {&k, nk}, {&v, nk}, {&d_out, nq}, {&out, nq}}) {
+      t->resize(n);
+      for (auto& x : *t) x = harness::to_bits(uniform(), dtype);
+    }
+    lse.assign(size_t(b) * hq * s, 20.0f);
+    if (reference) {
+      AttentionParams p = params(q.data(), k.data(), v.data(), out.data(), lse.data());
+      attention_cpu(p, element(), 64, 64, harness::reference_runtime());
+    }
+    for (auto [dst, src] : {std::pair{&gq, &q}, {&gk, &k}, {&gv, &v}, {&gout, &out}, {&gdout, &d_out}}) {
+      CHECK_CUDA(cudaMalloc(dst, src->size() * 2));
+      CHECK_CUDA(cudaMemcpy(*dst, src->data(), src->size() * 2, cudaMemcpyHostToDevice));
+    }
+    CHECK_CUDA(cudaMalloc(&gdq, nq * 2));
+    CHECK_CUDA(cudaMalloc(&gdk, nk * 2));
+    CHECK_CUDA(cudaMalloc(&gdv, nk * 2));
+    CHECK_CUDA(cudaMalloc(&glse, lse.size() * 4));
+    CHECK_CUDA(cudaMemcpy(glse, lse.data(), lse.size() * 4, cudaMemcpyHostToDevice));
+    CHECK_CUDA(cudaMalloc(&gdq_accum, nq * 4));
+    CHECK_CUDA(cudaMalloc(&gdelta, lse.size() * 4));
+  }
+  ~Problem() {
+    for (void* ptr : {gq, gk, gv, gout, gdout, gdq, gdk, gdv, static_cast<void*>(glse),
+                      static_cast<void*>(gdq_accum), static_cast<void*>(gdelta)}) {
+      cudaFree(ptr);
+    }
+  }
+  CpuElement element() const { return dtype == kBf16 ? CpuElement::kBFloat16 : CpuElement::kFloat16; }
+  AttentionParams params(const void* pq, const void* pk, const void* pv, void* po, float* plse) const {
+    AttentionParams p = make_contiguous_params(pq, pk, pv, po, batch, seq, seq, heads_q, heads_k, head_dim,
+                                               1.0f / std::sqrt(static_cast<float>(head_dim)));
+    set_features(p, causal, -1, causal ? 0 : -1, softcap, nullptr, nullptr, plse);
+    return p;
+  }
+  BackwardParams backward_params() const {
+    BackwardParams bp{};
+    bp.p = params(gq, gk, gv, gout, glse);
+    bp.t = {gout, gdout, glse, nullptr, gdq, gdk, gdv};
+    bp.dq_accum = gdq_accum;
+    bp.delta = gdelta;
+    return bp;
+  }
+};
+
+std::string run(const Problem& pr, cudaStream_t stream) {
+  const BackwardParams bp = pr.backward_params();
+  if (pr.head_dim == 64) {
+    return pr.dtype == kBf16 ? sm90::run_attention_bwd_sm90<kBf16, 64>(bp, stream)
+                             : sm90::run_attention_bwd_sm90<kFp16, 64>(bp, stream);
+  }
+  return pr.dtype == kBf16 ? sm90::run_attention_bwd_sm90<kBf16, 128>(bp, stream)
+                           : sm90::run_attention_bwd_sm90<kFp16, 128>(bp, stream);
+}
+
+const char* dtype_short(int dtype) { return dtype == kBf16 ? "bf16" : "fp16"; }
+
+// Largest |GPU - CPU| of dq, dk and dv over the largest |CPU| (both from 16-bit outputs; the CPU backward computes
+// in fp32).
+float check(int dtype, int head_dim, bool causal, int seq, int group, float softcap) {
+  Problem pr(dtype, 2, seq, 2 * group, 2, head_dim, causal, true, softcap);
+  cudaStream_t stream;
+  CHECK_CUDA(cudaStreamCreate(&stream));
+  if (std::string failure = run(pr, stream); !failure.empty()) {
+    std::fprintf(stderr, "launch failed: %s\n", failure.c_str());
+    std::exit(3);
+  }
+  CHECK_CUDA(cudaStreamSynchronize(stream));
+  CHECK_CUDA(cudaStreamDestroy(stream));
+  std::vector<uint16_t> dq(pr.q.size()), dk(pr.k.size()), dv(pr.v.size());
+  std::vector<uint16_t> cq(pr.q.size()), ck(pr.k.size()), cv(pr.v.size());
+  CHECK_CUDA(cudaMemcpy(dq.data(), pr.gdq, dq.size() * 2, cudaMemcpyDeviceToHost));
+  CHECK_CUDA(cudaMemcpy(dk.data(), pr.gdk, dk.size() * 2, cudaMemcpyDeviceToHost));
+  CHECK_CUDA(cudaMemcpy(dv.data(), pr.gdv, dv.size() * 2, cudaMemcpyDeviceToHost));
+  AttentionParams p = pr.params(pr.q.data(), pr.k.data(), pr.v.data(), const_cast<uint16_t*>(pr.out.data()),
+                                const_cast<float*>(pr.lse.data()));
+  const BackwardTensors t{pr.out.data(), pr.d_out.data(), pr.lse.data(), nullptr, cq.data(), ck.data(), cv.data()};
+  attention_bwd_cpu(p, t, pr.element(), 64, 64, harness::reference_runtime());
+  float worst = 0.0f;
+  for (auto [gpu, cpu] : {std::pair{&dq, &cq}, {&dk, &ck}, {&dv, &cv}}) {
+    float diff = 0.0f, scale = 1e-3f;
+    for (size_t i = 0; i < gpu->size(); ++i) {
+      const float c = harness::from_bits((*cpu)[i], dtype);
+      const float d = std::fabs(harness::from_bits((*gpu)[i], dtype) - c);
+      if (std::isnan(d)) return INFINITY;
+      diff = std::max(diff, d);
+      scale = std::max(scale, std::fabs(c));
+    }
+    worst = std::max(worst, diff / scale);
+  }
+  return worst;
+}
+
+// Median milliseconds per call of `pr`'s backward.
+double time_ms(const Problem& pr, cudaStream_t stream, cudaEvent_t start, cudaEvent_t stop) {
+  for (int i = 0; i < 3; ++i) {
+    if (std::string failure = run(pr, stream); !failure.empty()) {
+      std::fprintf(stderr, "launch failed: %s\n", failure.c_str());
+      std::exit(3);
+    }
+  }
+  CHECK_CUDA(cudaEventRecord(start, stream));
+  run(pr, stream);
+  CHECK_CUDA(cudaEventRecord(stop, stream));
+  CHECK_CUDA(cudaEventSynchronize(stop));
+  float one_ms = 0.0f;
+  CHECK_CUDA(cudaEventElapsedTime(&one_ms, start, stop));
+  const int calls = std::max(3, static_cast<int>(25.0f / std::max(one_ms, 1e-3f)));
+  std::vector<float> per_call;
+  for (int rep = 0; rep < 7; ++rep) {
+    CHECK_CUDA(cudaEventRecord(start, stream));
+    for (int i = 0; i < calls; ++i) run(pr, stream);
+    CHECK_CUDA(cudaEventRecord(stop, stream));
+    CHECK_CUDA(cudaEventSynchronize(stop));
+    float ms = 0.0f;
+    CHECK_CUDA(cudaEventElapsedTime(&ms, start, stop));
+    per_call.push_back(ms / calls);
+  }
+  CHECK_CUDA(cudaGetLastError());
+  std::sort(per_call.begin(), per_call.end());
+  return per_call[per_call.size() / 2];
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  std::vector<std::string> args(argv + 1, argv + argc);
+  bool do_check = false, only_causal = false;
+  std::vector<int> dtypes = {kBf16, kFp16};
+  std::vector<int> positional;
+  for (size_t i = 0; i < args.size(); ++i) {
+    if (args[i] == "--check") {
+      do_check = true;
+    } else if (args[i] == "--dtype" && i + 1 < args.size()) {
+      dtypes = {args[++i] == "fp16" ? kFp16 : kBf16};
+    } else if (args[i] == "causal") {
+      only_causal = true;
+    } else {
+      positional.push_back(std::atoi(args[i].c_str()));
+    }
+  }
+  const int only_d = positional.size() > 0 ? positional[0] : 0;
+  const int only_s = positional.size() > 1 ? positional[1] : 0;
+  if (do_check) {
+    for (int dtype : dtypes) {
+      for (int head_dim : {64, 128}) {
+        for (bool causal : {false, true}) {
+          // 300: partial key and query blocks; 520 with groups of 4 and softcap 30
+          for (auto [seq, group, cap] : {std::tuple{300, 1, 0.0f}, {520, 4, 30.0f}, {256, 2, 0.0f}}) {
+            const float err = check(dtype, head_dim, causal, seq, group, cap);
+            std::printf("check %s D=%d%s S=%d group %d softcap %g: max |gpu - cpu| / max |cpu| = %.4f %s\n",
+                        dtype_short(dtype), head_dim, causal ? " causal" : "", seq, group, cap, err,
+                        err <= 2e-2f ? "ok" : "FAIL");
+            if (!(err <= 2e-2f)) return 1;
+          }
+        }
+      }
+    }
+  }
+  cudaStream_t stream;
+  CHECK_CUDA(cudaStreamCreate(&stream));
+  cudaEvent_t start, stop;
+  CHECK_CUDA(cudaEventCreate(&start));
+  CHECK_CUDA(cudaEventCreate(&stop));
+  for (int dtype : dtypes) {
+    for (int head_dim : {64, 128}) {
+      for (bool causal : {false, true}) {
+        for (int seq : {1024, 2048, 4096, 8192, 16384}) {
+          if (only_d != 0 && head_dim != only_d) continue;
+          if (only_s != 0 && (seq != only_s || causal != only_causal)) continue;
+          const Problem pr(dtype, 16384 / seq, seq, 2048 / head_dim, 2048 / head_dim, head_dim, causal, false);
+          const double ms = time_ms(pr, stream, start, stop);
+          const double flops = 2.5 * 4.0 * pr.batch * pr.heads_q * double(seq) * seq * head_dim / (causal ? 2 : 1);
+          std::printf("%s D=%d S=%d%s bwd: %.1f us %.1f TFLOP/s\n", dtype_short(dtype), head_dim, seq,
+                      causal ? "c" : "", ms * 1e3, flops / ms / 1e9);
+        }
+      }
+    }
+  }
+  return 0;
+}
