@@ -238,6 +238,22 @@ struct Mainloop {
       }
   }
 
+  // Row `row`'s entries of a (B, H, Sq, Sk) tensor with these element strides, at this tile's batch and head.
+  template <class Entry>
+  __device__ __forceinline__ const Entry* row_entries(const Entry* tensor, const int64_t (&strides)[4], int row) const {
+    return tensor + tile.batch * strides[0] + tile.head * strides[1] + row * strides[2];
+  }
+  // f(score, entry) for each of this lane's scores in row h (element 2h + c of tile n: column col0 + 8n + c) and its
+  // entry of `entries` (the row's, row_entries): keys stepped by `step` (1, or 0 when broadcast), clamped to last_key.
+  template <int kKeys, class Entry, class F>
+  __device__ __forceinline__ void for_each_key(float (&scores)[1][kKeys / 8][4], const Entry* entries, int h,
+                                               int64_t step, int col0, int last_key, F f) const {
+#pragma unroll
+    for (int n = 0; n < kKeys / 8; ++n)
+#pragma unroll
+      for (int c = 0; c < 2; ++c) f(scores[0][n][2 * h + c], __ldg(entries + min(col0 + 8 * n + c, last_key) * step));
+  }
+
   // Bias and mask tensors (common/params.h): s += bias / scale (the softmax multiplies S by scale, which holds the
   // factor softcap when soft-capped), then -inf where the mask entry is 0; each entry read from global memory
   // (broadcast dimensions have stride 0; rows past seqlen_q and keys past seqlen_k read the last one's entry and are
@@ -256,8 +272,7 @@ struct Mainloop {
       const bool pairs = step == 1 && p.seqlen_k % 2 == 0;
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
-        const float* entries = p.bias + tile.batch * p.bias_strides[0] + tile.head * p.bias_strides[1] +
-                               rows[h] * p.bias_strides[2];
+        const float* entries = row_entries(p.bias, p.bias_strides, rows[h]);
         if (pairs) {
 #pragma unroll
           for (int n = 0; n < kKeys / 8; ++n) {
@@ -266,12 +281,8 @@ struct Mainloop {
             scores[0][n][2 * h + 1] += b.y * inv_scale;
           }
         } else {
-#pragma unroll
-          for (int n = 0; n < kKeys / 8; ++n)
-#pragma unroll
-            for (int c = 0; c < 2; ++c) {
-              scores[0][n][2 * h + c] += __ldg(entries + min(col0 + 8 * n + c, last_key) * step) * inv_scale;
-            }
+          for_each_key<kKeys>(scores, entries, h, step, col0, last_key,
+                              [inv_scale](float& s, float bias) { s += bias * inv_scale; });
         }
       }
     }
@@ -283,17 +294,12 @@ struct Mainloop {
           return;  // every entry of the block's mask tile is nonzero
         }
       }
-      const int64_t step = p.mask_strides[3];
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
-        const uint8_t* entries = p.mask + tile.batch * p.mask_strides[0] + tile.head * p.mask_strides[1] +
-                                 rows[h] * p.mask_strides[2];
-#pragma unroll
-        for (int n = 0; n < kKeys / 8; ++n)
-#pragma unroll
-          for (int c = 0; c < 2; ++c) {
-            if (__ldg(entries + min(col0 + 8 * n + c, last_key) * step) == 0) scores[0][n][2 * h + c] = -INFINITY;
-          }
+        for_each_key<kKeys>(scores, row_entries(p.mask, p.mask_strides, rows[h]), h, p.mask_strides[3], col0,
+                            last_key, [](float& s, uint8_t visible) {
+                              if (visible == 0) s = -INFINITY;
+                            });
       }
     }
   }
