@@ -4,8 +4,8 @@
 // alternative is a patch applied to a copy of the tree (HARNESS=sm90_bwd_ab tools/ab/build.sh), never a switch in the
 // shipped headers.
 //   sm90_bwd_ab [--check] [--dtype bf16|fp16] [D [S [causal]]]
-//     --check: first compare dq, dk, dv of small problems (partial key and query blocks, GQA, causal, softcap) with
-//              the CPU backward;
+//     --check: first compare dq, dk, dv of small problems (partial key and query blocks, GQA, causal, softcap, the
+//              deterministic variant) with the CPU backward;
 //     D: only that head dim's shapes; D S [causal]: only that shape (for Nsight Compute).
 // One line per shape: median of 7 repetitions of back-to-back calls lasting >= 25 ms each; TFLOP/s count 2.5 times
 // the forward's FLOPs (the benchmark's convention).
@@ -37,11 +37,14 @@ struct Problem {
   int dtype, batch, seq, heads_q, heads_k, head_dim;
   bool causal;
   float softcap;
+  bool deterministic = false;
   std::vector<uint16_t> q, k, v, out, d_out;  // host copies (B, S, H, D)
   std::vector<float> lse;                      // (B, Hq, S)
   void *gq = nullptr, *gk = nullptr, *gv = nullptr, *gout = nullptr, *gdout = nullptr;
   void *gdq = nullptr, *gdk = nullptr, *gdv = nullptr;
   float *glse = nullptr, *gdq_accum = nullptr, *gdelta = nullptr;
+  int* gturns = nullptr;
+  int64_t turn_count = 0;
 
   // reference: the forward's out and lse from the CPU implementation (checks); else random out and a constant lse
   // (timing: the products cost the same, and the CPU forward of a 16384-key problem takes minutes).
@@ -73,10 +76,12 @@ struct Problem {
     CHECK_CUDA(cudaMemcpy(glse, lse.data(), lse.size() * 4, cudaMemcpyHostToDevice));
     CHECK_CUDA(cudaMalloc(&gdq_accum, nq * 4));
     CHECK_CUDA(cudaMalloc(&gdelta, lse.size() * 4));
+    turn_count = int64_t{b} * hq * ((s + kDQTurnRows - 1) / kDQTurnRows);  // (the preprocess zeroes them)
+    CHECK_CUDA(cudaMalloc(&gturns, turn_count * sizeof(int)));
   }
   ~Problem() {
     for (void* ptr : {gq, gk, gv, gout, gdout, gdq, gdk, gdv, static_cast<void*>(glse),
-                      static_cast<void*>(gdq_accum), static_cast<void*>(gdelta)}) {
+                      static_cast<void*>(gdq_accum), static_cast<void*>(gdelta), static_cast<void*>(gturns)}) {
       cudaFree(ptr);
     }
   }
@@ -93,6 +98,10 @@ struct Problem {
     bp.t = {gout, gdout, glse, nullptr, gdq, gdk, gdv};
     bp.dq_accum = gdq_accum;
     bp.delta = gdelta;
+    if (deterministic) {
+      bp.dq_turns = gturns;
+      bp.dq_turn_count = turn_count;
+    }
     return bp;
   }
 };
@@ -111,8 +120,9 @@ const char* dtype_short(int dtype) { return dtype == kBf16 ? "bf16" : "fp16"; }
 
 // Largest |GPU - CPU| of dq, dk and dv over the largest |CPU| (both from 16-bit outputs; the CPU backward computes
 // in fp32).
-float check(int dtype, int head_dim, bool causal, int seq, int group, float softcap) {
+float check(int dtype, int head_dim, bool causal, int seq, int group, float softcap, bool deterministic) {
   Problem pr(dtype, 2, seq, 2 * group, 2, head_dim, causal, true, softcap);
+  pr.deterministic = deterministic;
   cudaStream_t stream;
   CHECK_CUDA(cudaStreamCreate(&stream));
   if (std::string failure = run(pr, stream); !failure.empty()) {
@@ -199,12 +209,13 @@ int main(int argc, char** argv) {
     for (int dtype : dtypes) {
       for (int head_dim : {64, 128}) {
         for (bool causal : {false, true}) {
-          // 300: partial key and query blocks; 520 with groups of 4 and softcap 30
-          for (auto [seq, group, cap] : {std::tuple{300, 1, 0.0f}, {520, 4, 30.0f}, {256, 2, 0.0f}}) {
-            const float err = check(dtype, head_dim, causal, seq, group, cap);
-            std::printf("check %s D=%d%s S=%d group %d softcap %g: max |gpu - cpu| / max |cpu| = %.4f %s\n",
-                        dtype_short(dtype), head_dim, causal ? " causal" : "", seq, group, cap, err,
-                        err <= 2e-2f ? "ok" : "FAIL");
+          // 300: partial key and query blocks; 520 with groups of 4 and softcap 30; 700 deterministic
+          for (auto [seq, group, cap, det] : {std::tuple{300, 1, 0.0f, false}, {520, 4, 30.0f, false},
+                                              {256, 2, 0.0f, false}, {700, 4, 0.0f, true}}) {
+            const float err = check(dtype, head_dim, causal, seq, group, cap, det);
+            std::printf("check %s D=%d%s S=%d group %d softcap %g%s: max |gpu - cpu| / max |cpu| = %.4f %s\n",
+                        dtype_short(dtype), head_dim, causal ? " causal" : "", seq, group, cap,
+                        det ? " deterministic" : "", err, err <= 2e-2f ? "ok" : "FAIL");
             if (!(err <= 2e-2f)) return 1;
           }
         }
