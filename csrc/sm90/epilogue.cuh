@@ -157,7 +157,7 @@ struct Epilogue {
     // 64-column panel by thread 0 of the consumer; the TMA unit clips rows past the tensor. That thread first waits
     // until its previous store has read the buffer.
     char* sO = s.o();
-    if (wg_tid == 0) bulk_wait_group_read0();
+    if (wg_tid == 0) bulk_wait_group_read<0>();
     sync_consumer(consumer);  // ... and every thread of the consumer knows it
     // (T::kHoldTileSlot: the lane read afresh, so these addresses are formed here, not held through the key loop)
     const int e_lane = T::kHoldTileSlot ? lane_id_fresh() : lane;
@@ -187,7 +187,7 @@ struct Epilogue {
       }
       bulk_commit_group();
       if constexpr (T::kOInQ) {  // O was staged in this consumer's rows of Q: they may refill once read
-        bulk_wait_group_read0();
+        bulk_wait_group_read<0>();
         mbarrier_arrive(s.q_empty(m.qb));
       }
     }

@@ -117,14 +117,11 @@ __device__ __forceinline__ void tma_reduce_add_4d(const CUtensorMap* map, const 
       : "memory");
 }
 __device__ __forceinline__ void bulk_commit_group() { asm volatile("cp.async.bulk.commit_group;\n" ::: "memory"); }
-// This thread's committed bulk stores have finished reading shared memory (the source may be overwritten) ...
-// ... all but the kPending most recent groups have.
+// This thread's committed bulk stores, all but the kPending most recent groups, have finished reading shared memory
+// (the source may be overwritten) ...
 template <int kPending>
 __device__ __forceinline__ void bulk_wait_group_read() {
   asm volatile("cp.async.bulk.wait_group.read %0;\n" ::"n"(kPending) : "memory");
-}
-__device__ __forceinline__ void bulk_wait_group_read0() {
-  asm volatile("cp.async.bulk.wait_group.read 0;\n" ::: "memory");
 }
 // ... or have completed entirely (before the block exits).
 __device__ __forceinline__ void bulk_wait_group0() { asm volatile("cp.async.bulk.wait_group 0;\n" ::: "memory"); }

@@ -23,6 +23,7 @@
 
 #include "common/params.h"
 #include "cpu_reference.h"
+#include "ab_timing.h"
 #include "harness_util.h"
 #include "sm90/launch.cuh"
 
@@ -178,31 +179,6 @@ void write_trace(const Problem& pr, cudaStream_t stream, const char* prefix) {
 }
 #endif
 
-// Median milliseconds per call of `pr`'s kernel.
-double time_ms(const Problem& pr, cudaStream_t stream, cudaEvent_t start, cudaEvent_t stop) {
-  for (int i = 0; i < 3; ++i) run(pr, stream);  // warm up, opt in to the shared memory
-  CHECK_CUDA(cudaEventRecord(start, stream));
-  run(pr, stream);
-  CHECK_CUDA(cudaEventRecord(stop, stream));
-  CHECK_CUDA(cudaEventSynchronize(stop));
-  float one_ms = 0.0f;
-  CHECK_CUDA(cudaEventElapsedTime(&one_ms, start, stop));
-  const int calls = std::max(3, static_cast<int>(25.0f / std::max(one_ms, 1e-3f)));  // >= 25 ms per repetition
-  std::vector<float> per_call;
-  for (int rep = 0; rep < 7; ++rep) {
-    CHECK_CUDA(cudaEventRecord(start, stream));
-    for (int i = 0; i < calls; ++i) run(pr, stream);
-    CHECK_CUDA(cudaEventRecord(stop, stream));
-    CHECK_CUDA(cudaEventSynchronize(stop));
-    float ms = 0.0f;
-    CHECK_CUDA(cudaEventElapsedTime(&ms, start, stop));
-    per_call.push_back(ms / calls);
-  }
-  CHECK_CUDA(cudaGetLastError());
-  std::sort(per_call.begin(), per_call.end());
-  return per_call[per_call.size() / 2];
-}
-
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -250,7 +226,7 @@ int main(int argc, char** argv) {
           if (only_d != 0 && head_dim != only_d) continue;
           if (only_s != 0 && (seq != only_s || causal != only_causal)) continue;
           const Problem pr(dtype, 16384 / seq, seq, 2048 / head_dim, head_dim, causal);
-          const double ms = time_ms(pr, stream, start, stop);
+          const double ms = ab::median_ms([&] { return run(pr, stream); }, stream, start, stop);
           const double flops = 4.0 * pr.batch * pr.heads * double(seq) * seq * head_dim / (causal ? 2 : 1);
           std::printf("%s D=%d S=%d%s %s: %.1f us %.1f TFLOP/s\n", dtype_short(dtype), head_dim, seq, causal ? "c" : "",
                       config_name(head_dim, causal), ms * 1e3, flops / ms / 1e9);

@@ -23,6 +23,7 @@
 #include "common/params.h"
 #include "cpu/attention_bwd_cpu.h"
 #include "cpu_reference.h"
+#include "ab_timing.h"
 #include "harness_util.h"
 #include "sm90/bwd_launch.cuh"
 
@@ -155,36 +156,6 @@ float check(int dtype, int head_dim, bool causal, int seq, int group, float soft
   return worst;
 }
 
-// Median milliseconds per call of `pr`'s backward.
-double time_ms(const Problem& pr, cudaStream_t stream, cudaEvent_t start, cudaEvent_t stop) {
-  for (int i = 0; i < 3; ++i) {
-    if (std::string failure = run(pr, stream); !failure.empty()) {
-      std::fprintf(stderr, "launch failed: %s\n", failure.c_str());
-      std::exit(3);
-    }
-  }
-  CHECK_CUDA(cudaEventRecord(start, stream));
-  run(pr, stream);
-  CHECK_CUDA(cudaEventRecord(stop, stream));
-  CHECK_CUDA(cudaEventSynchronize(stop));
-  float one_ms = 0.0f;
-  CHECK_CUDA(cudaEventElapsedTime(&one_ms, start, stop));
-  const int calls = std::max(3, static_cast<int>(25.0f / std::max(one_ms, 1e-3f)));
-  std::vector<float> per_call;
-  for (int rep = 0; rep < 7; ++rep) {
-    CHECK_CUDA(cudaEventRecord(start, stream));
-    for (int i = 0; i < calls; ++i) run(pr, stream);
-    CHECK_CUDA(cudaEventRecord(stop, stream));
-    CHECK_CUDA(cudaEventSynchronize(stop));
-    float ms = 0.0f;
-    CHECK_CUDA(cudaEventElapsedTime(&ms, start, stop));
-    per_call.push_back(ms / calls);
-  }
-  CHECK_CUDA(cudaGetLastError());
-  std::sort(per_call.begin(), per_call.end());
-  return per_call[per_call.size() / 2];
-}
-
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -234,7 +205,7 @@ int main(int argc, char** argv) {
           if (only_d != 0 && head_dim != only_d) continue;
           if (only_s != 0 && (seq != only_s || causal != only_causal)) continue;
           const Problem pr(dtype, 16384 / seq, seq, 2048 / head_dim, 2048 / head_dim, head_dim, causal, false);
-          const double ms = time_ms(pr, stream, start, stop);
+          const double ms = ab::median_ms([&] { return run(pr, stream); }, stream, start, stop);
           const double flops = 2.5 * 4.0 * pr.batch * pr.heads_q * double(seq) * seq * head_dim / (causal ? 2 : 1);
           std::printf("%s D=%d S=%d%s bwd: %.1f us %.1f TFLOP/s\n", dtype_short(dtype), head_dim, seq,
                       causal ? "c" : "", ms * 1e3, flops / ms / 1e9);
