@@ -8,7 +8,8 @@
 // Tiles are 128-byte-swizzled panels of 64 columns (what the descriptors expect), filled by cp.async from all threads.
 // One barrier opens an item (its tiles have landed; every thread is done with the item before) and one lets dQ read
 // both halves of dS^T. The next item's Q, dO, lse and delta loads go out behind this item's first products; S^T's
-// exponentials run beside dP^T's wgmma, dS^T's arithmetic beside dV's, and dQ's reduce-add beside dK's products. dQ
+// exponentials run beside dP^T's wgmma (at head dim 128 without a softcap; elsewhere dS^T is computed with them),
+// dS^T's arithmetic beside dV's, and dQ's reduce-add beside dK's products. dQ
 // reaches dq_accum through shared memory and TMA reduce-adds (float2 atomics in the deterministic variant, which
 // takes turns). Against atomics after every product with a closing barrier (H100, bf16, 16 heads x 128 / 32 x 64,
 // 1024-16384 keys): head dim 128 +15-23% (causal +7-11%), head dim 64 +3-7% (causal -1 to +1%).
@@ -163,6 +164,9 @@ __global__ void __launch_bounds__(T::kNumThreads, 1)
   // Accumulator element i of a 64 x N wgmma tile: row 16 warp + lane/4 + 8 ((i/2) % 2),
   // column 8 (i/4) + 2 (lane%4) + i%2.
   const int key_row0 = wg * 64 + warp * 16 + lane / 4;  // + 8 ((i/2) % 2)
+  // dS^T computed in the exponentials' loop, after dP^T's wgmma, so P^T's and dP^T's float32 tiles die at once:
+  // with a softcap (its slope needs the score), and at head dim 64, whose 128-row items otherwise spill ~175 bytes.
+  constexpr bool kDSWithP = kSoftcap || kD == 64;
 
   for (int i = 0; i < num_items; ++i) {
     const int buf = i % 2;
@@ -200,7 +204,7 @@ __global__ void __launch_bounds__(T::kNumThreads, 1)
     cp_async_commit();
     wgmma_wait<1>();
     fence_registers(acc_s);
-    if constexpr (kSoftcap) {
+    if constexpr (kDSWithP) {
       wgmma_wait<0>();
       fence_registers(acc_dp);
     }
@@ -222,7 +226,7 @@ __global__ void __launch_bounds__(T::kNumThreads, 1)
         if (key >= len.kv_len || row >= len.q_len || key - row < lo_off || key - row > hi_off) prob = 0.0f;
       }
       acc_s[e] = prob;
-      if constexpr (kSoftcap) acc_dp[e] = prob * (acc_dp[e] - delta[c]) * slope;
+      if constexpr (kDSWithP) acc_dp[e] = prob * (acc_dp[e] - delta[c]) * slope;
     }
     uint32_t rP[kBlockQ / 16][4], rdS[kBlockQ / 16][4];
 #pragma unroll
@@ -235,7 +239,7 @@ __global__ void __launch_bounds__(T::kNumThreads, 1)
 #pragma unroll
     for (int t = 0; t < kBlockQ / 16; ++t) wgmma_rs<Element, kD>(acc_dv, rP[t], smem_offset(do_mn0, t * 2048), 1);
     wgmma_commit();
-    if constexpr (!kSoftcap) {
+    if constexpr (!kDSWithP) {
       wgmma_wait<1>();
       fence_registers(acc_dp);
 #pragma unroll
