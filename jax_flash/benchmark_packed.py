@@ -1,6 +1,7 @@
 """Packed-sequence benchmark: causal rows of --packed-tokens tokens holding documents of random lengths, masked by
-segment ids, against the same tokens as a batch of unpacked documents of the mean length, and against cuDNN and XLA
-given the equivalent dense mask.
+segment ids, against the same tokens as a batch of unpacked documents of the mean length, against cuDNN and XLA
+given the equivalent dense mask, and on a GPU against Pallas's Triton attention given the same segment ids
+(`jax.experimental.pallas.ops.gpu.attention.mha`; splash attention, which skips blocks by segment, runs on TPUs only).
 
     python -m jax_flash.benchmark --suite packed                    # bf16, D = 128, 16 heads, means 512 / 2048 / 4096
     python -m jax_flash.benchmark --suite packed --packed-means 512 --dtypes bf16,fp16
@@ -57,6 +58,13 @@ def _implementations(ids: np.ndarray, mean: int, on_gpu: bool):
     if on_gpu:
         impls["cudnn"] = lambda q, k, v: jax.nn.dot_product_attention(q, k, v, mask=mask[:, None],
                                                                       implementation="cudnn")
+        try:
+            from jax.experimental.pallas.ops.gpu import attention as pallas_attention
+        except ImportError as error:  # (a jax without Pallas's GPU ops: the row goes without it)
+            print(f"# Pallas GPU attention unavailable: {error}", file=sys.stderr)
+        else:
+            impls["pallas"] = lambda q, k, v: pallas_attention.mha(q, k, v, seg, sm_scale=q.shape[-1] ** -0.5,
+                                                                   causal=True)
     impls["xla"] = lambda q, k, v: jax.nn.dot_product_attention(q, k, v, mask=mask[:, None], implementation="xla")
     return impls
 

@@ -182,6 +182,21 @@ def test_short_suite_times_the_model_shapes(tmp_path, capsys, monkeypatch):
 
 
 
+def test_packed_suite_gives_pallas_the_same_problem(monkeypatch):
+    """The GPU-only Pallas column gets the packed call's segment ids, scale and causal mask: run in Pallas's
+    interpreter on CPU, it matches the packed call."""
+    pallas_attention = pytest.importorskip("jax.experimental.pallas.ops.gpu.attention")
+    from jax_flash import benchmark_packed
+
+    mha = pallas_attention.mha
+    monkeypatch.setattr(pallas_attention, "mha", lambda *args, **kwargs: mha(*args, interpret=True, **kwargs))
+    ids = np.repeat(np.arange(4, dtype=np.int32), [20, 50, 30, 28])  # 128 tokens: Pallas's default 128-row blocks
+    impls = benchmark_packed._implementations(ids, 32, on_gpu=True)
+    assert {"packed", "unpacked", "cudnn", "xla", "pallas"} <= set(impls)
+    q, k, v = (jax.random.normal(key, (1, 128, 2, 64), jnp.float32) for key in jax.random.split(jax.random.PRNGKey(3), 3))
+    np.testing.assert_allclose(impls["pallas"](q, k, v), impls["packed"](q, k, v), atol=2e-5)
+
+
 def test_packed_suite_counts_visible_pairs(tmp_path, capsys):
     from jax_flash import benchmark_packed
 

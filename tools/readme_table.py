@@ -147,13 +147,15 @@ def render_short(results: dict) -> str:
 
 def render_packed(results: dict) -> str:
     rows = results["rows"]
-    names = [n for n in ("packed", "unpacked", "cudnn", "xla") if any(n in r["results"] for r in rows)]
+    names = [n for n in ("packed", "unpacked", "cudnn", "xla", "pallas") if any(n in r["results"] for r in rows)]
     head = ["dtype", "tokens", "mean document", "documents"] + names
     first = rows[0]
     lines = [f"**{results['device']}**, {results['date']}, jax {results['jax']}, packed causal rows, {first['heads']} "
              f"heads, D = {first['head_dim']}: TFLOP/s over visible pairs of documents packed by segment ids, the "
-             f"same documents unpacked, and cuDNN / XLA given the equivalent dense mask; packed / unpacked in "
-             f"brackets.", "", "| " + " | ".join(head) + " |", "| " + " | ".join("---" for _ in head) + " |"]
+             f"same documents unpacked, " + ("" if "pallas" in names else "and ") +
+             "cuDNN / XLA given the equivalent dense mask" +
+             (", and Pallas's Triton attention given the segment ids" if "pallas" in names else "") +
+             "; packed / unpacked in brackets.", "", "| " + " | ".join(head) + " |", "| " + " | ".join("---" for _ in head) + " |"]
     for r in rows:
         res, unpacked = r["results"], r["results"].get("unpacked", {}).get("tflops")
         cells = [r["dtype"], str(r["tokens"]), str(r["mean"]), str(r["documents"])]
