@@ -84,6 +84,73 @@ __device__ __forceinline__ void copy_panels(uint32_t smem_tile, const Element* g
   }
 }
 
+// Warpgroup wg's share of an item's dQ (64 x 64 of acc_dq, the wgmma accumulator layout): query rows 64 wg.. and
+// all 64 columns (kDQSplitRows, head dim 64), or all rows and D columns 64 wg.. (head dim 128).
+template <class T>
+__device__ __forceinline__ void dq_share_origin(int wg, int& row0, int& col0) {
+  row0 = T::kDQSplitRows ? wg * 64 : 0;
+  col0 = T::kDQSplitRows ? 0 : wg * 64;
+}
+
+// The deterministic variant: the share added into dq_accum by float2 read-modify-writes in the key blocks' turn
+// (common/backward_rows.cuh), rows past q_len left alone.
+template <class T>
+__device__ __forceinline__ void add_dq_in_turn(const BackwardParams& bp, const BatchLengths& len,
+                                               const float (&acc_dq)[32], int64_t batch, int64_t head, int q0,
+                                               int q_rows, int kv_block, int wg, int tid) {
+  const AttentionParams& p = bp.p;
+  const int warp = (tid / 32) % 4, lane = tid % 32;
+  int wg_row0, wg_col0;
+  dq_share_origin<T>(wg, wg_row0, wg_col0);
+  float* dq_base = bp.dq_accum + ((batch * p.seqlen_q + q0) * p.heads_q + head) * p.head_dim;
+  const int64_t dq_row_stride = int64_t{p.heads_q} * p.head_dim;
+  const DQTurn turn = dq_turn<T::kBlockQ, T::kBlockKV>(bp, len, batch, head, q0 / T::kBlockQ, kv_block);
+  dq_wait_turn(turn, tid);
+#pragma unroll
+  for (int e = 0; e < 32; e += 2) {
+    const int r = wg_row0 + warp * 16 + lane / 4 + 8 * ((e / 2) % 2);
+    const int c = wg_col0 + 2 * (lane % 4) + 8 * (e / 4);
+    if (r >= q_rows) continue;
+    dq_add_ordered(reinterpret_cast<float2*>(dq_base + r * dq_row_stride + c), make_float2(acc_dq[e], acc_dq[e + 1]));
+  }
+  dq_pass_turn(turn, tid);
+}
+
+// The default variant: the share, rows past q_len as zeros, into this warpgroup's `stage`, then two TMA reduce-adds
+// into dq_accum issued by the warpgroup's first thread (the caller waits for their reads before reusing the stage).
+// Element (r, c) lies in half c / 32 at row r's 128 bytes, 16-byte chunk (c % 32) / 4 swizzled by r % 8 (a warp's
+// float2 stores meet no bank twice). Row r = 16 warp + lane / 4 (+ 8), column c = 2 (lane % 4) + 8 (e / 4):
+// r % 8 = lane / 4 and the chunk is (lane % 4) / 2 + 2 ((e / 4) % 4). The lane is read fresh so the 16 addresses
+// are not kept across the caller's loop.
+template <class T>
+__device__ __forceinline__ void reduce_dq_through_stage(const CUtensorMap* tma_dq, const float (&acc_dq)[32],
+                                                        char* stage, int64_t batch, int64_t head, int q0, int q_rows,
+                                                        int wg, int tid) {
+  const int warp = (tid / 32) % 4;
+  int wg_row0, wg_col0;
+  dq_share_origin<T>(wg, wg_row0, wg_col0);
+  const int ln = lane_id_fresh();
+  const int swizzle = ((ln % 4) / 2) ^ (ln / 4);
+  char* row_base = stage + (warp * 16 + ln / 4) * 128 + (ln % 2) * 8;
+  const int row_live = q_rows - wg_row0 - (warp * 16 + ln / 4);  // > 0: row r live, > 8: row r + 8 too
+#pragma unroll
+  for (int e = 0; e < 32; e += 2) {
+    const int down = 8 * ((e / 2) % 2);
+    const int offset = (e / 16) * T::kDQHalfBytes + down * 128 + ((swizzle ^ (2 * ((e / 4) % 4))) * 16);
+    *reinterpret_cast<float2*>(row_base + offset) =
+        row_live > down ? make_float2(acc_dq[e], acc_dq[e + 1]) : make_float2(0.0f, 0.0f);
+  }
+  fence_proxy_async_smem();  // the stores reach the async proxy the reduce reads through
+  named_barrier_sync(1 + wg, 128);
+  if (tid % 128 == 0) {
+    const int row = q0 + wg_row0;
+    tma_reduce_add_4d(tma_dq, stage, wg_col0, row, static_cast<int>(head), static_cast<int>(batch));
+    tma_reduce_add_4d(tma_dq, stage + T::kDQHalfBytes, wg_col0 + 32, row, static_cast<int>(head),
+                      static_cast<int>(batch));
+    bulk_commit_group();
+  }
+}
+
 template <class T, bool kMask, bool kSoftcap, bool kDeterministic>
 __global__ void __launch_bounds__(T::kNumThreads, 1)
     attention_bwd_kernel(const __grid_constant__ BackwardParams bp, const __grid_constant__ CUtensorMap tma_dq) {
@@ -280,47 +347,11 @@ __global__ void __launch_bounds__(T::kNumThreads, 1)
 
     const int64_t head = kv_head * group + i / q_blocks;
     const int q_rows = min(kBlockQ, len.q_len - q0);  // rows past q_len get no gradient
-    const int wg_row0 = T::kDQSplitRows ? wg * 64 : 0, wg_col0 = T::kDQSplitRows ? 0 : wg * 64;
     if constexpr (kDeterministic) {
-      float* dq_base = bp.dq_accum + ((batch * p.seqlen_q + q0) * p.heads_q + head) * p.head_dim;
-      const int64_t dq_row_stride = int64_t{p.heads_q} * p.head_dim;
-      const DQTurn turn = dq_turn<kBlockQ, kBlockKV>(bp, len, batch, head, q0 / kBlockQ, kv_block);
-      dq_wait_turn(turn, tid);
-#pragma unroll
-      for (int e = 0; e < 32; e += 2) {
-        const int r = wg_row0 + warp * 16 + lane / 4 + 8 * ((e / 2) % 2);
-        const int c = wg_col0 + 2 * (lane % 4) + 8 * (e / 4);
-        if (r >= q_rows) continue;
-        dq_add_ordered(reinterpret_cast<float2*>(dq_base + r * dq_row_stride + c),
-                       make_float2(acc_dq[e], acc_dq[e + 1]));
-      }
-      dq_pass_turn(turn, tid);
+      add_dq_in_turn<T>(bp, len, acc_dq, batch, head, q0, q_rows, kv_block, wg, tid);
     } else {
-      // This warpgroup's 64 x 64 share, rows past q_len as zeros, into its stage: element (r, c) of half c / 32 at
-      // row r's 128 bytes, 16-byte chunk (c % 32) / 4 swizzled by r % 8 (a warp's float2 stores meet no bank twice).
-      // Row r = 16 warp + lane / 4 (+ 8), column c = 2 (lane % 4) + 8 (e / 4): r % 8 = lane / 4 and the chunk is
-      // (lane % 4) / 2 + 2 ((e / 4) % 4). The lane is read fresh so the 16 addresses are not kept across the loop.
-      char* stage = sdQ_ptr + ((i % 2) * 2 + wg) * T::kDQStageBytes;
-      const int ln = lane_id_fresh();
-      const int swizzle = ((ln % 4) / 2) ^ (ln / 4);
-      char* row_base = stage + (warp * 16 + ln / 4) * 128 + (ln % 2) * 8;
-      const int row_live = q_rows - wg_row0 - (warp * 16 + ln / 4);  // > 0: row r live, > 8: row r + 8 too
-#pragma unroll
-      for (int e = 0; e < 32; e += 2) {
-        const int down = 8 * ((e / 2) % 2);
-        const int offset = (e / 16) * T::kDQHalfBytes + down * 128 + ((swizzle ^ (2 * ((e / 4) % 4))) * 16);
-        *reinterpret_cast<float2*>(row_base + offset) =
-            row_live > down ? make_float2(acc_dq[e], acc_dq[e + 1]) : make_float2(0.0f, 0.0f);
-      }
-      fence_proxy_async_smem();  // the stores reach the async proxy the reduce reads through
-      named_barrier_sync(1 + wg, 128);
-      if (tid % 128 == 0) {
-        const int row = q0 + wg_row0;
-        tma_reduce_add_4d(&tma_dq, stage, wg_col0, row, static_cast<int>(head), static_cast<int>(batch));
-        tma_reduce_add_4d(&tma_dq, stage + T::kDQHalfBytes, wg_col0 + 32, row, static_cast<int>(head),
-                          static_cast<int>(batch));
-        bulk_commit_group();
-      }
+      reduce_dq_through_stage<T>(&tma_dq, acc_dq, sdQ_ptr + ((i % 2) * 2 + wg) * T::kDQStageBytes, batch, head, q0,
+                                 q_rows, wg, tid);
     }
     wgmma_wait<0>();
     fence_registers(acc_dk);
