@@ -142,12 +142,7 @@ __global__ void __launch_bounds__(T::kNumThreads, kTensors ? 1 : T::kMinBlocksPe
   auto no_load = [](int) {};
 
   float acc_o[T::kMTiles][T::kOTiles][4];  // O (kRowsPerWarp, D) of this warp
-#pragma unroll
-  for (int m = 0; m < T::kMTiles; ++m)
-#pragma unroll
-    for (int n = 0; n < T::kOTiles; ++n)
-#pragma unroll
-      for (int e = 0; e < 4; ++e) acc_o[m][n][e] = 0.0f;
+  zero_accumulators(acc_o);
   OnlineSoftmax<T> softmax;
   const float max_growth = lazy_rescale_threshold(p.scale_log2);
 
@@ -211,12 +206,7 @@ __global__ void __launch_bounds__(T::kNumThreads, kTensors ? 1 : T::kMinBlocksPe
       }
     }
     float acc_s[T::kMTiles][T::kSTiles][4];  // S (kRowsPerWarp, kBlockKV)
-#pragma unroll
-    for (int m = 0; m < T::kMTiles; ++m)
-#pragma unroll
-      for (int n = 0; n < T::kSTiles; ++n)
-#pragma unroll
-        for (int e = 0; e < 4; ++e) acc_s[m][n][e] = 0.0f;
+    zero_accumulators(acc_s);
     // S = Q K_j^T
     if constexpr (T::kQInRegisters) {
       warp_gemm<Element, T::kDSteps, 0, T::kKChunk, T::kDoubleBuffer>(acc_s, rQ, rK, no_load, load_k);
@@ -253,16 +243,7 @@ __global__ void __launch_bounds__(T::kNumThreads, kTensors ? 1 : T::kMinBlocksPe
     }
     softmax.update(acc_s, acc_o, p.scale, p.scale_log2, max_growth);
 
-    // P (fp32 accumulators) -> A fragments: k16 step t covers S tiles 2t and 2t+1.
-#pragma unroll
-    for (int m = 0; m < T::kMTiles; ++m)
-#pragma unroll
-      for (int t = 0; t < T::kKVSteps; ++t) {
-        rP[m][t][0] = pack2<Element>(acc_s[m][2 * t][0], acc_s[m][2 * t][1]);
-        rP[m][t][1] = pack2<Element>(acc_s[m][2 * t][2], acc_s[m][2 * t][3]);
-        rP[m][t][2] = pack2<Element>(acc_s[m][2 * t + 1][0], acc_s[m][2 * t + 1][1]);
-        rP[m][t][3] = pack2<Element>(acc_s[m][2 * t + 1][2], acc_s[m][2 * t + 1][3]);
-      }
+    accumulators_to_a_fragments<Element>(acc_s, rP);  // P -> A fragments of P V
 
     if constexpr (T::kEagerLoad) {
       cp_async_wait<1>();  // V_j has landed (K_{j+1} may still be in flight)

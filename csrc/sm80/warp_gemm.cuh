@@ -52,4 +52,31 @@ __device__ __forceinline__ void warp_gemm(float (&acc)[kMTiles][kNTiles][4], uin
   }
 }
 
+// Accumulator tiles set to zero.
+template <int kMTiles, int kNTiles>
+__device__ __forceinline__ void zero_accumulators(float (&acc)[kMTiles][kNTiles][4]) {
+#pragma unroll
+  for (int m = 0; m < kMTiles; ++m)
+#pragma unroll
+    for (int n = 0; n < kNTiles; ++n)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) acc[m][n][e] = 0.0f;
+}
+
+// The A fragments of P V from the fp32 accumulators of S (the mma.sync accumulator layout of n8 tiles 2t and 2t + 1
+// is the A fragment layout of k16 step t), rounded to Element.
+template <typename Element, int kMTiles, int kSTiles>
+__device__ __forceinline__ void accumulators_to_a_fragments(const float (&acc_s)[kMTiles][kSTiles][4],
+                                                            uint32_t (&rP)[kMTiles][kSTiles / 2][4]) {
+#pragma unroll
+  for (int m = 0; m < kMTiles; ++m)
+#pragma unroll
+    for (int t = 0; t < kSTiles / 2; ++t) {
+      rP[m][t][0] = pack2<Element>(acc_s[m][2 * t][0], acc_s[m][2 * t][1]);
+      rP[m][t][1] = pack2<Element>(acc_s[m][2 * t][2], acc_s[m][2 * t][3]);
+      rP[m][t][2] = pack2<Element>(acc_s[m][2 * t + 1][0], acc_s[m][2 * t + 1][1]);
+      rP[m][t][3] = pack2<Element>(acc_s[m][2 * t + 1][2], acc_s[m][2 * t + 1][3]);
+    }
+}
+
 }  // namespace jax_flash::sm80
