@@ -10,6 +10,7 @@
 
 #include "sm80/ptx.cuh"
 #include "sm80/smem_tile.cuh"
+#include "sm80/warp_gemm.cuh"  // zero_fill
 
 namespace jax_flash::sm80 {
 
@@ -83,16 +84,6 @@ __device__ __forceinline__ void smem_gemm(float (&acc)[kMTiles][kNTiles][4], con
 #pragma unroll
       for (int n = 0; n < kNTiles; ++n) mma_16816<Element>(acc[m][n], a[m], b[n][0], b[n][1]);
   }
-}
-
-template <int kMTiles, int kNTiles>
-__device__ __forceinline__ void zero_fill(float (&acc)[kMTiles][kNTiles][4]) {
-#pragma unroll
-  for (int m = 0; m < kMTiles; ++m)
-#pragma unroll
-    for (int n = 0; n < kNTiles; ++n)
-#pragma unroll
-      for (int e = 0; e < 4; ++e) acc[m][n][e] = 0.0f;
 }
 
 }  // namespace jax_flash::sm80

@@ -142,7 +142,7 @@ __global__ void __launch_bounds__(T::kNumThreads, kTensors ? 1 : T::kMinBlocksPe
   auto no_load = [](int) {};
 
   float acc_o[T::kMTiles][T::kOTiles][4];  // O (kRowsPerWarp, D) of this warp
-  zero_accumulators(acc_o);
+  zero_fill(acc_o);
   OnlineSoftmax<T> softmax;
   const float max_growth = lazy_rescale_threshold(p.scale_log2);
 
@@ -206,7 +206,7 @@ __global__ void __launch_bounds__(T::kNumThreads, kTensors ? 1 : T::kMinBlocksPe
       }
     }
     float acc_s[T::kMTiles][T::kSTiles][4];  // S (kRowsPerWarp, kBlockKV)
-    zero_accumulators(acc_s);
+    zero_fill(acc_s);
     // S = Q K_j^T
     if constexpr (T::kQInRegisters) {
       warp_gemm<Element, T::kDSteps, 0, T::kKChunk, T::kDoubleBuffer>(acc_s, rQ, rK, no_load, load_k);

@@ -54,7 +54,7 @@ __device__ __forceinline__ void warp_gemm(float (&acc)[kMTiles][kNTiles][4], uin
 
 // Accumulator tiles set to zero.
 template <int kMTiles, int kNTiles>
-__device__ __forceinline__ void zero_accumulators(float (&acc)[kMTiles][kNTiles][4]) {
+__device__ __forceinline__ void zero_fill(float (&acc)[kMTiles][kNTiles][4]) {
 #pragma unroll
   for (int m = 0; m < kMTiles; ++m)
 #pragma unroll

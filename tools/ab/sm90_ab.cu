@@ -23,7 +23,7 @@
 
 #include "common/params.h"
 #include "cpu_reference.h"
-#include "ab_timing.h"
+#include "ab_common.h"
 #include "harness_util.h"
 #include "sm90/launch.cuh"
 
@@ -31,8 +31,9 @@ using namespace jax_flash;
 
 namespace {
 
-constexpr int kBf16 = static_cast<int>(DType::kBFloat16);
-constexpr int kFp16 = static_cast<int>(DType::kFloat16);
+using ab::kBf16;
+using ab::kFp16;
+using ab::dtype_short;
 
 // An sm90 config as KernelConfig.sm90() builds it (jax_flash/config.py).
 constexpr KernelKey sm90_key(int dtype, int head_dim, int block_kv, bool pingpong, int consumers) {
@@ -118,7 +119,6 @@ std::string run(const Problem& pr, cudaStream_t stream) {
                            : run_config<kFp16>(pr.params(), pr.head_dim, pr.causal, stream);
 }
 
-const char* dtype_short(int dtype) { return dtype == kBf16 ? "bf16" : "fp16"; }
 
 // Max |GPU - CPU| (16-bit output; the CPU implementation computes in fp32) over a problem of 256 tiles with `seq`
 // keys: 1000 (a partial last key block of more than half its keys; 128 rows of shift with 192-row causal tiles),
@@ -182,25 +182,11 @@ void write_trace(const Problem& pr, cudaStream_t stream, const char* prefix) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  std::vector<std::string> args(argv + 1, argv + argc);
-  bool do_check = false;
-  std::vector<int> dtypes = {kBf16, kFp16};
-  std::vector<int> positional;
-  bool only_causal = false;
-  for (size_t i = 0; i < args.size(); ++i) {
-    if (args[i] == "--check") {
-      do_check = true;
-    } else if (args[i] == "--dtype" && i + 1 < args.size()) {
-      dtypes = {args[++i] == "fp16" ? kFp16 : kBf16};
-    } else if (args[i] == "causal") {
-      only_causal = true;
-    } else {
-      positional.push_back(std::atoi(args[i].c_str()));
-    }
-  }
-  const int only_d = positional.size() > 0 ? positional[0] : 0;
-  const int only_s = positional.size() > 1 ? positional[1] : 0;
-  if (do_check) {
+  const ab::Args args = ab::parse_args(argc, argv);
+  const std::vector<int>& dtypes = args.dtypes;
+  const bool only_causal = args.only_causal;
+  const int only_d = args.only_d, only_s = args.only_s;
+  if (args.check) {
     for (int dtype : dtypes) {
       for (int head_dim : {64, 128, 256}) {
         for (bool causal : {false, true}) {
