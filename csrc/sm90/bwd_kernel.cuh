@@ -8,10 +8,10 @@
 // Tiles are 128-byte-swizzled panels of 64 columns (what the descriptors expect), filled by cp.async from all threads.
 // One barrier opens an item (its tiles have landed; every thread is done with the item before) and one lets dQ read
 // both halves of dS^T. The next item's Q, dO, lse and delta loads go out behind this item's first products; S^T's
-// exponentials run beside dP^T's wgmma (at head dim 128 without a softcap; elsewhere dS^T is computed with them),
-// dS^T's arithmetic beside dV's, and dQ's reduce-add beside dK's products. dQ
-// reaches dq_accum through shared memory and TMA reduce-adds (float2 atomics in the deterministic variant, which
-// takes turns). Against atomics after every product with a closing barrier (H100, bf16, 16 heads x 128 / 32 x 64,
+// exponentials run beside dP^T's wgmma and dS^T's arithmetic beside dV's (head dim 128 without a softcap; elsewhere
+// dS^T is computed in the exponentials' loop, after dP^T), and dQ's reduce-add beside dK's products. dQ reaches
+// dq_accum through shared memory and TMA reduce-adds (float2 atomics in the deterministic variant, which takes
+// turns). Against atomics after every product with a closing barrier (H100, bf16, 16 heads x 128 / 32 x 64,
 // 1024-16384 keys): head dim 128 +15-23% (causal +7-11%), head dim 64 +3-7% (causal -1 to +1%).
 #pragma once
 
