@@ -37,7 +37,8 @@ def load_config_module():
 
 def key_literal(config_module, dtype: str, head_dim: int, cfg) -> str:
     compiled = {name for name, _, _ in config_module.config_schema()}  # the launch fields are no part of the key
-    fields = {"dtype": config_module.GPU_DTYPES[dtype], "head_dim": head_dim,
+    dtypes = {**config_module.GPU_DTYPES, config_module.FP8_DTYPE: config_module.FP8_DTYPE_VALUE}
+    fields = {"dtype": dtypes[dtype], "head_dim": head_dim,
               **{name: value for name, value in cfg.to_attrs().items() if name in compiled}}  # declaration order
     bools = {name for name, ctype, _ in config_module.config_schema() if ctype == "bool"}
     # C++ designated initializers must follow KernelKey's declaration order: dtype, head_dim, then the config fields
@@ -62,6 +63,16 @@ def render(config_module, kernel_set: str) -> dict[str, str]:
         entries.append(f"    {{{key},\n     &{family}::run_attention_{family}<{key}>,\n"
                        f"     &{family}::resident_blocks_{family}<{key}>,\n"
                        f"     {family}::Traits<{key}>::kSmemBytes,\n     {split_bytes},\n     {registers}}},")
+    # The sm90 FP8 forward (sm90/launch_fp8.cuh): one kernel per head dim of FP8_CONFIGS, in a table of its own.
+    fp8 = []
+    for head_dim, cfg in config_module.FP8_CONFIGS.items():
+        key = key_literal(config_module, config_module.FP8_DTYPE, head_dim, cfg)
+        files[f"sm90_{config_module.FP8_DTYPE}_hd{head_dim}_{cfg.short_name()}.cu"] = (
+            HEADER + '#include "sm90/launch_fp8.cuh"\n\nnamespace jax_flash::sm90 {\n'
+            f"template std::string run_attention_sm90_fp8<{key}>(const AttentionParams&, cudaStream_t);\n"
+            "}  // namespace jax_flash::sm90\n")
+        fp8.append(f"    {{{key},\n     &sm90::run_attention_sm90_fp8<{key}>,\n     nullptr,\n"
+                   f"     sm90::Traits<{key}>::kSmemBytes,\n     0,\n     sm90::Traits<{key}>::kConsumerRegs}},")
     # The backward: per dtype and head dim an sm80-family kernel (any device) and, for head dims 64 and 128, an
     # sm90-family one (Hopper); their tiles follow from the head dim (sm80/bwd_traits.cuh, sm90/bwd_kernel.cuh).
     backward = []
@@ -84,6 +95,8 @@ def render(config_module, kernel_set: str) -> dict[str, str]:
                             "\n};\nconst int kRegistrySize = sizeof(kRegistry) / sizeof(kRegistry[0]);\n"
                             "const BackwardEntry kBackwardRegistry[] = {\n" + "\n".join(backward) +
                             "\n};\nconst int kBackwardRegistrySize = sizeof(kBackwardRegistry) / sizeof(kBackwardRegistry[0]);\n"
+                            "const RegistryEntry kFp8Registry[] = {\n" + "\n".join(fp8) +
+                            "\n};\nconst int kFp8RegistrySize = sizeof(kFp8Registry) / sizeof(kFp8Registry[0]);\n"
                             f'const char* const kKernelSet = "{kernel_set}";\n\n'
                             "}  // namespace jax_flash\n")
     return files

@@ -1,5 +1,5 @@
 // The FFI handler symbols the nanobind module hands to jax: the forward ("jax_flash_attention", CPU and CUDA)
-// and the backward ("jax_flash_attention_bwd", CPU and CUDA).
+// the backward ("jax_flash_attention_bwd", CPU and CUDA) and the FP8 forward ("jax_flash_attention_fp8", CUDA).
 #pragma once
 
 #include "xla/ffi/api/ffi.h"
@@ -11,6 +11,7 @@ XLA_FFI_DECLARE_HANDLER_SYMBOL(AttentionBackwardCpu);
 #ifdef JAX_FLASH_WITH_CUDA
 XLA_FFI_DECLARE_HANDLER_SYMBOL(AttentionCuda);
 XLA_FFI_DECLARE_HANDLER_SYMBOL(AttentionBackwardCuda);
+XLA_FFI_DECLARE_HANDLER_SYMBOL(AttentionFp8Cuda);
 #endif
 
 }  // namespace jax_flash

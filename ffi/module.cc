@@ -20,7 +20,8 @@ NB_MODULE(_jax_flash, m) {
   // kernels OpenBLAS chose for this processor. RuntimeError when it cannot be loaded.
   m.def("load_openblas", &jax_flash::cpu::load_openblas, nb::arg("path"));
 
-  // {target name: {platform: handler capsule}}: the forward and the backward, on CPU and CUDA.
+  // {target name: {platform: handler capsule}}: the forward and the backward, on CPU and CUDA; the FP8 forward on
+  // CUDA.
   m.def("registrations", []() {
     nb::dict forward, backward, targets;
     forward["cpu"] = nb::capsule(reinterpret_cast<void*>(jax_flash::AttentionCpu));
@@ -33,6 +34,11 @@ NB_MODULE(_jax_flash, m) {
 #endif
     targets["jax_flash_attention"] = forward;
     targets["jax_flash_attention_bwd"] = backward;
+#ifdef JAX_FLASH_WITH_CUDA
+    nb::dict fp8;
+    fp8["CUDA"] = nb::capsule(reinterpret_cast<void*>(jax_flash::AttentionFp8Cuda));
+    targets["jax_flash_attention_fp8"] = fp8;
+#endif
     return targets;
   });
 

@@ -34,13 +34,14 @@ from jax_flash import config as config_module
 from jax_flash.selection import cuda_arch, resolve_gpu_config
 from jax_flash.timing import time_interleaved_ms, time_loop_ms
 
-DTYPES = {"bf16": jnp.bfloat16, "fp16": jnp.float16, "fp32": jnp.float32}
+DTYPES = {"bf16": jnp.bfloat16, "fp16": jnp.float16, "fp32": jnp.float32, "fp8": jnp.float8_e4m3fn}
 # the numpy / jax names name the same dtypes
-_DTYPE_ALIASES = {"bfloat16": "bf16", "float16": "fp16", "half": "fp16", "float32": "fp32"}
+_DTYPE_ALIASES = {"bfloat16": "bf16", "float16": "fp16", "half": "fp16", "float32": "fp32", "float8_e4m3fn": "fp8"}
 
 
 def _dtype_list(text: str) -> list[str]:
-    """--dtypes: a comma list of bf16, fp16, fp32 (or bfloat16, float16, float32), as the short names."""
+    """--dtypes: a comma list of bf16, fp16, fp32, fp8 (or bfloat16, float16, float32, float8_e4m3fn), as the short
+    names."""
     names = [_DTYPE_ALIASES.get(x.strip(), x.strip()) for x in text.split(",")]
     for name in names:
         if name not in DTYPES:
@@ -106,6 +107,25 @@ def _implementations(platform: str, dtype, head_dim: int, configs: str, causal: 
     return impls
 
 
+def _fp8_implementations(platform: str, causal: bool) -> dict:
+    """FP8 rows: jax_flash on float8_e4m3fn inputs (bfloat16 output) beside jax_flash and cuDNN on the same values in
+    bfloat16 (jax.nn's cuDNN attention takes no FP8). Each fn takes (FP8, bfloat16) pairs of q, k and v and returns
+    the q pair with its own element replaced by its output (the timing loop chains it), the FP8 output rounded back
+    to e4m3."""
+    def fp8_call(q, k, v):
+        return jax_flash.attention(q[0], k[0], v[0], causal=causal).astype(q[0].dtype), q[1]
+
+    def on_bf16(fn):
+        return lambda q, k, v: (q[0], fn(q[1], k[1], v[1]))
+
+    impls = {"jax_flash": fp8_call,
+             "jax_flash_bf16": on_bf16(lambda q, k, v: jax_flash.attention(q, k, v, causal=causal))}
+    if platform == "gpu":
+        impls["cudnn_bf16"] = on_bf16(lambda q, k, v: jax.nn.dot_product_attention(
+            q, k, v, implementation="cudnn", is_causal=causal))
+    return impls
+
+
 def _device_name(device) -> str:
     if device.platform == "cpu":
         return f"{benchmark_cpu.machine_name()}, OpenBLAS {jax_flash.native.OPENBLAS_CORE} kernels"
@@ -168,12 +188,16 @@ def run(args) -> list[dict]:
         kq, kk, kv = jax.random.split(jax.random.PRNGKey(index), 3)
         q, k, v = (jax.random.normal(key, (batch, seq, heads, head_dim), jnp.float32).astype(dtype)
                    for key in (kq, kk, kv))
+        if dtype_name == "fp8":  # (FP8, bfloat16) pairs of the same values (_fp8_implementations)
+            q, k, v = ((x, x.astype(jnp.bfloat16)) for x in (q, k, v))
         flops = 4.0 * batch * heads * seq * seq * head_dim / (2 if causal else 1)  # the forward's
         print(f"[{index}/{len(cases)}] {dtype_name} D={head_dim} S={seq} B={batch} H={heads} causal={causal}",
               file=sys.stderr, flush=True)
         results = {}
-        impls = {name: fn for name, fn in _implementations(platform, dtype, head_dim, args.configs, causal,
-                                                              args.family, args.pass_, args.softcap).items()
+        candidates = (_fp8_implementations(platform, causal) if dtype_name == "fp8" else
+                      _implementations(platform, dtype, head_dim, args.configs, causal, args.family, args.pass_,
+                                       args.softcap))
+        impls = {name: fn for name, fn in candidates.items()
                  # (XLA materialises (S, S) scores: too slow and too large at long sequences)
                  if not (name == "xla" and seq > args.xla_max_seq)}
         timed = {}
@@ -227,7 +251,7 @@ def print_table(rows: list[dict]) -> None:
     names = []
     for row in rows:
         names += [n for n in row["results"] if n not in names]
-    base = "cudnn" if any("cudnn" in r["results"] for r in rows) else "xla"
+    base = next((n for n in ("cudnn", "cudnn_bf16") if any(n in r["results"] for r in rows)), "xla")
     print(f"\nTFLOP/s on {rows[0]['device'] if rows else '?'} ({datetime.date.today()}); ratio to {base} in brackets")
     print(" | ".join(["dtype", "D", "causal", "S", "B x H"] + names))
     for row in rows:
@@ -324,6 +348,8 @@ def main(argv=None) -> int:
     parser.add_argument("--json", help="write the rows as JSON here")
     parser.add_argument("--plot", help="write a PNG of TFLOP/s against sequence length here")
     args = parser.parse_args(argv)
+    if "fp8" in args.dtypes and (args.pass_ != "forward" or args.suite != "prefill" or args.configs != "default"):
+        parser.error("--dtypes fp8 times the forward of the prefill suite with the default configs only")
     if args.suite == "decode":
         return _main_decode(args)
     if args.suite == "ring":

@@ -460,6 +460,12 @@ def shipped_kernels() -> Iterator[tuple[str, int, KernelConfig]]:
                 yield key
 
 
+# The sm90 FP8 forward (float8_e4m3fn q, k, v; csrc/sm90/launch_fp8.cuh): the C++ DType value of e4m3 and the one
+# config per head dim it is built for (every FP8 call on Hopper with these head dims runs it; cfg is not read).
+FP8_DTYPE, FP8_DTYPE_VALUE = "float8_e4m3fn", 2
+FP8_CONFIGS = {128: KernelConfig.sm90(block_kv=128, stages=2, consumer_warpgroups=2, pingpong=True)}
+
+
 def _sweep(block_q, block_kv, num_warps, q, k, v, double_buffer=True) -> KernelConfig:
     return KernelConfig(block_q=block_q, block_kv=block_kv, num_warps=num_warps, q_mma_load_k_fragments=q,
                         k_mma_load_k_fragments=k, v_mma_load_k_fragments=v, mma_double_buffer_loads=double_buffer)

@@ -4,14 +4,21 @@ Semantics: those of attention on q * q_descale, k * k_descale and v * v_descale,
 heads_k) array (1 where None) applied to every query head of its kv head's group, as FlashAttention-3 takes them.
 The CPU path computes it in float32 with the scales folded where they cost nothing: q_descale * k_descale multiplies
 q (the scores are linear in both), v_descale multiplies the output (linear in v), so k and v are only widened, never
-rescaled (a paged pool's page may belong to any sequence). The GPU kernels take float16 and bfloat16 only: FP8
-calls there are refused with a clear error.
+rescaled (a paged pool's page may belong to any sequence).
+
+On a GPU, the sm90 FP8 kernel (Hopper, head dim 128; jax_flash/_fp8_primitive.py) takes contiguous calls with causal,
+window and length masks: e4m3 wgmma for both products, P rounded to e4m3, the descales folded into the softmax's
+scale and the output, V read as V^T (transposed_v). Every other FP8 call on a GPU (other head dims or devices, paged
+K/V, segment ids, bias / mask tensors, softcap, a scale <= 0) runs the 16-bit kernels on bfloat16 inputs
+dequantised by XLA (q * q_descale * k_descale, k; the output times v_descale).
 """
 
 from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
+
+from jax_flash.config import FP8_CONFIGS
 
 FP8_DTYPES = ("float8_e4m3fn",)
 OUT_DTYPES = ("bfloat16", "float16", "float32")
@@ -58,22 +65,52 @@ def _default_platform() -> str:
     return jax.default_backend()
 
 
-def refuse_on_gpu(q, traced: bool) -> None:
-    """FP8 inputs run on the CPU path only: a clear error where they would reach the GPU kernels (q's devices where
-    it is a committed array, else the default device's platform)."""
+def on_gpu(q, traced: bool) -> bool:
+    """Whether the call runs on a GPU: q's devices where it is a committed array, else the default device's
+    platform."""
     devices = None if traced else q.devices()
     committed = devices and getattr(q, "committed", True)
     platforms = {d.platform for d in devices} if committed else {_default_platform()}
-    if platforms - {"cpu"}:
-        raise NotImplementedError(
-            f"float8_e4m3fn q, k and v run on the CPU path only; the GPU kernels take float16 and bfloat16 (no FP8 "
-            f"GPU kernel yet). Dequantise to bfloat16 (x.astype(jnp.bfloat16) * descale) for {sorted(platforms)}, "
-            f"or put the inputs on jax.devices('cpu')")
+    return bool(platforms - {"cpu"})
 
 
-def dequantised_inputs(q, k, v, q_descale, k_descale, v_descale):
-    """(q, k, v, v_scale) in float32 with q_descale * k_descale folded into q; v_scale multiplies the output (None:
-    1). The descales were checked (check_descale)."""
+def kernel_refusal(q, k, kwargs) -> str | None:
+    """Why the sm90 FP8 kernel does not take this (checked) GPU call, or None when it does: a Hopper device, head
+    dim 128, contiguous K / V, no segment ids, bias / mask tensors or softcap, softmax_scale > 0."""
+    if q.shape[3] not in FP8_CONFIGS:
+        return f"head_dim {q.shape[3]} (the FP8 kernel has {sorted(FP8_CONFIGS)})"
+    for name in ("page_table", "q_segment_ids", "kv_segment_ids", "bias", "mask", "softcap"):
+        if kwargs.get(name) is not None:
+            return name
+    if kwargs.get("softmax_scale") is not None and not float(kwargs["softmax_scale"]) > 0:
+        return "softmax_scale <= 0"
+    if k.shape[1] == 0 or q.shape[0] == 0:
+        return "an empty call"
+    if not _on_hopper():
+        return "not a Hopper GPU (compute capability 9.x)"
+    return None
+
+
+def _on_hopper() -> bool:
+    """Whether every default-backend device is a Hopper GPU (compute capability 9.x)."""
+    return all(str(getattr(d, "compute_capability", "")).startswith("9.") for d in jax.devices())
+
+
+def transposed_v(v):
+    """(B, Sk, Hk, D) -> V^T (B, Hk, D, Sk rounded up to 32, zero-padded), each 32 keys in the order of P's FP8
+    wgmma fragments (csrc/sm90/fragments.cuh, pack_k32_e4m3): k position 16h + 4c + 2u + w holds key
+    16h + 8u + 2c + w, so the kernel packs P with no exchange between lanes. One XLA transpose over V."""
+    batch, seq_k, heads_k, head_dim = v.shape
+    padded = -(-seq_k // 32) * 32
+    v = jnp.pad(v, ((0, 0), (0, padded - seq_k), (0, 0), (0, 0)))
+    v = v.reshape(batch, padded // 32, 2, 2, 4, 2, heads_k, head_dim)  # key 32n + 16h + 8u + 2c + w
+    v = v.transpose(0, 6, 7, 1, 2, 4, 3, 5)  # (B, Hk, D, n, h, c, u, w): position 16h + 4c + 2u + w
+    return v.reshape(batch, heads_k, head_dim, padded)
+
+
+def dequantised_inputs(q, k, v, q_descale, k_descale, v_descale, dtype=jnp.float32):
+    """(q, k, v, v_scale) in `dtype` with q_descale * k_descale folded into q (in float32, then rounded); v_scale
+    multiplies the output (None: 1). The descales were checked (check_descale)."""
     heads_q = q.shape[2]
     q32, k32, v32 = (x.astype(jnp.float32) for x in (q, k, v))
     qk = None
@@ -83,4 +120,4 @@ def dequantised_inputs(q, k, v, q_descale, k_descale, v_descale):
     if qk is not None:
         q32 = q32 * per_query_head(qk, heads_q)
     v_scale = per_query_head(v_descale, heads_q) if v_descale is not None else None
-    return q32, k32, v32, v_scale
+    return q32.astype(dtype), k32.astype(dtype), v32.astype(dtype), v_scale

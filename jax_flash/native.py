@@ -20,6 +20,7 @@ from jax_flash.config import KernelConfig
 
 TARGET_NAME = "jax_flash_attention"          # the forward custom call (CPU and CUDA)
 BACKWARD_TARGET_NAME = "jax_flash_attention_bwd"  # the backward custom call (CPU and CUDA)
+FP8_TARGET_NAME = "jax_flash_attention_fp8"  # the FP8 forward on Hopper (CUDA)
 
 for _target, _handlers in _jax_flash.registrations().items():
     for _platform, _capsule in _handlers.items():

@@ -53,16 +53,16 @@ class _Repetitions:
 
     def __init__(self, fn, q, k, v, *, iters: int, loop: str, min_rep_ms: float):
         self.chained, self.inputs, self.iters = timed_loop(fn, iters=iters, loop=loop), (q, k, v), iters
-        self.chained(q, k, v).block_until_ready()  # compile + warm-up
+        jax.block_until_ready(self.chained(q, k, v))  # compile + warm-up (q, k, v may be pytrees of arrays)
         start = time.perf_counter()
-        self.chained(q, k, v).block_until_ready()
+        jax.block_until_ready(self.chained(q, k, v))
         self.calls = calls_per_rep((time.perf_counter() - start) * 1e3, min_rep_ms)
 
     def sample_ms(self) -> float:
         start = time.perf_counter()
         for _ in range(self.calls):  # one device stream: the last call's completion implies the earlier ones'
             out = self.chained(*self.inputs)
-        out.block_until_ready()
+        jax.block_until_ready(out)
         return (time.perf_counter() - start) / (self.iters * self.calls) * 1e3
 
 

@@ -1,6 +1,7 @@
 """FP8 (float8_e4m3fn) inputs with descale factors on the CPU path: the semantics of the dequantised inputs (against
-attention_reference given the same descales), with every mask, paged caches, jit and vmap, and clear errors; on a
-GPU the call is refused with a clear error (no FP8 GPU kernel yet)."""
+attention_reference given the same descales), with every mask, paged caches, jit and vmap, and clear errors; the
+routing of GPU calls (lowered for CUDA here: the FP8 kernel on Hopper, else the 16-bit kernels) and V^T's key order.
+The FP8 kernel itself: tests/test_fp8_gpu.py."""
 
 from __future__ import annotations
 
@@ -108,9 +109,61 @@ def test_fp8_errors():
         jax_flash.attention(*e5m2)
 
 
-def test_fp8_is_refused_where_it_would_reach_a_gpu(monkeypatch):
-    """A traced call where the default device is a GPU (here: reported as one) raises a clear error."""
-    q, k, v, _ = _fp8_inputs(7)
+def test_transposed_v_puts_each_key_where_the_fragments_read_it():
+    """V^T's k position p of each 32 holds the key whose probability the lane that owns p packs there: register 0
+    (2) of lane c holds positions 4c .. 4c + 3 (+ 16), taken from accumulator columns 2c, 2c + 1 of n-tiles 4t and
+    4t + 1 (4t + 2 and 4t + 3) (csrc/sm90/fragments.cuh, pack_k32_e4m3); keys past seq_k are zeros."""
+    key_at = np.empty(32, np.int64)
+    for c in range(4):  # lane % 4
+        for half in range(2):  # register 0 / 2: positions +0 / +16, tiles 4t, 4t + 1 / 4t + 2, 4t + 3
+            for i in range(4):  # byte i: tile 4t + 2 half + i // 2, column 2c + i % 2 of it
+                key_at[16 * half + 4 * c + i] = 8 * (2 * half + i // 2) + 2 * c + i % 2
+    assert sorted(key_at) == list(range(32))
+    seq_k = 70
+    v = jnp.arange(2 * seq_k * 3 * 4, dtype=jnp.float32).reshape(2, seq_k, 3, 4)
+    v_t = np.asarray(fp8.transposed_v(v))
+    assert v_t.shape == (2, 3, 4, 96)
+    for p in range(96):
+        key = 32 * (p // 32) + key_at[p % 32]
+        expected = np.asarray(v[:, key]).transpose(0, 1, 2) if key < seq_k else np.zeros((2, 3, 4))
+        np.testing.assert_array_equal(v_t[:, :, :, p], expected)
+
+
+def _as_on_gpu(monkeypatch, hopper=True):
+    """The default device reported as a (Hopper) GPU."""
     monkeypatch.setattr(fp8, "_default_platform", lambda: "gpu")
-    with pytest.raises(NotImplementedError, match="float8_e4m3fn q, k and v run on the CPU path only"):
-        jax.jit(lambda q, k, v: jax_flash.attention(q, k, v)).trace(q, k, v)
+    monkeypatch.setattr(fp8, "_on_hopper", lambda: hopper)
+
+
+def test_fp8_on_hopper_lowers_to_the_fp8_kernel(monkeypatch):
+    q, k, v, (qd, kd, vd) = _fp8_inputs(7, head_dim=128)
+    lengths = jnp.array([70, 20], jnp.int32)
+    _as_on_gpu(monkeypatch)
+    call = lambda *a: jax_flash.attention(*a, causal=True, kv_lengths=lengths, q_descale=qd, k_descale=kd,
+                                          v_descale=vd)
+    hlo = jax.jit(call).trace(q, k, v).lower(lowering_platforms=("cuda",)).as_text()
+    assert "stablehlo.custom_call @jax_flash_attention_fp8(" in hlo
+    assert "@jax_flash_attention(" not in hlo
+    mapped = jax.make_jaxpr(jax.vmap(lambda q, k, v: jax_flash.attention(q, k, v)))(*(jnp.stack([x, x])
+                                                                                       for x in (q, k, v)))
+    assert "jax_flash_attention_fp8" in str(mapped)
+
+
+@pytest.mark.parametrize("case", ["head_dim_64", "softcap", "not_hopper"])
+def test_fp8_calls_the_kernel_does_not_take_run_the_16_bit_kernels(monkeypatch, case):
+    q, k, v, _ = _fp8_inputs(8, head_dim=64 if case == "head_dim_64" else 128)
+    kwargs = {"softcap": 20.0} if case == "softcap" else {}
+    _as_on_gpu(monkeypatch, hopper=case != "not_hopper")
+    jaxpr = jax.make_jaxpr(lambda *a: jax_flash.attention(*a, **kwargs))(q, k, v)
+    calls = [e for e in jaxpr.eqns if e.primitive.name.startswith("jax_flash_attention")]
+    assert [e.primitive.name for e in calls] == ["jax_flash_attention"]
+    assert all(x.aval.dtype == jnp.bfloat16 for x in calls[0].invars[:3])
+
+
+def test_fp8_gpu_calls_are_checked_as_16_bit_ones(monkeypatch):
+    q, k, v, _ = _fp8_inputs(9, head_dim=128)
+    _as_on_gpu(monkeypatch)
+    with pytest.raises(ValueError, match="window sizes must be >= -1"):
+        jax.make_jaxpr(lambda *a: jax_flash.attention(*a, window=(-3, 0)))(q, k, v)
+    with pytest.raises(ValueError, match="kv_lengths must be an int32 array"):
+        jax.make_jaxpr(lambda *a: jax_flash.attention(*a, kv_lengths=jnp.zeros((3,), jnp.int32)))(q, k, v)

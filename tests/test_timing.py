@@ -136,6 +136,19 @@ def test_benchmark_writes_rows_for_every_case(tmp_path, capsys, order):
         assert "ms and GFLOP/s on" in capsys.readouterr().out
 
 
+def test_benchmark_fp8_rows_time_the_fp8_call_beside_bfloat16(tmp_path):
+    """--dtypes fp8: jax_flash on float8_e4m3fn inputs beside jax_flash on the same values in bfloat16 (and cuDNN on
+    them where there is a GPU)."""
+    path = tmp_path / "bench.json"
+    assert benchmark.main(["--dtypes", "fp8", "--head-dims", "64", "--seqs", "64", "--tokens", "64", "--hidden",
+                           "128", "--causal", "on", "--iters", "1", "--reps", "1", "--json", str(path)]) == 0
+    (row,) = json.loads(path.read_text())["rows"]
+    assert row["dtype"] == "fp8" and {"jax_flash", "jax_flash_bf16"} <= set(row["results"])
+    assert all(r["tflops"] > 0 for r in row["results"].values())
+    with pytest.raises(SystemExit):
+        benchmark.main(["--dtypes", "fp8", "--pass", "backward"])
+
+
 def test_benchmark_help_lists_every_option(capsys):
     # argparse %-formats each help text: a bare % in one made --help raise instead of printing
     with pytest.raises(SystemExit) as exit_info:
@@ -151,7 +164,7 @@ def test_benchmark_dtype_names(capsys):
     with pytest.raises(SystemExit):
         benchmark.main(["--dtypes", "int8"])
     err = capsys.readouterr().err
-    assert "dtype 'int8' is not supported; choose from bf16, fp16, fp32" in err
+    assert "dtype 'int8' is not supported; choose from bf16, fp16, fp32, fp8" in err
 
 
 def test_ring_benchmark_writes_ring_gather_and_scaling_rows(tmp_path, capsys):

@@ -10,7 +10,8 @@
 
 namespace jax_flash {
 
-enum class DType : int { kFloat16 = 0, kBFloat16 = 1 };
+// kFloat8E4M3: the sm90 FP8 forward only (csrc/sm90/launch_fp8.cuh; the registry holds float16 and bfloat16).
+enum class DType : int { kFloat16 = 0, kBFloat16 = 1, kFloat8E4M3 = 2 };
 
 struct KernelKey {
   int dtype;  // DType value
@@ -23,6 +24,7 @@ struct KernelKey {
 };
 
 inline const char* dtype_name(int dtype) {
+  if (dtype == static_cast<int>(DType::kFloat8E4M3)) return "float8_e4m3fn";
   return dtype == static_cast<int>(DType::kBFloat16) ? "bfloat16" : "float16";
 }
 

@@ -225,6 +225,15 @@ const BackwardEntry kBackwardRegistry[] = {
     {1, 256, &sm80::run_attention_bwd_sm80<1, 256>, &sm80::bwd_smem_bytes_sm80<1, 256>, nullptr, nullptr},
 };
 const int kBackwardRegistrySize = sizeof(kBackwardRegistry) / sizeof(kBackwardRegistry[0]);
+const RegistryEntry kFp8Registry[] = {
+    {KernelKey{.dtype = 2, .head_dim = 128, .block_q = 128, .block_kv = 128, .num_warps = 12, .async_copy = true, .eager_load_blocks = true, .swizzled = true, .q_mma_load_k_fragments = 2, .k_mma_load_k_fragments = 1, .v_mma_load_k_fragments = 1, .mma_double_buffer_loads = true, .optimized_softmax = true, .family = 90, .stages = 2, .consumer_warpgroups = 2, .pingpong = true, .overlap = true},
+     &sm90::run_attention_sm90_fp8<KernelKey{.dtype = 2, .head_dim = 128, .block_q = 128, .block_kv = 128, .num_warps = 12, .async_copy = true, .eager_load_blocks = true, .swizzled = true, .q_mma_load_k_fragments = 2, .k_mma_load_k_fragments = 1, .v_mma_load_k_fragments = 1, .mma_double_buffer_loads = true, .optimized_softmax = true, .family = 90, .stages = 2, .consumer_warpgroups = 2, .pingpong = true, .overlap = true}>,
+     nullptr,
+     sm90::Traits<KernelKey{.dtype = 2, .head_dim = 128, .block_q = 128, .block_kv = 128, .num_warps = 12, .async_copy = true, .eager_load_blocks = true, .swizzled = true, .q_mma_load_k_fragments = 2, .k_mma_load_k_fragments = 1, .v_mma_load_k_fragments = 1, .mma_double_buffer_loads = true, .optimized_softmax = true, .family = 90, .stages = 2, .consumer_warpgroups = 2, .pingpong = true, .overlap = true}>::kSmemBytes,
+     0,
+     sm90::Traits<KernelKey{.dtype = 2, .head_dim = 128, .block_q = 128, .block_kv = 128, .num_warps = 12, .async_copy = true, .eager_load_blocks = true, .swizzled = true, .q_mma_load_k_fragments = 2, .k_mma_load_k_fragments = 1, .v_mma_load_k_fragments = 1, .mma_double_buffer_loads = true, .optimized_softmax = true, .family = 90, .stages = 2, .consumer_warpgroups = 2, .pingpong = true, .overlap = true}>::kConsumerRegs},
+};
+const int kFp8RegistrySize = sizeof(kFp8Registry) / sizeof(kFp8Registry[0]);
 const char* const kKernelSet = "shipped";
 
 }  // namespace jax_flash

@@ -18,7 +18,7 @@ namespace jax_flash::sm90 {
 
 template <class T, class V>
 struct Epilogue {
-  using Element = typename T::Element;
+  using Element = typename T::OutElement;  // O's (bfloat16 for FP8 inputs)
 
   // The tile's O rows and lse entries, formed where they are written (held across the key loop, the 64-bit pointers
   // cost registers the soft-capped variants do not have).
@@ -137,13 +137,13 @@ struct Epilogue {
           const int row = warp_row0 + lane / 4 + 8 * h;
           if (row < t.q_rows) {
             *(packed(p) ? packed_lse(p, t, row) : gLse + row) =
-                row_valid[h] ? m.softmax.row_lse(h, row_l[h], p.scale) : -INFINITY;
+                row_valid[h] ? m.softmax.row_lse(h, row_l[h], m.scale()) : -INFINITY;
           }
         }
       }
     } else {
       float row_lse[2];
-      m.softmax.finalize(m.acc_o, row_valid, p.scale, row_lse);
+      m.softmax.finalize(m.acc_o, row_valid, m.scale(), row_lse);
       if (p.lse != nullptr && lane % 4 == 0) {  // one lane of each quad owns the row
         float* gLse = tile_lse(p, t);
 #pragma unroll
@@ -152,6 +152,12 @@ struct Epilogue {
           if (row < t.q_rows) *(packed(p) ? packed_lse(p, t, row) : gLse + row) = row_valid[h] ? row_lse[h] : -INFINITY;
         }
       }
+    }
+    if constexpr (T::kFp8) {  // O of the dequantised V: times the tile's v_descale
+#pragma unroll
+      for (int n = 0; n < T::kOTiles; ++n)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) m.acc_o[0][n][e] *= m.fp8_v_descale;
     }
     // O -> this consumer's 64 rows of the staging buffer (swizzled like Q) by stmatrix, then one TMA store per
     // 64-column panel by thread 0 of the consumer; the TMA unit clips rows past the tensor. That thread first waits
@@ -166,7 +172,7 @@ struct Epilogue {
     for (int k = 0; k < T::kHeadDim / 16; ++k) {  // O tiles 2k, 2k + 1: columns 16k .. 16k + 15
       uint32_t a[4];
       pack_k16<Element>(m.acc_o, k, a);
-      stmatrix_x4(so_base + (k / 4) * T::kQPanelBytes + fragment_chunk_of(k, e_lane) * 16, a);
+      stmatrix_x4(so_base + (k / 4) * T::kOPanelBytes + fragment_chunk_of(k, e_lane) * 16, a);
     }
     fence_proxy_async_smem();  // the generic-proxy writes, visible to the TMA unit ...
     sync_consumer(consumer);   // ... from every thread of the consumer
@@ -174,14 +180,14 @@ struct Epilogue {
       if (packed(p)) {  // the 5-D map: 64 / group positions of the group's heads (tensor_map.h)
         const int shift = __ffs(p.pack_gqa) - 1;
 #pragma unroll
-        for (int panel = 0; panel < T::kPanels; ++panel) {
-          tma_store_5d(&tma_o, sO + panel * T::kQPanelBytes + 64 * consumer * T::kRowBytes, panel * 64, 0,
+        for (int panel = 0; panel < T::kOPanels; ++panel) {
+          tma_store_5d(&tma_o, sO + panel * T::kOPanelBytes + 64 * consumer * T::kRowBytes, panel * 64, 0,
                        (t.row0 + 64 * consumer) >> shift, t.head >> shift, t.batch);
         }
       } else {
 #pragma unroll
-        for (int panel = 0; panel < T::kPanels; ++panel) {
-          tma_store_4d(&tma_o, sO + panel * T::kQPanelBytes + 64 * consumer * T::kRowBytes, panel * 64,
+        for (int panel = 0; panel < T::kOPanels; ++panel) {
+          tma_store_4d(&tma_o, sO + panel * T::kOPanelBytes + 64 * consumer * T::kRowBytes, panel * 64,
                        t.row0 + 64 * consumer, t.head, t.batch);
         }
       }

@@ -65,7 +65,9 @@ std::string launch_sm90(AttentionParams p, const CUtensorMap& map_q, const CUten
   }
   kernel<<<grid, T::kNumThreads, T::kSmemBytes, stream>>>(p, map_q, map_k, map_v, map_o, num_tiles);
   if (cudaError_t err = cudaGetLastError(); err != cudaSuccess) return cuda_failure("attention kernel launch", err);
-  if (p.num_splits > 1) return launch_split_combine<typename T::Element, T::kHeadDim>(p, stream);
+  if constexpr (!T::kFp8) {  // (FP8 calls run unsplit: launch_fp8.cuh)
+    if (p.num_splits > 1) return launch_split_combine<typename T::Element, T::kHeadDim>(p, stream);
+  }
   return {};
 }
 

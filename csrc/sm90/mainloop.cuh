@@ -53,7 +53,7 @@ struct ConsumerRegisters {
   uint32_t rP[T::kKVSteps][4];                 // P of the previous key block as wgmma A fragments
   uint32_t rQ[V::kQRegs ? T::kDSteps : 1][4];  // V::kQRegs: this consumer's 64 rows of Q as wgmma A fragments
   float alpha[2];                              // the O rescale of the current key block
-  SplitSoftmax<T::kSTiles, T::kOTiles> softmax;  // the current tile's row maxima and sums
+  SplitSoftmax<T::kSTiles, T::kOTiles, T::kPOffsetLog2> softmax;  // the current tile's row maxima and sums
 };
 
 // One consumer's main loop, one object for the whole block: begin_tile() sets up a tile, run() computes O and the
@@ -62,7 +62,7 @@ template <class T, class V>
 struct Mainloop {
   using Element = typename T::Element;
   using P = Pipeline<T, V>;
-  using Softmax = SplitSoftmax<T::kSTiles, T::kOTiles>;
+  using Softmax = SplitSoftmax<T::kSTiles, T::kOTiles, T::kPOffsetLog2>;
 
   // ---- the consumer, for the whole block
   const AttentionParams& p;
@@ -73,7 +73,7 @@ struct Mainloop {
   const int warp_in_wg;  // this warp's 16 of them
   const int lane;
   const int warp_row0;     // 64 * consumer + 16 * warp_in_wg
-  const float max_growth;  // the lazy rescale's threshold (common/row_reduce.cuh)
+  const float max_growth;  // the lazy rescale's threshold (common/row_reduce.cuh); 0 for FP8 (traits.cuh)
   int it = 0;              // the pipeline step of the next key block (pipeline.cuh)
   int tiles_done = 0;      // tiles whose Q this consumer has taken
   float (&acc_o)[1][T::kOTiles][4];
@@ -94,11 +94,24 @@ struct Mainloop {
   int lo_off, hi_off;       // key j is visible to row i when i + lo_off <= j <= i + hi_off, j < kv_len
   int my_end;               // this consumer's key blocks end here (V::kTrimTail), else the tile's
   bool half_last;           // V::kHalfLast: its last key block is computed at half width
+  // FP8: the tile's (batch, kv head) factors folded in: scale x q_descale x k_descale (and x log2(e)), v_descale
+  float fp8_scale, fp8_scale_log2, fp8_v_descale;
+
+  // The softmax's scale of this tile's scores: the call's, times q_descale x k_descale for FP8.
+  __device__ __forceinline__ float scale_log2() const {
+    if constexpr (T::kFp8) return fp8_scale_log2;
+    return p.scale_log2;
+  }
+  __device__ __forceinline__ float scale() const {
+    if constexpr (T::kFp8) return fp8_scale;
+    return p.scale;
+  }
 
   __device__ __forceinline__ Mainloop(const AttentionParams& p_, SmemView<T> s_, int consumer_, int warp_in_wg_,
                                       int lane_, Tracer& trace_, ConsumerRegisters<T, V>& r)
       : p(p_), s(s_), turns{consumer_}, trace(trace_), consumer(consumer_), warp_in_wg(warp_in_wg_), lane(lane_),
-        warp_row0(64 * consumer_ + 16 * warp_in_wg_), max_growth(lazy_rescale_threshold(p_.scale_log2)),
+        warp_row0(64 * consumer_ + 16 * warp_in_wg_),
+        max_growth(T::kFp8 ? 0.0f : lazy_rescale_threshold(p_.scale_log2)),
         acc_o(r.acc_o), acc_s(r.acc_s), rP(r.rP), rQ(r.rQ), alpha(r.alpha), softmax(r.softmax) {}
 
   // the accumulators and P as flat arrays (the wgmma operand lists)
@@ -114,7 +127,8 @@ struct Mainloop {
   // per-step masks and shifts of a full descriptor were a fifth of the key loop's instructions). Q (A, K-major): this
   // consumer's 64 rows of each panel; k16 step kk is panel kk/4, byte 32*(kk%4) of the swizzled row. K (B, K-major):
   // the same stepping over kBlockKV rows. V (B, MN-major): k16 step t is rows 16t..16t+15 (2048 bytes in), the N = D
-  // columns span the panels kKVPanelBytes apart (LBO). P (A, V::kPSmem): this consumer's (64, kBlockKV), like Q.
+  // columns span the panels kKVPanelBytes apart (LBO); FP8's V^T (B, K-major): k32 step t is panel t / 4, byte
+  // 32 * (t % 4) of its D rows. P (A, V::kPSmem): this consumer's (64, kBlockKV), like Q.
   __device__ __forceinline__ uint64_t q_desc(int kk) const {
     return smem_offset(q_desc0, (kk / 4) * T::kQPanelBytes + (kk % 4) * 32);
   }
@@ -122,6 +136,7 @@ struct Mainloop {
     return smem_offset(k_desc0, stage * T::kKVBytes + (kk / 4) * T::kKVPanelBytes + (kk % 4) * 32);
   }
   __device__ __forceinline__ uint64_t v_desc(int stage, int t) const {
+    if constexpr (T::kFp8) return smem_offset(v_desc0, stage * T::kKVBytes + (t / 4) * T::kVtPanelBytes + (t % 4) * 32);
     return smem_offset(v_desc0, stage * T::kKVBytes + t * 16 * T::kRowBytes);
   }
   __device__ __forceinline__ uint64_t p_desc(int t) const {
@@ -149,8 +164,10 @@ struct Mainloop {
   __device__ __forceinline__ void issue_pv(int stage) {  // O += P V
     wgmma_fence();
 #pragma unroll
-    for (int t = 0; t < kKeys / 16; ++t) {
-      if constexpr (V::kPSmem) {
+    for (int t = 0; t < kKeys / T::kStepElems; ++t) {
+      if constexpr (T::kFp8) {
+        wgmma_rs_k<Element, T::kHeadDim>(acc_o_flat(), rP[t], v_desc(stage, t), 1);
+      } else if constexpr (V::kPSmem) {
         wgmma_ss_tb<Element, T::kHeadDim>(acc_o_flat(), p_desc(t), v_desc(stage, t), 1);
       } else {
         wgmma_rs<Element, T::kHeadDim>(acc_o_flat(), rP[t], v_desc(stage, t), 1);
@@ -187,7 +204,7 @@ struct Mainloop {
       if (V::kSplitPaged && p.q_block_segments != nullptr) mask_segments<kKeys>(scores, j);
       if constexpr (V::kTensors) apply_tensors<kKeys>(scores, j);
     }
-    return softmax.template update_max<kKeys / 8>(acc_s, p.scale_log2, max_growth, alpha);
+    return softmax.template update_max<kKeys / 8>(acc_s, scale_log2(), max_growth, alpha);
   }
   // Segment ids: hides each score of key block j whose key's kv id differs from its row's q id, unless every query
   // row of the tile and every key of the block carry one id (the pre-passes' ranges, common/segment_blocks.cuh:
@@ -310,7 +327,7 @@ struct Mainloop {
     [[maybe_unused]] auto& s_flat = *reinterpret_cast<float(*)[kKeys / 2]>(&acc_s[0][0][0]);
     turns.wait_exp();
     if constexpr (V::kExpTurns) fence_registers(s_flat);
-    softmax.template exponentiate<kKeys / 8>(acc_s, p.scale_log2);
+    softmax.template exponentiate<kKeys / 8>(acc_s, scale_log2());
     if constexpr (V::kExpTurns) fence_registers(s_flat);
     turns.pass_exp();
   }
@@ -320,13 +337,14 @@ struct Mainloop {
     exponentiate_in_turn<kKeys>();
     return rescale;
   }
-  // P (fp32) -> A fragments: k16 step t covers S tiles 2t and 2t+1 (in registers, or stmatrix into shared memory)
+  // P (fp32) -> A fragments: k16 step t covers S tiles 2t and 2t+1, FP8's k32 step 4t .. 4t+3 (in registers, or
+  // stmatrix into shared memory)
   template <int kKeys = T::kBlockKV>
   __device__ __forceinline__ void pack_probabilities() {
 #pragma unroll
-    for (int t = 0; t < kKeys / 16; ++t) {
+    for (int t = 0; t < kKeys / T::kStepElems; ++t) {
       uint32_t a[4];
-      pack_k16<Element>(acc_s, t, a);
+      pack_p_step<Element>(acc_s, t, a);
       if constexpr (V::kPSmem) {
         stmatrix_x4(st_base + (t / 4) * T::kPPanelBytes + fragment_chunk_of(t, lane) * 16, a);
       } else {
@@ -342,9 +360,9 @@ struct Mainloop {
   // V::kPackInExp: P = exp2(...) with each k16 step packed into the A fragments as it is made
   template <int kKeys = T::kBlockKV>
   __device__ __forceinline__ void exponentiate_packed() {
-    softmax.template exponentiate_packed<kKeys / 8>(acc_s, p.scale_log2, [&](int t) {
+    softmax.template exponentiate_packed<kKeys / 8, T::kStepElems / 8>(acc_s, scale_log2(), [&](int t) {
       uint32_t a[4];
-      pack_k16<Element>(acc_s, t, a);
+      pack_p_step<Element>(acc_s, t, a);
 #pragma unroll
       for (int e = 0; e < 4; ++e) rP[t][e] = a[e];
     });
@@ -469,11 +487,18 @@ struct Mainloop {
         half_last = __shfl_sync(0xffffffffu, mine.end <= (my_end - 1) * T::kBlockKV + T::kBlockKV / 2 ? 1 : 0, 0) != 0;
       }
     }
+    if constexpr (T::kFp8) {  // (a factor that is not > 0 gives NaN: the softmax needs a positive scale)
+      const int64_t pair = int64_t{t.batch} * p.heads_k + t.head / p.q_heads_per_kv_head;
+      const float qk = __ldg(p.qk_descale + pair);
+      fp8_scale = qk > 0.0f ? p.scale * qk : __int_as_float(0x7fffffff);
+      fp8_scale_log2 = qk > 0.0f ? p.scale_log2 * qk : __int_as_float(0x7fffffff);
+      fp8_v_descale = __ldg(p.v_descale + pair);
+    }
     qb = P::q_buffer_of(tiles_done);
     sQ_addr = smem_address(s.q(qb)) + consumer * 64 * T::kRowBytes;
     q_desc0 = smem_descriptor(sQ_addr, 16, 1024);
     k_desc0 = smem_descriptor(smem_address(s.k(0)), 16, 1024);
-    v_desc0 = smem_descriptor(smem_address(s.v(0)), T::kKVPanelBytes, 1024);
+    v_desc0 = smem_descriptor(smem_address(s.v(0)), T::kFp8 ? 16 : T::kKVPanelBytes, 1024);
     st_row = fragment_row_of(warp_in_wg, lane);
     if constexpr (V::kPSmem) {
       const uint32_t sP_addr = smem_address(s.p(consumer));
@@ -496,7 +521,7 @@ struct Mainloop {
       if (j == my_end - 1) release_q();  // the tile's last read of Q
       const bool rescale_o = scores_to_max(j);
       turns.wait();
-      softmax.exponentiate(acc_s, p.scale_log2);
+      softmax.exponentiate(acc_s, scale_log2());
       if (rescale_o) Softmax::rescale(acc_o, alpha);
       pack_probabilities();
       turns.pass();

@@ -138,8 +138,8 @@ struct Producer {
     } else {
 #pragma unroll
       for (int panel = 0; panel < T::kPanels; ++panel) {
-        tma_load_4d(s.k(stage) + panel * T::kKVPanelBytes, &tma_k, s.k_full(stage), panel * 64, j * T::kBlockKV,
-                    w.kv_head, w.batch);
+        tma_load_4d(s.k(stage) + panel * T::kKVPanelBytes, &tma_k, s.k_full(stage), panel * T::kPanelCols,
+                    j * T::kBlockKV, w.kv_head, w.batch);
       }
     }
   }
@@ -152,7 +152,13 @@ struct Producer {
     mbarrier_wait(s.v_empty(stage), P::parity_of(step) ^ 1);  // ... and with its last V
     trace(kTraceProducerV, j);
     mbarrier_arrive_expect_tx(s.v_full(stage), T::kKVBytes);
-    if constexpr (V::kSplitPaged) {
+    if constexpr (T::kFp8) {  // V^T (B, Hk, D, keys): panel n is keys 128n .. 128n + 127 of the block, all D rows
+#pragma unroll
+      for (int panel = 0; panel < T::kBlockKV / 128; ++panel) {
+        tma_load_4d(s.v(stage) + panel * T::kVtPanelBytes, &tma_v, s.v_full(stage), j * T::kBlockKV + 128 * panel, 0,
+                    w.kv_head, w.batch);
+      }
+    } else if constexpr (V::kSplitPaged) {
       load_block(s.v(stage), tma_v, s.v_full(stage), w, j, pages);
     } else {
 #pragma unroll
@@ -234,7 +240,8 @@ struct Producer {
       } else {
 #pragma unroll
         for (int panel = 0; panel < T::kPanels; ++panel) {
-          tma_load_4d(s.q(qb) + panel * T::kQPanelBytes, &tma_q, s.q_full(qb), panel * 64, w.row0, w.head, w.batch);
+          tma_load_4d(s.q(qb) + panel * T::kQPanelBytes, &tma_q, s.q_full(qb), panel * T::kPanelCols, w.row0, w.head,
+                      w.batch);
         }
       }
       trace(kTraceProducerQ, n);

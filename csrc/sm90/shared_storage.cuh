@@ -22,6 +22,7 @@ struct SmemShape {
   int p_bytes;       // P of one consumer (64, kBlockKV) where P goes through shared memory, else 0
   int consumers;     // consumer warpgroups
   bool split_state;  // the split tail's shared state (split_tail.cuh)
+  int o_bytes;       // O's staging buffer (kBlockQ, D) of the output dtype (q_bytes but for FP8 inputs)
 };
 
 // `s` with its Q buffering replaced (the traits size the candidates to choose between them).
@@ -55,7 +56,7 @@ struct SplitState {
 template <SmemShape kS>
 struct SharedStorage {
   char q[kS.q_buffers][kS.q_bytes];                                   // [q_buffers] (kBlockQ, D)
-  [[no_unique_address]] Bytes<kS.o_in_q ? 0 : kS.q_bytes, OTag> o;    // (kBlockQ, D): O's own staging buffer
+  [[no_unique_address]] Bytes<kS.o_in_q ? 0 : kS.o_bytes, OTag> o;    // (kBlockQ, D): O's own staging buffer
   char k[kS.stages][kS.kv_bytes];                                     // [stages] (kBlockKV, D)
   char v[kS.stages][kS.kv_bytes];                                     // [stages] (kBlockKV, D)
   [[no_unique_address]] Bytes<kS.consumers * kS.p_bytes, PTag> p;     // [consumers] (64, kBlockKV)

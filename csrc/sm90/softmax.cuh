@@ -13,7 +13,10 @@
 
 namespace jax_flash::sm90 {
 
-template <int kSTiles, int kOTiles>
+// kPOffsetLog2: P = exp2(S * scale_log2 - m * scale_log2 + kPOffsetLog2), so its largest entry is 2^kPOffsetLog2
+// (FP8: 2^8 of e4m3's 448, which keeps entries down to 2^-9 / 2^8 of the maximum from flushing to zero); the row
+// sums carry the factor and cancel it in O / l, and row_lse() takes it out.
+template <int kSTiles, int kOTiles, int kPOffsetLog2 = 0>
 struct SplitSoftmax {
   float row_max[2] = {-INFINITY, -INFINITY};  // raw score units (the scale is applied inside exp2)
   float row_sum[2] = {0.0f, 0.0f};            // this thread's partial sums until finalize()
@@ -67,7 +70,7 @@ struct SplitSoftmax {
     static_assert(kTiles <= kSTiles);
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
-      const float m_scaled = (row_max[h] == -INFINITY ? 0.0f : row_max[h]) * scale_log2;
+      const float m_scaled = offset((row_max[h] == -INFINITY ? 0.0f : row_max[h]) * scale_log2);
 #pragma unroll
       for (int n = 0; n < kTiles; ++n) {
 #pragma unroll
@@ -82,17 +85,18 @@ struct SplitSoftmax {
   // exponentiate(), with P handed on as it is made: after the exponentials of n-tiles 2t and 2t + 1 (both row
   // halves), pack_step(t) packs k16 step t (the caller's wgmma A fragments), so the conversions run among the
   // exponentials instead of after them (Variant::kPackInExp). The same values and row sums as exponentiate().
-  template <int kTiles = kSTiles, class PackStep>
+  // kStepTiles: the n-tiles of one k step (2 for k16, 4 for FP8's k32).
+  template <int kTiles = kSTiles, int kStepTiles = 2, class PackStep>
   __device__ __forceinline__ void exponentiate_packed(float (&acc_s)[1][kSTiles][4], float scale_log2,
                                                       PackStep&& pack_step) {
-    static_assert(kTiles <= kSTiles && kTiles % 2 == 0);
+    static_assert(kTiles <= kSTiles && kTiles % kStepTiles == 0);
     float m_scaled[2];
 #pragma unroll
-    for (int h = 0; h < 2; ++h) m_scaled[h] = (row_max[h] == -INFINITY ? 0.0f : row_max[h]) * scale_log2;
+    for (int h = 0; h < 2; ++h) m_scaled[h] = offset((row_max[h] == -INFINITY ? 0.0f : row_max[h]) * scale_log2);
 #pragma unroll
-    for (int t = 0; t < kTiles / 2; ++t) {
+    for (int t = 0; t < kTiles / kStepTiles; ++t) {
 #pragma unroll
-      for (int n = 2 * t; n < 2 * t + 2; ++n)
+      for (int n = kStepTiles * t; n < kStepTiles * t + kStepTiles; ++n)
 #pragma unroll
         for (int e = 0; e < 4; ++e) acc_s[0][n][e] = exp2_approx(fmaf(acc_s[0][n][e], scale_log2, -m_scaled[e / 2]));
       pack_step(t);
@@ -140,8 +144,20 @@ struct SplitSoftmax {
   // Row half h's natural-log log-sum-exp of the scaled scores from its row sum l (finalize_fast); -inf for a row
   // that saw no key (l = 0), NaN for one whose sum is NaN (a NaN or +inf score).
   __device__ __forceinline__ float row_lse(int h, float l, float scale) const {
+    if constexpr (kPOffsetLog2 != 0) {
+      return l != 0.0f ? row_max[h] * scale + (logf(l) - kPOffsetLog2 * 0.6931471805599453f) : -INFINITY;
+    }
     return l != 0.0f ? row_max[h] * scale + logf(l) : -INFINITY;
   }
+
+ private:
+  // m * scale_log2 less the offset (kPOffsetLog2 = 0: unchanged)
+  __device__ __forceinline__ static float offset(float m_scaled) {
+    if constexpr (kPOffsetLog2 != 0) return m_scaled - kPOffsetLog2;
+    return m_scaled;
+  }
+
+ public:
 
   // The epilogue's O = O / l, with zeros for a row that saw no key (l = 0) and for row half h when !row_valid[h]
   // (rows past the batch entry's query length, whose scores may hold anything: a select, not a multiply by 0), and

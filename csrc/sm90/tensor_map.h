@@ -55,21 +55,29 @@ inline CUtensorMapDataType half_type(bool bf16) {
   return bf16 ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16 : CU_TENSOR_MAP_DATA_TYPE_FLOAT16;
 }
 
-// `map` over base (B, S, H, D) with element strides (batch, seq, head; D contiguous), box (64, box_rows, 1, 1).
-// Rows past S read as zeros.
-inline std::string encode_bshd_map(CUtensorMap* map, const void* base, bool bf16, int64_t batch, int64_t seq,
-                                   int64_t heads, int64_t head_dim, int64_t batch_stride, int64_t seq_stride,
-                                   int64_t head_stride, int box_rows) {
+// `map` over base (B, S, H, D) of `type` (element_bytes each) with element strides (batch, seq, head; D
+// contiguous), box (128 bytes of columns, box_rows, 1, 1). Rows past S read as zeros.
+inline std::string encode_bshd_map(CUtensorMap* map, const void* base, CUtensorMapDataType type, int element_bytes,
+                                   int64_t batch, int64_t seq, int64_t heads, int64_t head_dim, int64_t batch_stride,
+                                   int64_t seq_stride, int64_t head_stride, int box_rows) {
   const cuuint64_t dims[4] = {static_cast<cuuint64_t>(head_dim), static_cast<cuuint64_t>(seq),
                               static_cast<cuuint64_t>(heads), static_cast<cuuint64_t>(batch)};
-  const cuuint64_t strides_bytes[3] = {static_cast<cuuint64_t>(seq_stride) * 2,
-                                       static_cast<cuuint64_t>(head_stride) * 2,
-                                       static_cast<cuuint64_t>(batch_stride) * 2};
-  const cuuint32_t box[4] = {64, static_cast<cuuint32_t>(box_rows), 1, 1};
-  return encode_swizzled_map(map, base, half_type(bf16), dims, strides_bytes, box, [&] {
+  const cuuint64_t bytes = static_cast<cuuint64_t>(element_bytes);
+  const cuuint64_t strides_bytes[3] = {static_cast<cuuint64_t>(seq_stride) * bytes,
+                                       static_cast<cuuint64_t>(head_stride) * bytes,
+                                       static_cast<cuuint64_t>(batch_stride) * bytes};
+  const cuuint32_t box[4] = {static_cast<cuuint32_t>(128 / element_bytes), static_cast<cuuint32_t>(box_rows), 1, 1};
+  return encode_swizzled_map(map, base, type, dims, strides_bytes, box, [&] {
     return "a (" + std::to_string(batch) + ", " + std::to_string(seq) + ", " + std::to_string(heads) + ", " +
            std::to_string(head_dim) + ") tensor";
   });
+}
+// ... of float16 or bfloat16 (box (64, box_rows, 1, 1)).
+inline std::string encode_bshd_map(CUtensorMap* map, const void* base, bool bf16, int64_t batch, int64_t seq,
+                                   int64_t heads, int64_t head_dim, int64_t batch_stride, int64_t seq_stride,
+                                   int64_t head_stride, int box_rows) {
+  return encode_bshd_map(map, base, half_type(bf16), 2, batch, seq, heads, head_dim, batch_stride, seq_stride,
+                         head_stride, box_rows);
 }
 
 // Packed GQA (common/params.h, pack_gqa): `map` over the same (B, S, H, D) tensor seen as (B, S, Hk, G, D), heads

@@ -6,6 +6,7 @@
 
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
+#include <cuda_fp8.h>
 
 #include <climits>
 #include <cstdint>
@@ -19,7 +20,17 @@ namespace jax_flash::sm90 {
 template <KernelKey kKey>
 struct Traits {
   static_assert(kKey.family == 90, "sm90 traits need a family-90 key");
-  using Element = std::conditional_t<kKey.dtype == static_cast<int>(DType::kBFloat16), __nv_bfloat16, __half>;
+  // FP8 (float8_e4m3fn q, k, v; launch_fp8.cuh): both products by e4m3 wgmma (k32 steps), P rounded to e4m3, V
+  // read as V^T (K-major, as FP8 wgmma requires of B), the output in bfloat16.
+  static constexpr bool kFp8 = kKey.dtype == static_cast<int>(DType::kFloat8E4M3);
+  using Element = std::conditional_t<kFp8, __nv_fp8_e4m3,
+                                     std::conditional_t<kKey.dtype == static_cast<int>(DType::kBFloat16),
+                                                        __nv_bfloat16, __half>>;
+  using OutElement = std::conditional_t<kFp8, __nv_bfloat16, Element>;  // O's element
+  // FP8: P's largest entry is 2^8 (softmax.cuh, kPOffsetLog2), and O is rescaled whenever a row maximum grows (no
+  // lazy rescale, whose P may reach 2^8 times that, past e4m3's 448).
+  static constexpr int kPOffsetLog2 = kFp8 ? 8 : 0;
+  static constexpr int kElementBytes = static_cast<int>(sizeof(Element));
 
   // ---- shape -------------------------------------------------------------------------------------------------------
   static constexpr int kHeadDim = kKey.head_dim;
@@ -42,8 +53,13 @@ struct Traits {
   // layout repeated N/8 times): S is [1][kBlockKV/8][4], O [1][D/8][4].
   static constexpr int kSTiles = kBlockKV / 8;
   static constexpr int kOTiles = kHeadDim / 8;
-  static constexpr int kKVSteps = kBlockKV / 16;  // k16 steps of P V
-  static constexpr int kDSteps = kHeadDim / 16;   // k16 steps of Q K^T
+  // The products' k steps cover 32 bytes of a swizzled row: k16 for 16-bit elements, k32 for FP8.
+  static constexpr int kStepElems = 32 / kElementBytes;
+  static constexpr int kKVSteps = kBlockKV / kStepElems;  // k steps of P V
+  static constexpr int kDSteps = kHeadDim / kStepElems;   // k steps of Q K^T
+  static_assert(!kFp8 || ((kHeadDim == 128 || kHeadDim == 256) && kBlockKV % 128 == 0 && kConsumers == 2),
+                "sm90 FP8: head_dim 128 or 256 (rows of 128 one-byte elements), block_kv a multiple of 128 (V^T "
+                "panels of 128 keys), two consumers");
 
   // ---- schedule: choices every variant of this config shares --------------------------------------------------
   // A second ring of turns on the exponentials, so the two consumers' MUFU phases do not coincide: D = 64 -4 to -6%
@@ -74,7 +90,7 @@ struct Traits {
   static constexpr bool kQInRegs = kHeadDim == 128 && kPingpong && kConsumers == 2;
   // The split tail (split_tail.cuh): a partial last wave of equal-cost tiles is cut into equal key-block shares and
   // merged; +0.5 / +1.9 / +0.8% at non-causal D = 128 2048 / 4096 / 16384 keys (2048 tiles over 132 SMs).
-  static constexpr bool kSplitTail = kHeadDim == 128 && kConsumers == 2 && kPingpong;
+  static constexpr bool kSplitTail = kHeadDim == 128 && kConsumers == 2 && kPingpong && !kFp8;
   // ... from this many key blocks per tile: at 4 (512 keys) it cost 2.7%, each share running 2-3 tile boundaries.
   static constexpr int kMinSplitBlocks = 16;
   // The producer numbers tiles in 32 bits where its registers are tight (the 64-bit divisions of tile_work spilled
@@ -108,23 +124,29 @@ struct Traits {
                 "setmaxnreg split exceeds the block's register allocation");
 
   // ---- shared memory ---------------------------------------------------------------------------------------------
-  // Every tile is stored as head_dim/64 panels of [rows][64] elements with the 128-byte TMA / wgmma swizzle (16-byte
-  // chunk c of row r sits at chunk c ^ (r % 8)).
-  static constexpr int kPanels = kHeadDim / 64;
-  static constexpr int kRowBytes = 128;  // 64 elements of 2 bytes
+  // Every tile is stored as panels of [rows][128 bytes] with the 128-byte TMA / wgmma swizzle (16-byte chunk c of
+  // row r sits at chunk c ^ (r % 8)): head_dim / kPanelCols panels of Q, K and V (64 elements a row, 128 for FP8),
+  // and of O head_dim / 64 (16-bit); FP8's V^T (D, kBlockKV) is kBlockKV / 128 panels of [D][128 keys].
+  static constexpr int kRowBytes = 128;
+  static constexpr int kPanelCols = kRowBytes / kElementBytes;
+  static constexpr int kPanels = kHeadDim / kPanelCols;
   static constexpr int kQPanelBytes = kBlockQ * kRowBytes;
   static constexpr int kKVPanelBytes = kBlockKV * kRowBytes;
+  static constexpr int kVtPanelBytes = kHeadDim * kRowBytes;
   static constexpr int kQBytes = kQPanelBytes * kPanels;    // (kBlockQ, D)
   static constexpr int kKVBytes = kKVPanelBytes * kPanels;  // (kBlockKV, D), one K or V stage
+  static constexpr int kOPanels = kHeadDim / 64;
+  static constexpr int kOPanelBytes = kQPanelBytes;
+  static constexpr int kOBytes = kOPanelBytes * kOPanels;  // (kBlockQ, D) of OutElement
   // P of one consumer where it goes through shared memory: (64, kBlockKV) as ceil(kBlockKV/64) panels of [64][64],
   // swizzled like Q (wgmma's A).
   static constexpr int kPPanelBytes = 64 * kRowBytes;
   static constexpr int kPBytes = kPSmemIfSoftcap ? (kBlockKV + 63) / 64 * kPPanelBytes : 0;
   static constexpr int kMaxSmemBytes = 227 * 1024;  // opt-in dynamic shared memory per block on sm_90
-  static constexpr SmemShape kShape1{kQBytes, 1, false, kKVBytes, kStages, kPBytes, kConsumers, kSplitTail};
+  static constexpr SmemShape kShape1{kQBytes, 1, false, kKVBytes, kStages, kPBytes, kConsumers, kSplitTail, kOBytes};
   // Where even one Q buffer and a separate O buffer do not fit (head dim 256: Q and O are 64 KB each), O is staged
   // in the Q buffer and Q is released once the TMA store has read it, not at the tile's last Q K^T.
-  static constexpr bool kOInQ = kSmemBytesOf<kShape1> > kMaxSmemBytes;
+  static constexpr bool kOInQ = kSmemBytesOf<kShape1> > kMaxSmemBytes && kOBytes == kQBytes;
   // Q is double-buffered where it fits beside O's buffer (the producer loads the next tile's Q while the consumers
   // still read this one's: D = 128 with 128-key blocks fits with 1.9 KB to spare).
   static constexpr int kQBuffers = !kOInQ && kSmemBytesOf<with_q_buffers(kShape1, 2, false)> <= kMaxSmemBytes ? 2 : 1;

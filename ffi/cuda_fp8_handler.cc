@@ -1,0 +1,128 @@
+// XLA FFI handler of the sm90 FP8 forward ("jax_flash_attention_fp8", CUDA): float8_e4m3fn q (B, Sq, Hq, D) and k
+// (B, Sk, Hk, D), V^T (B, Hk, D, Sk rounded up to 32) with the keys of each 32 in the order P's fragments need
+// (jax_flash/fp8.py, transposed_v), float32 (B, Hk) factors q_descale x k_descale and v_descale; bfloat16 o like q
+// and float32 lse (B, Hq, Sq). Hopper only; jax_flash/fp8.py sends every other FP8 call to the 16-bit kernels.
+#include <cuda_runtime_api.h>
+
+#include <optional>
+#include <string>
+
+#include "common/registry.h"
+#include "ffi/attention_attrs.h"
+#include "ffi/cuda_device.h"
+#include "ffi/handlers.h"
+#include "ffi/validate.h"
+
+namespace jax_flash {
+namespace {
+
+bool has_dims(const ffi::AnyBuffer& b, ffi::DataType type, std::initializer_list<int64_t> dims) {
+  const auto d = b.dimensions();
+  if (b.element_type() != type || d.size() != dims.size()) return false;
+  size_t i = 0;
+  for (int64_t n : dims) {
+    if (d[i++] != n) return false;
+  }
+  return true;
+}
+
+// What the FP8 kernel needs beyond check_buffers (run with k as v and q as the output): e4m3 q and k, V^T, the
+// descales, a bfloat16 output, and none of the features it leaves to the 16-bit kernels.
+std::optional<ffi::Error> check_fp8_buffers(const ffi::AnyBuffer& q, const ffi::AnyBuffer& k,
+                                            const ffi::AnyBuffer& v_t, const ffi::AnyBuffer& qk_descale,
+                                            const ffi::AnyBuffer& v_descale, const ffi::AnyBuffer& o,
+                                            const AttentionAttrs& attrs) {
+  const auto qd = q.dimensions(), kd = k.dimensions();
+  if (q.element_type() != ffi::DataType::F8E4M3FN) {
+    return invalid("the FP8 call takes float8_e4m3fn q, k and v");
+  }
+  const int64_t keys_padded = (kd[1] + 31) / 32 * 32;
+  if (!has_dims(v_t, ffi::DataType::F8E4M3FN, {kd[0], kd[2], kd[3], keys_padded})) {
+    return invalid("the FP8 call's v must be float8_e4m3fn V^T of shape (batch, heads_k, head_dim, seq_k rounded up "
+                   "to 32) = (" + std::to_string(kd[0]) + ", " + std::to_string(kd[2]) + ", " +
+                   std::to_string(kd[3]) + ", " + std::to_string(keys_padded) + "); got " +
+                   dims_string(v_t.dimensions()));
+  }
+  for (const auto* d : {&qk_descale, &v_descale}) {
+    if (!has_dims(*d, ffi::DataType::F32, {qd[0], kd[2]})) {
+      return invalid("the FP8 call's descale factors must be float32 (batch, heads_k) = (" + std::to_string(qd[0]) +
+                     ", " + std::to_string(kd[2]) + "); got " + dims_string(d->dimensions()));
+    }
+  }
+  if (!has_dims(o, ffi::DataType::BF16, {qd[0], qd[1], qd[2], qd[3]})) {
+    return invalid("the FP8 call's output must be bfloat16 " + dims_string(qd) + "; got " + dims_string(o.dimensions()));
+  }
+  if (attrs.paged || attrs.softcap > 0.0f || attrs.pack_gqa != 0 || attrs.num_splits > 1) {
+    return invalid("the FP8 kernel takes no paged K/V, softcap, pack_gqa or num_splits (jax_flash runs such FP8 "
+                   "calls on the 16-bit kernels)");
+  }
+  return std::nullopt;
+}
+
+ffi::Error attention_fp8_cuda_impl(cudaStream_t stream, ffi::ScratchAllocator scratch, ffi::AnyBuffer q,
+                                   ffi::AnyBuffer k, ffi::AnyBuffer v_t, ffi::AnyBuffer qk_descale,
+                                   ffi::AnyBuffer v_descale, ffi::AnyBuffer q_lengths, ffi::AnyBuffer kv_lengths,
+                                   ffi::Result<ffi::AnyBuffer> o, ffi::Result<ffi::AnyBuffer> lse,
+                                   AttentionAttrs attrs) {
+  // q, k, the lengths, the lse and the attributes as the 16-bit call checks them (k standing in for v, q for o)
+  if (auto err = check_buffers(q, k, k, q_lengths, kv_lengths, nullptr, q, *lse, attrs)) return std::move(*err);
+  if (auto err = check_fp8_buffers(q, k, v_t, qk_descale, v_descale, *o, attrs)) return std::move(*err);
+  const int head_dim = static_cast<int>(q.dimensions()[3]);
+  const RegistryEntry* entry = find_fp8_kernel(head_dim);
+  if (entry == nullptr) {
+    return ffi::Error(ffi::ErrorCode::kNotFound, "jax_flash: no FP8 GPU kernel for head_dim=" +
+                                                     std::to_string(head_dim) + " (jax_flash runs such calls on the "
+                                                     "16-bit kernels)");
+  }
+  AttentionParams params = params_from_buffers(q, k, k, q_lengths, kv_lengths, nullptr, *o, *lse, attrs);
+  params.v = v_t.untyped_data();
+  params.qk_descale = static_cast<const float*>(qk_descale.untyped_data());
+  params.v_descale = static_cast<const float*>(v_descale.untyped_data());
+  params.num_splits = 1;
+  if (q.element_count() == 0) return ffi::Error::Success();
+
+  DeviceLimits limits;
+  if (ffi::Error err = current_device_limits(limits); err.failure()) return err;
+  if (limits.major != 9) {
+    return ffi::Error(ffi::ErrorCode::kFailedPrecondition,
+                      "jax_flash: the FP8 kernel uses Hopper-only instructions (FP8 wgmma, TMA) and needs compute "
+                      "capability 9.0 (H100/H200); this device is " + std::to_string(limits.major) + "." +
+                          std::to_string(limits.minor));
+  }
+  if (entry->smem_bytes > limits.max_smem_optin) {
+    return ffi::Error(ffi::ErrorCode::kFailedPrecondition,
+                      "jax_flash: the FP8 kernel needs " + std::to_string(entry->smem_bytes) +
+                          " bytes of shared memory per block; this device allows " +
+                          std::to_string(limits.max_smem_optin));
+  }
+  // the dynamic tile scheduler's counter: XLA scratch memory, ordered on this stream
+  std::optional<void*> counter = scratch.Allocate(sizeof(unsigned long long), kScratchAlignment);
+  if (!counter.has_value()) {
+    return ffi::Error(ffi::ErrorCode::kResourceExhausted,
+                      "jax_flash: could not allocate the 8-byte tile counter from XLA's scratch memory");
+  }
+  params.tile_counter = static_cast<unsigned long long*>(*counter);
+  if (std::string failure = entry->run(params, stream); !failure.empty()) {
+    return ffi::Error(ffi::ErrorCode::kInternal, "jax_flash: " + failure);
+  }
+  return ffi::Error::Success();
+}
+
+}  // namespace
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(AttentionFp8Cuda, attention_fp8_cuda_impl,
+                              ffi::Ffi::Bind()
+                                  .Ctx<ffi::PlatformStream<cudaStream_t>>()
+                                  .Ctx<ffi::ScratchAllocator>()
+                                  .Arg<ffi::AnyBuffer>()  // q float8_e4m3fn (B, Sq, Hq, D)
+                                  .Arg<ffi::AnyBuffer>()  // k float8_e4m3fn (B, Sk, Hk, D)
+                                  .Arg<ffi::AnyBuffer>()  // V^T float8_e4m3fn (B, Hk, D, Sk rounded up to 32)
+                                  .Arg<ffi::AnyBuffer>()  // q_descale x k_descale float32 (B, Hk)
+                                  .Arg<ffi::AnyBuffer>()  // v_descale float32 (B, Hk)
+                                  .Arg<ffi::AnyBuffer>()  // q_lengths int32 (B,) or (0,)
+                                  .Arg<ffi::AnyBuffer>()  // kv_lengths int32 (B,) or (0,)
+                                  .Ret<ffi::AnyBuffer>()  // o bfloat16 (B, Sq, Hq, D)
+                                  .Ret<ffi::AnyBuffer>()  // lse float32 (B, Hq, Sq)
+                                  .Attrs<AttentionAttrs>());
+
+}  // namespace jax_flash

@@ -1,0 +1,75 @@
+"""The FP8 forward on Hopper: a primitive of its own that lowers to the "jax_flash_attention_fp8" custom call
+(ffi/cuda_fp8_handler.cc, csrc/sm90/launch_fp8.cuh), with abstract evaluation and a batching rule that folds vmapped
+axes into the batch. jax_flash/fp8.py decides which FP8 calls reach it; it has no differentiation or sharding rules
+(a sharded call runs on gathered operands).
+
+Operands: q (B, Sq, Hq, D) and k (B, Sk, Hk, D) float8_e4m3fn, v_t (B, Hk, D, Sk rounded up to 32) float8_e4m3fn
+(fp8.transposed_v), qk_descale and v_descale float32 (B, Hk), q_lengths and kv_lengths int32 (B,) or (0,).
+Results: out bfloat16 (B, Sq, Hq, D), lse float32 (B, Hq, Sq).
+Params: softmax_scale (> 0), causal, window_left, window_right, has_q_lengths, has_kv_lengths, return_lse.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.extend.core import Primitive
+from jax.interpreters import batching, mlir
+
+from jax_flash import native
+from jax_flash._primitive import result_aval
+from jax_flash.config import CALL_ATTRIBUTES, FP8_CONFIGS
+
+attention_fp8_p = Primitive("jax_flash_attention_fp8")
+attention_fp8_p.multiple_results = True
+
+
+def _abstract_eval(q, *rest, **params):
+    del rest, params
+    batch, seq_q, heads_q, _ = q.shape
+    return result_aval(q, q.shape, jnp.bfloat16), result_aval(q, (batch, heads_q, seq_q), np.float32)
+
+
+attention_fp8_p.def_abstract_eval(_abstract_eval)
+
+
+@functools.cache
+def _jitted_bind(params):
+    return jax.jit(lambda *args: attention_fp8_p.bind(*args, **dict(params)))
+
+
+attention_fp8_p.def_impl(lambda *args, **params: _jitted_bind(tuple(sorted(params.items())))(*args))
+
+
+def _lower_cuda(ctx, *args, **params):
+    head_dim = ctx.avals_in[0].shape[3]
+    cfg = FP8_CONFIGS[head_dim]  # (fp8.py sends only these head dims)
+    attrs = {name: np.int64(value) for name, value in cfg.to_attrs().items()}
+    attrs.update(pack_gqa=np.int64(0), num_splits=np.int64(1))
+    call = {"softcap": 0.0, "paged": False, "deterministic": False, **params}
+    for name, kind, _ in CALL_ATTRIBUTES:
+        attrs[name] = np.float32(call[name]) if kind == "float" else np.int64(call[name])
+    return jax.ffi.ffi_lowering(native.FP8_TARGET_NAME)(ctx, *args, **attrs)
+
+
+mlir.register_lowering(attention_fp8_p, _lower_cuda, platform="cuda")
+
+
+def _batch_rule(args, dims, **params):
+    """vmap: every operand's mapped axis moved to the front (unmapped ones broadcast) and folded into the batch."""
+    size = next(x.shape[d] for x, d in zip(args, dims) if d is not None)
+    q = args[0] if dims[0] is None else jnp.moveaxis(args[0], dims[0], 0)
+    batch = q.shape[0] if dims[0] is None else q.shape[1]
+
+    def fold(x, d):
+        x = jnp.broadcast_to(x, (size, *x.shape)) if d is None else jnp.moveaxis(x, d, 0)
+        return x.reshape((size * x.shape[1], *x.shape[2:]))
+
+    out, lse = attention_fp8_p.bind(*(fold(x, d) for x, d in zip(args, dims)), **params)
+    return (out.reshape((size, batch, *out.shape[1:])), lse.reshape((size, batch, *lse.shape[1:]))), (0, 0)
+
+
+batching.primitive_batchers[attention_fp8_p] = _batch_rule

@@ -1,0 +1,103 @@
+"""The sm90 FP8 kernel on a Hopper GPU (jax_flash/_fp8_primitive.py, csrc/sm90/launch_fp8.cuh): float8_e4m3fn q, k,
+v with (B, Hk) descales against attention_reference on the dequantised inputs, with the forward's tolerance rule:
+twice the error of a plain FP8 implementation (the same scores in float32, P rounded to e4m3 at 2^8 times the row
+maximum, as the kernel rounds it) plus the bfloat16 output's rounding."""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import jax_flash
+from jax_flash.reference import visibility_mask
+from conftest import GPU_DEVICES
+
+HOPPER = [d for d in GPU_DEVICES if str(getattr(d, "compute_capability", "")).startswith("9.")]
+requires_hopper = pytest.mark.skipif(not HOPPER, reason="no Hopper GPU (compute capability 9.x) visible to jax")
+
+
+def _inputs(seed, batch, seq_q, seq_k, heads_q, heads_k, head_dim=128):
+    keys = jax.random.split(jax.random.PRNGKey(seed), 6)
+    q, k, v = ((2.0 * jax.random.normal(key, (batch, seq, heads, head_dim))).astype(jnp.float8_e4m3fn)
+               for key, seq, heads in ((keys[0], seq_q, heads_q), (keys[1], seq_k, heads_k),
+                                       (keys[2], seq_k, heads_k)))
+    descales = [jax.random.uniform(key, (batch, heads_k), jnp.float32, 0.05, 0.5) for key in keys[3:]]
+    return [jax.device_put(x, HOPPER[0]) for x in (q, k, v, *descales)]
+
+
+def _dequantised(q, k, v, qd, kd, vd):
+    group = q.shape[2] // k.shape[2]
+    per_head = lambda d: jnp.repeat(d, group, axis=1)[:, None, :, None]
+    q32, k32, v32 = (x.astype(jnp.float32) for x in (q, k, v))
+    return q32 * per_head(qd * kd), jnp.repeat(k32, group, axis=2), jnp.repeat(v32 * vd[:, None, :, None], group,
+                                                                               axis=2)
+
+
+def _plain_fp8(q, k, v, qd, kd, vd, **mask):
+    """Attention of the dequantised inputs in float32 with P rounded to e4m3 at 2^8 times each row's maximum."""
+    q32, k32, v32 = _dequantised(q, k, v, qd, kd, vd)
+    scores = jnp.einsum("bqhd,bkhd->bhqk", q32, k32) / np.sqrt(q.shape[3])
+    visible = visibility_mask(q.shape[0], q.shape[1], k.shape[1], **mask)
+    scores = jnp.where(visible, scores, -jnp.inf)
+    row_max = jnp.max(scores, axis=-1, keepdims=True)
+    p = jnp.where(visible, jnp.exp(scores - jnp.where(jnp.isfinite(row_max), row_max, 0.0)) * 256.0, 0.0)
+    rounded = p.astype(jnp.float8_e4m3fn).astype(jnp.float32)
+    total = jnp.sum(p, axis=-1, keepdims=True)
+    return jnp.einsum("bhqk,bkhd->bqhd", rounded / jnp.where(total > 0, total, 1.0), v32)
+
+
+def _check(q, k, v, qd, kd, vd, **mask):
+    out, lse = jax_flash.attention(q, k, v, q_descale=qd, k_descale=kd, v_descale=vd, return_lse=True, **mask)
+    assert out.dtype == jnp.bfloat16
+    ref, ref_lse = jax_flash.attention_reference(*_dequantised(q, k, v, qd, kd, vd), return_lse=True, **mask)
+    plain = _plain_fp8(q, k, v, qd, kd, vd, **mask)
+    out, ref, plain = (np.asarray(x, np.float32) for x in (out, ref, plain))
+    bound = 2 * np.abs(plain - ref).max() + 2.0**-8 * np.abs(ref).max() + 1e-3
+    err = np.abs(out - ref).max()
+    assert err <= bound, f"max error {err:.4g} above {bound:.4g} (plain FP8: {np.abs(plain - ref).max():.4g})"
+    lse, ref_lse = np.asarray(lse), np.asarray(ref_lse)
+    np.testing.assert_array_equal(np.isneginf(lse), np.isneginf(ref_lse))
+    seen = np.isfinite(ref_lse)
+    np.testing.assert_allclose(lse[seen], ref_lse[seen], atol=2e-3, rtol=1e-4)
+
+
+@requires_hopper
+@pytest.mark.parametrize("heads", [(4, 4), (8, 2), (8, 1)], ids=["mha", "gqa", "mqa"])
+@pytest.mark.parametrize("seq_q,seq_k", [(128, 128), (300, 1000), (1000, 300), (1, 4100), (129, 77)])
+@pytest.mark.parametrize("causal", [False, True])
+def test_gpu_fp8_kernel_matches_the_dequantised_reference(heads, seq_q, seq_k, causal):
+    q, k, v, qd, kd, vd = _inputs(seq_q + seq_k + heads[1], 2, seq_q, seq_k, *heads)
+    _check(q, k, v, qd, kd, vd, causal=causal)
+
+
+@requires_hopper
+def test_gpu_fp8_kernel_with_lengths_and_a_window():
+    q, k, v, qd, kd, vd = _inputs(5, 3, 200, 700, 4, 2)
+    mask = dict(causal=True, window=(150, -1), q_lengths=jnp.array([200, 17, 0], jnp.int32),
+                kv_lengths=jnp.array([700, 300, 5], jnp.int32))
+    _check(q, k, v, qd, kd, vd, **mask)
+
+
+@requires_hopper
+def test_gpu_fp8_kernel_long_rows_and_vmap():
+    """Many key blocks per row (the online rescale over 16384 keys), and vmap folding into the batch."""
+    q, k, v, qd, kd, vd = _inputs(6, 1, 256, 16384, 2, 1)
+    _check(q, k, v, qd, kd, vd, causal=True)
+    small = _inputs(7, 2, 64, 96, 2, 2)
+    call = lambda q, k, v, qd, kd, vd: jax_flash.attention(q, k, v, q_descale=qd, k_descale=kd, v_descale=vd)
+    mapped = jax.jit(jax.vmap(call))(*(jnp.stack([x, x]) for x in small))
+    np.testing.assert_array_equal(np.asarray(mapped[1], np.float32), np.asarray(call(*small), np.float32))
+    hlo = jax.jit(call).lower(*small).as_text()
+    assert "jax_flash_attention_fp8" in hlo
+
+
+@requires_hopper
+def test_gpu_fp8_calls_the_kernel_does_not_take():
+    """Head dim 64 and a softcap run the 16-bit kernels on the dequantised inputs; the result is the same
+    attention."""
+    q, k, v, qd, kd, vd = _inputs(8, 2, 100, 150, 4, 2, head_dim=64)
+    out = jax_flash.attention(q, k, v, q_descale=qd, k_descale=kd, v_descale=vd, causal=True)
+    ref = jax_flash.attention_reference(*_dequantised(q, k, v, qd, kd, vd), causal=True)
+    np.testing.assert_allclose(np.asarray(out, np.float32), np.asarray(ref), atol=3e-2, rtol=3e-2)
