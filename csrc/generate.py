@@ -63,9 +63,9 @@ def render(config_module, kernel_set: str) -> dict[str, str]:
         entries.append(f"    {{{key},\n     &{family}::run_attention_{family}<{key}>,\n"
                        f"     &{family}::resident_blocks_{family}<{key}>,\n"
                        f"     {family}::Traits<{key}>::kSmemBytes,\n     {split_bytes},\n     {registers}}},")
-    # The sm90 FP8 forward (sm90/launch_fp8.cuh): one kernel per head dim of FP8_CONFIGS, in a table of its own.
+    # The sm90 FP8 forward (sm90/launch_fp8.cuh): FP8_CONFIGS (and the sweep's candidates), in a table of its own.
     fp8 = []
-    for head_dim, cfg in config_module.FP8_CONFIGS.items():
+    for head_dim, cfg in config_module.fp8_kernels(kernel_set):
         key = key_literal(config_module, config_module.FP8_DTYPE, head_dim, cfg)
         files[f"sm90_{config_module.FP8_DTYPE}_hd{head_dim}_{cfg.short_name()}.cu"] = (
             HEADER + '#include "sm90/launch_fp8.cuh"\n\nnamespace jax_flash::sm90 {\n'
@@ -144,7 +144,7 @@ def render_headers(config_module) -> dict[pathlib.Path, str]:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--set", default="shipped", choices=["shipped", "sweep", "sweep_sm90", "all"], help="which kernels")
+    parser.add_argument("--set", default="shipped", choices=["shipped", "sweep", "sweep_sm90", "sweep_fp8", "all"], help="which kernels")
     parser.add_argument("--out", type=pathlib.Path, default=DEFAULT_OUT)
     parser.add_argument("--check", action="store_true", help="compare with --out instead of writing")
     args = parser.parse_args()

@@ -67,12 +67,18 @@ ffi::Error attention_fp8_cuda_impl(cudaStream_t stream, ffi::ScratchAllocator sc
   // q, k, the lengths, the lse and the attributes as the 16-bit call checks them (k standing in for v, q for o)
   if (auto err = check_buffers(q, k, k, q_lengths, kv_lengths, nullptr, q, *lse, attrs)) return std::move(*err);
   if (auto err = check_fp8_buffers(q, k, v_t, qk_descale, v_descale, *o, attrs)) return std::move(*err);
-  const int head_dim = static_cast<int>(q.dimensions()[3]);
-  const RegistryEntry* entry = find_fp8_kernel(head_dim);
+  KernelKey key{};
+  key.dtype = static_cast<int>(DType::kFloat8E4M3);
+  key.head_dim = static_cast<int>(q.dimensions()[3]);
+#define JAX_FLASH_COPY_FIELD(type, name) key.name = static_cast<type>(attrs.name);
+  JAX_FLASH_CONFIG_FIELDS(JAX_FLASH_COPY_FIELD)
+#undef JAX_FLASH_COPY_FIELD
+  const RegistryEntry* entry = find_fp8_kernel(key);
   if (entry == nullptr) {
-    return ffi::Error(ffi::ErrorCode::kNotFound, "jax_flash: no FP8 GPU kernel for head_dim=" +
-                                                     std::to_string(head_dim) + " (jax_flash runs such calls on the "
-                                                     "16-bit kernels)");
+    std::string compiled;
+    for (int i = 0; i < kFp8RegistrySize; ++i) compiled += "\n  " + describe(kFp8Registry[i].key);
+    return ffi::Error(ffi::ErrorCode::kNotFound, "jax_flash: no compiled FP8 GPU kernel for " + describe(key) +
+                                                     "; compiled:" + (compiled.empty() ? " none" : compiled));
   }
   AttentionParams params = params_from_buffers(q, k, k, q_lengths, kv_lengths, nullptr, *o, *lse, attrs);
   params.v = v_t.untyped_data();

@@ -6,7 +6,8 @@ axes into the batch. jax_flash/fp8.py decides which FP8 calls reach it; it has n
 Operands: q (B, Sq, Hq, D) and k (B, Sk, Hk, D) float8_e4m3fn, v_t (B, Hk, D, Sk rounded up to 32) float8_e4m3fn
 (fp8.transposed_v), qk_descale and v_descale float32 (B, Hk), q_lengths and kv_lengths int32 (B,) or (0,).
 Results: out bfloat16 (B, Sq, Hq, D), lse float32 (B, Hq, Sq).
-Params: softmax_scale (> 0), causal, window_left, window_right, has_q_lengths, has_kv_lengths, return_lse.
+Params: cfg (an sm90 KernelConfig of a compiled FP8 kernel, or None: FP8_CONFIGS), softmax_scale (> 0), causal,
+window_left, window_right, has_q_lengths, has_kv_lengths, return_lse.
 """
 
 from __future__ import annotations
@@ -44,9 +45,8 @@ def _jitted_bind(params):
 attention_fp8_p.def_impl(lambda *args, **params: _jitted_bind(tuple(sorted(params.items())))(*args))
 
 
-def _lower_cuda(ctx, *args, **params):
-    head_dim = ctx.avals_in[0].shape[3]
-    cfg = FP8_CONFIGS[head_dim]  # (fp8.py sends only these head dims)
+def _lower_cuda(ctx, *args, cfg, **params):
+    cfg = FP8_CONFIGS[ctx.avals_in[0].shape[3]] if cfg is None else cfg  # (fp8.py sends only these head dims)
     attrs = {name: np.int64(value) for name, value in cfg.to_attrs().items()}
     attrs.update(pack_gqa=np.int64(0), num_splits=np.int64(1))
     call = {"softcap": 0.0, "paged": False, "deterministic": False, **params}

@@ -110,8 +110,8 @@ def _fp8_call(q, k, v, cfg, descales, out_dtype, return_lse, kwargs):
         # dequantised inputs for what it does not take (fp8.kernel_refusal)
         specs = [jax.ShapeDtypeStruct(x.shape, jnp.bfloat16) for x in (q, k, v)]
         jax.eval_shape(lambda *xs: _validated_call(*xs, cfg, return_lse=return_lse, **kwargs), *specs)
-        if fp8.kernel_refusal(q, k, kwargs) is None:
-            return _fp8_kernel_call(q, k, v, checked, out_dtype, return_lse, kwargs)
+        if fp8.kernel_refusal(q, k, cfg, kwargs) is None:
+            return _fp8_kernel_call(q, k, v, cfg, checked, out_dtype, return_lse, kwargs)
         q32, k32, v32, v_scale = fp8.dequantised_inputs(q, k, v, *checked.values(), dtype=jnp.bfloat16)
     else:
         q32, k32, v32, v_scale = fp8.dequantised_inputs(q, k, v, *checked.values())
@@ -123,11 +123,11 @@ def _fp8_call(q, k, v, cfg, descales, out_dtype, return_lse, kwargs):
     return (out, lse) if return_lse else out
 
 
-def _fp8_kernel_call(q, k, v, descales, out_dtype, return_lse, kwargs):
+def _fp8_kernel_call(q, k, v, cfg, descales, out_dtype, return_lse, kwargs):
     """The sm90 FP8 kernel's call (jax_flash/_fp8_primitive.py) of checked inputs that it takes."""
     batch, heads_k = q.shape[0], k.shape[2]
-    softmax_scale = kwargs["softmax_scale"]
-    softmax_scale = 1.0 / math.sqrt(q.shape[3]) if softmax_scale is None else _static_real(softmax_scale, "softmax_scale")
+    scale = kwargs["softmax_scale"]
+    softmax_scale = 1.0 / math.sqrt(q.shape[3]) if scale is None else _static_real(scale, "softmax_scale")
     window_left, window_right = _check_window(kwargs["window"])
     lengths = [_check_lengths(kwargs[name], name, batch) for name in ("q_lengths", "kv_lengths")]
     ones = jnp.ones((batch, heads_k), jnp.float32)
@@ -135,8 +135,8 @@ def _fp8_kernel_call(q, k, v, descales, out_dtype, return_lse, kwargs):
     qk_descale = ones if not qk else qk[0] if len(qk) == 1 else qk[0] * qk[1]
     v_descale = ones if descales["v_descale"] is None else descales["v_descale"]
     out, lse = attention_fp8_p.bind(
-        q, k, fp8.transposed_v(v), qk_descale, v_descale,
-        *(no_lengths() if x is None else x for x in lengths), softmax_scale=float(softmax_scale),
+        q, k, fp8.transposed_v(v), qk_descale, v_descale, *(no_lengths() if x is None else x for x in lengths),
+        cfg=None if cfg is None else cfg.kernel(), softmax_scale=float(softmax_scale),
         causal=_static_bool(kwargs["causal"], "causal"), window_left=window_left, window_right=window_right,
         has_q_lengths=lengths[0] is not None, has_kv_lengths=lengths[1] is not None, return_lse=bool(return_lse))
     out = out.astype(out_dtype)

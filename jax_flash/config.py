@@ -460,10 +460,24 @@ def shipped_kernels() -> Iterator[tuple[str, int, KernelConfig]]:
                 yield key
 
 
-# The sm90 FP8 forward (float8_e4m3fn q, k, v; csrc/sm90/launch_fp8.cuh): the C++ DType value of e4m3 and the one
-# config per head dim it is built for (every FP8 call on Hopper with these head dims runs it; cfg is not read).
+# The sm90 FP8 forward (float8_e4m3fn q, k, v; csrc/sm90/launch_fp8.cuh): the C++ DType value of e4m3 and the
+# config per head dim an FP8 call on Hopper runs with cfg=None; an sm90 cfg picks another compiled one (the
+# candidates: build with -DJAX_FLASH_CONFIG_SET=sweep_fp8).
 FP8_DTYPE, FP8_DTYPE_VALUE = "float8_e4m3fn", 2
 FP8_CONFIGS = {128: KernelConfig.sm90(block_kv=128, stages=2, consumer_warpgroups=2, pingpong=True)}
+FP8_SWEEP_CONFIGS: dict[int, tuple[KernelConfig, ...]] = {
+    128: (KernelConfig.sm90(block_kv=128, pingpong=False), KernelConfig.sm90(block_kv=128, stages=3),
+          KernelConfig.sm90(block_kv=128, overlap=False)),
+}
+
+
+def fp8_kernels(name: str) -> list[tuple[int, KernelConfig]]:
+    """(head_dim, config) of the FP8 kernels of kernel set `name`: FP8_CONFIGS, plus FP8_SWEEP_CONFIGS for
+    "sweep_fp8"."""
+    kernels = list(FP8_CONFIGS.items())
+    if name == "sweep_fp8":
+        kernels += [(hd, cfg) for hd, cfgs in FP8_SWEEP_CONFIGS.items() for cfg in cfgs]
+    return kernels
 
 
 def _sweep(block_q, block_kv, num_warps, q, k, v, double_buffer=True) -> KernelConfig:
@@ -500,7 +514,8 @@ SM90_SWEEP_CONFIGS: dict[int, tuple[KernelConfig, ...]] = {
 
 def kernel_set(name: str) -> list[tuple[str, int, KernelConfig]]:
     """(dtype, head_dim, config) of a build's kernel set: "shipped" (default), "sweep" (shipped + SWEEP_CONFIGS for
-    bfloat16), "sweep_sm90" (shipped + SM90_SWEEP_CONFIGS for bfloat16) or "all" (every sm80 config of
+    bfloat16), "sweep_sm90" (shipped + SM90_SWEEP_CONFIGS for bfloat16), "sweep_fp8" (shipped; its FP8 kernels:
+    fp8_kernels) or "all" (every sm80 config of
     tuning_space() that fits)."""
     kernels = list(shipped_kernels())
     if name == "sweep":
@@ -510,8 +525,8 @@ def kernel_set(name: str) -> list[tuple[str, int, KernelConfig]]:
     elif name == "all":
         kernels = [(dtype, hd, cfg) for dtype in GPU_DTYPES for hd in GPU_HEAD_DIMS for cfg in tuning_space()
                    if cfg.fits(hd) is None]
-    elif name != "shipped":
-        raise ValueError(f"unknown kernel set {name!r}; choose shipped, sweep, sweep_sm90 or all")
+    elif name not in ("shipped", "sweep_fp8"):
+        raise ValueError(f"unknown kernel set {name!r}; choose shipped, sweep, sweep_sm90, sweep_fp8 or all")
     unique = []
     for kernel in kernels:
         if kernel[2].fits(kernel[1]) is not None:

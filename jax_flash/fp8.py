@@ -74,11 +74,14 @@ def on_gpu(q, traced: bool) -> bool:
     return bool(platforms - {"cpu"})
 
 
-def kernel_refusal(q, k, kwargs) -> str | None:
+def kernel_refusal(q, k, cfg, kwargs) -> str | None:
     """Why the sm90 FP8 kernel does not take this (checked) GPU call, or None when it does: a Hopper device, head
-    dim 128, contiguous K / V, no segment ids, bias / mask tensors or softcap, softmax_scale > 0."""
+    dim 128, cfg None or an sm90 config, contiguous K / V, no segment ids, bias / mask tensors or softcap,
+    softmax_scale > 0."""
     if q.shape[3] not in FP8_CONFIGS:
         return f"head_dim {q.shape[3]} (the FP8 kernel has {sorted(FP8_CONFIGS)})"
+    if cfg is not None and cfg.family != "sm90":
+        return f"a family={cfg.family!r} config"
     for name in ("page_table", "q_segment_ids", "kv_segment_ids", "bias", "mask", "softcap"):
         if kwargs.get(name) is not None:
             return name

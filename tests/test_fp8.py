@@ -149,6 +149,18 @@ def test_fp8_on_hopper_lowers_to_the_fp8_kernel(monkeypatch):
     assert "jax_flash_attention_fp8" in str(mapped)
 
 
+def test_fp8_kernel_config_comes_from_cfg(monkeypatch):
+    """cfg=None lowers FP8_CONFIGS' config; an sm90 cfg its own (the handler finds it among the compiled FP8
+    kernels or says which are); an sm80 cfg runs the 16-bit kernels."""
+    q, k, v, _ = _fp8_inputs(10, head_dim=128)
+    _as_on_gpu(monkeypatch)
+    lower = lambda cfg: jax.jit(lambda *a: jax_flash.attention(*a, cfg=cfg)).trace(q, k, v).lower(
+        lowering_platforms=("cuda",)).as_text()
+    assert "stages = 2 : i64" in lower(None) and "stages = 3 : i64" in lower(jax_flash.KernelConfig.sm90(stages=3))
+    jaxpr = jax.make_jaxpr(lambda *a: jax_flash.attention(*a, cfg=jax_flash.KernelConfig()))(q, k, v)
+    assert [e.primitive.name for e in jaxpr.eqns if e.primitive.name.startswith("jax_flash")] == ["jax_flash_attention"]
+
+
 @pytest.mark.parametrize("case", ["head_dim_64", "softcap", "not_hopper"])
 def test_fp8_calls_the_kernel_does_not_take_run_the_16_bit_kernels(monkeypatch, case):
     q, k, v, _ = _fp8_inputs(8, head_dim=64 if case == "head_dim_64" else 128)

@@ -47,7 +47,7 @@ extern const int kRegistrySize;
 extern const char* const kKernelSet;
 extern const BackwardEntry kBackwardRegistry[];
 extern const int kBackwardRegistrySize;  // "shipped", "sweep" or "all": which list of jax_flash/config.py was built
-// The sm90 FP8 forward kernels (float8_e4m3fn, sm90/launch_fp8.cuh), one per head dim (resident_blocks: nullptr).
+// The sm90 FP8 forward kernels (float8_e4m3fn, sm90/launch_fp8.cuh; resident_blocks: nullptr).
 extern const RegistryEntry kFp8Registry[];
 extern const int kFp8RegistrySize;
 
@@ -59,9 +59,9 @@ inline const RegistryEntry* find_kernel(const KernelKey& key) {
   return nullptr;
 }
 
-inline const RegistryEntry* find_fp8_kernel(int head_dim) {
+inline const RegistryEntry* find_fp8_kernel(const KernelKey& key) {
   for (int i = 0; i < kFp8RegistrySize; ++i) {
-    if (kFp8Registry[i].key.head_dim == head_dim) return &kFp8Registry[i];
+    if (kFp8Registry[i].key == key) return &kFp8Registry[i];
   }
   return nullptr;
 }
