@@ -110,10 +110,12 @@ def _implementations(platform: str, dtype, head_dim: int, configs: str, causal: 
 def _fp8_implementations(platform: str, causal: bool) -> dict:
     """FP8 rows: jax_flash on float8_e4m3fn inputs (bfloat16 output) beside jax_flash and cuDNN on the same values in
     bfloat16 (jax.nn's cuDNN attention takes no FP8). Each fn takes (FP8, bfloat16) pairs of q, k and v and returns
-    the q pair with its own element replaced by its output (the timing loop chains it), the FP8 output rounded back
-    to e4m3."""
+    the q pair with its own element replaced by its output (the timing loop chains it); the FP8 call's bfloat16
+    output reaches its e4m3 q through one element (an in-place update: rounding the whole output to e4m3 would add
+    a pass over it that the bfloat16 calls do not make)."""
     def fp8_call(q, k, v):
-        return jax_flash.attention(q[0], k[0], v[0], causal=causal).astype(q[0].dtype), q[1]
+        out = jax_flash.attention(q[0], k[0], v[0], causal=causal)
+        return q[0].at[0, 0, 0, 0].set(out[0, 0, 0, 0].astype(q[0].dtype)), q[1]
 
     def on_bf16(fn):
         return lambda q, k, v: (q[0], fn(q[1], k[1], v[1]))

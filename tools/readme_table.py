@@ -132,6 +132,26 @@ def render_ring(results: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
+def render_fp8(results: dict) -> str:
+    """FP8 rows (--dtypes fp8): jax_flash on float8_e4m3fn inputs beside jax_flash and cuDNN on the same values in
+    bfloat16."""
+    head = ["D", "causal", "S", "B x H", "FP8 TFLOP/s (vs cuDNN bf16)", "vs jax_flash bf16", "jax_flash bf16",
+            "cuDNN bf16"]
+    lines = [f"**{results['device']}**, {results['date']}, jax {results['jax']}, FP8: TFLOP/s of `jax_flash.attention`"
+             f" on float8_e4m3fn q, k, v (cfg=None) beside `jax_flash.attention` and cuDNN on the same values in "
+             f"bfloat16, in the same run." + (f" {results['note']}" if results.get("note") else ""),
+             "", "| " + " | ".join(head) + " |", "| " + " | ".join("---" for _ in head) + " |"]
+    for r in sorted(results["rows"], key=lambda r: (r["head_dim"], r["causal"], r["seq"])):
+        res = r["results"]
+        ours, bf16, cudnn = (res.get(n, {}).get("tflops") for n in ("jax_flash", "jax_flash_bf16", "cudnn_bf16"))
+        cells = [str(r["head_dim"]), "yes" if r["causal"] else "no", str(r["seq"]), f"{r['batch']} x {r['heads']}",
+                 "-" if ours is None else f"{ours:.0f}" + (f" ({ours / cudnn:.2f}x)" if cudnn else ""),
+                 f"{ours / bf16:.2f}x" if ours and bf16 else "-",
+                 "-" if bf16 is None else f"{bf16:.0f}", "-" if cudnn is None else f"{cudnn:.0f}"]
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
 def render_short(results: dict) -> str:
     rows = results["rows"]
     head = ["model", "dtype", "B x S x H x D", "causal", "jax_flash TFLOP/s (vs cuDNN)", "cuDNN TFLOP/s"]
@@ -195,8 +215,11 @@ def render() -> str:
     renderers = {"cpu": render_cpu, "decode": render_decode, "ring": render_ring, "short": render_short,
                  "packed": render_packed, "tensors": render_tensors}
     suites = ("decode", "ring", "short", "packed", "tensors")
-    return "\n".join(renderers.get(r["suite"] if r.get("suite") in suites else r.get("platform"),
-                                   render_device)(r) for r in results)
+    def renderer(r):
+        if r["rows"] and all(row["dtype"] == "fp8" for row in r["rows"]):
+            return render_fp8
+        return renderers.get(r["suite"] if r.get("suite") in suites else r.get("platform"), render_device)
+    return "\n".join(renderer(r)(r) for r in results)
 
 
 def main() -> int:
