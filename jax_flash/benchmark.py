@@ -108,8 +108,8 @@ def _implementations(platform: str, dtype, head_dim: int, configs: str, causal: 
 
 
 def _fp8_implementations(platform: str, causal: bool) -> dict:
-    """FP8 rows: jax_flash on float8_e4m3fn inputs (bfloat16 output) beside jax_flash and cuDNN on the same values in
-    bfloat16 (jax.nn's cuDNN attention takes no FP8). Each fn takes (FP8, bfloat16) pairs of q, k and v and returns
+    """FP8 rows: jax_flash on float8_e4m3fn inputs (bfloat16 output) beside cuDNN's FP8 attention (through jax's
+    cuDNN binding, where it runs) and jax_flash and cuDNN on the same values in bfloat16. Each fn takes (FP8, bfloat16) pairs of q, k and v and returns
     the q pair with its own element replaced by its output (the timing loop chains it); the FP8 call's bfloat16
     output reaches its e4m3 q through one element (an in-place update: rounding the whole output to e4m3 would add
     a pass over it that the bfloat16 calls do not make)."""
@@ -125,6 +125,20 @@ def _fp8_implementations(platform: str, causal: bool) -> dict:
     if platform == "gpu":
         impls["cudnn_bf16"] = on_bf16(lambda q, k, v: jax.nn.dot_product_attention(
             q, k, v, implementation="cudnn", is_causal=causal))
+        try:  # cuDNN's FP8 attention: jax's own cuDNN binding (no public spelling), FP8 output, unit scales
+            from jax._src.cudnn import fused_attention_stablehlo as cudnn_attention
+
+            params = {name: jnp.ones((1, 1, 1, 1), jnp.float32) for name in cudnn_attention.fp8_params_keys}
+            mask_type = cudnn_attention.MaskType.CAUSAL if causal else cudnn_attention.MaskType.NO_MASK
+
+            def cudnn_fp8(q, k, v):
+                out = cudnn_attention.dot_product_attention(q[0], k[0], v[0], fp8_params=params,
+                                                            scale=q[0].shape[3] ** -0.5, mask_type=mask_type,
+                                                            use_fp8=True)[0]
+                return out, q[1]
+            impls["cudnn_fp8"] = cudnn_fp8
+        except Exception as error:  # not in this jax
+            print(f"# cuDNN FP8 attention unavailable: {error}", file=sys.stderr)
     return impls
 
 

@@ -135,11 +135,13 @@ def render_ring(results: dict) -> str:
 def render_fp8(results: dict) -> str:
     """FP8 rows (--dtypes fp8): jax_flash on float8_e4m3fn inputs beside jax_flash and cuDNN on the same values in
     bfloat16."""
+    fp8_cudnn = any("cudnn_fp8" in r["results"] for r in results["rows"])
     head = ["D", "causal", "S", "B x H", "FP8 TFLOP/s (vs cuDNN bf16)", "vs jax_flash bf16", "jax_flash bf16",
-            "cuDNN bf16"]
+            "cuDNN bf16"] + (["cuDNN FP8"] if fp8_cudnn else [])
     lines = [f"**{results['device']}**, {results['date']}, jax {results['jax']}, FP8: TFLOP/s of `jax_flash.attention`"
              f" on float8_e4m3fn q, k, v (cfg=None) beside `jax_flash.attention` and cuDNN on the same values in "
-             f"bfloat16, in the same run." + (f" {results['note']}" if results.get("note") else ""),
+             f"bfloat16" + (" and cuDNN's FP8 attention (ours over it in brackets)" if fp8_cudnn else "") +
+             ", in the same run." + (f" {results['note']}" if results.get("note") else ""),
              "", "| " + " | ".join(head) + " |", "| " + " | ".join("---" for _ in head) + " |"]
     for r in sorted(results["rows"], key=lambda r: (r["head_dim"], r["causal"], r["seq"])):
         res = r["results"]
@@ -148,6 +150,9 @@ def render_fp8(results: dict) -> str:
                  "-" if ours is None else f"{ours:.0f}" + (f" ({ours / cudnn:.2f}x)" if cudnn else ""),
                  f"{ours / bf16:.2f}x" if ours and bf16 else "-",
                  "-" if bf16 is None else f"{bf16:.0f}", "-" if cudnn is None else f"{cudnn:.0f}"]
+        if fp8_cudnn:
+            cudnn_fp8 = res.get("cudnn_fp8", {}).get("tflops")
+            cells.append("-" if cudnn_fp8 is None else f"{cudnn_fp8:.0f} ({ours / cudnn_fp8:.2f}x)")
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"
 
