@@ -1,13 +1,15 @@
-// CUDA facts both CUDA handlers (forward, backward) read: the current device's limits, cached per device, error
-// text, and the alignment asked of XLA's scratch allocator.
+// CUDA facts the CUDA handlers (forward, FP8 forward, backward) read: the current device's limits, cached per device,
+// error text, the alignment asked of XLA's scratch allocator, and the sm90 tile counter taken from it.
 #pragma once
 
 #include <cuda_runtime_api.h>
 
 #include <array>
 #include <atomic>
+#include <optional>
 #include <string>
 
+#include "common/params.h"
 #include "xla/ffi/api/ffi.h"
 
 namespace jax_flash {
@@ -55,6 +57,18 @@ inline ffi::Error current_device_limits(DeviceLimits& out) {
     cached_major[device] = limits.major;
   }
   out = limits;
+  return ffi::Error::Success();
+}
+
+// The sm90 family's dynamic tile scheduler counter (common/params.h, tile_counter): 8 bytes of XLA scratch memory,
+// ordered on the call's stream.
+inline ffi::Error allocate_tile_counter(ffi::ScratchAllocator& scratch, AttentionParams& params) {
+  std::optional<void*> counter = scratch.Allocate(sizeof(unsigned long long), kScratchAlignment);
+  if (!counter.has_value()) {
+    return ffi::Error(ffi::ErrorCode::kResourceExhausted,
+                      "jax_flash: could not allocate the 8-byte tile counter from XLA's scratch memory");
+  }
+  params.tile_counter = static_cast<unsigned long long*>(*counter);
   return ffi::Error::Success();
 }
 

@@ -101,13 +101,7 @@ ffi::Error attention_fp8_cuda_impl(cudaStream_t stream, ffi::ScratchAllocator sc
                           " bytes of shared memory per block; this device allows " +
                           std::to_string(limits.max_smem_optin));
   }
-  // the dynamic tile scheduler's counter: XLA scratch memory, ordered on this stream
-  std::optional<void*> counter = scratch.Allocate(sizeof(unsigned long long), kScratchAlignment);
-  if (!counter.has_value()) {
-    return ffi::Error(ffi::ErrorCode::kResourceExhausted,
-                      "jax_flash: could not allocate the 8-byte tile counter from XLA's scratch memory");
-  }
-  params.tile_counter = static_cast<unsigned long long*>(*counter);
+  if (ffi::Error err = allocate_tile_counter(scratch, params); err.failure()) return err;
   if (std::string failure = entry->run(params, stream); !failure.empty()) {
     return ffi::Error(ffi::ErrorCode::kInternal, "jax_flash: " + failure);
   }

@@ -164,13 +164,8 @@ ffi::Error attention_cuda_impl(cudaStream_t stream, ffi::ScratchAllocator scratc
     params.mask_ranges = range_bytes > 0 ? static_cast<int*>(*ranges) : nullptr;
   }
   if (ffi::Error err = plan_splits(params, *entry, limits, attrs.num_splits, scratch); err.failure()) return err;
-  if (key.family == 90) {  // the dynamic tile scheduler's counter: XLA scratch memory, ordered on this stream
-    std::optional<void*> counter = scratch.Allocate(sizeof(unsigned long long), kScratchAlignment);
-    if (!counter.has_value()) {
-      return ffi::Error(ffi::ErrorCode::kResourceExhausted,
-                        "jax_flash: could not allocate the 8-byte tile counter from XLA's scratch memory");
-    }
-    params.tile_counter = static_cast<unsigned long long*>(*counter);
+  if (key.family == 90) {
+    if (ffi::Error err = allocate_tile_counter(scratch, params); err.failure()) return err;
   }
   // The sm90 split tail (csrc/sm90/split_tail.cuh) gets no scratch here, so the kernels run unsplit: its request
   // asked XLA for 256-byte alignment, which XLA refuses, so every measurement of the package so far ran without it;
