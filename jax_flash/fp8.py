@@ -39,6 +39,25 @@ def check_descale(descale, name: str, batch: int, heads_k: int):
     return descale
 
 
+E4M3_MAX = 448.0  # float8_e4m3fn's largest finite value
+
+
+def quantize_fp8(x, heads_k: int | None = None):
+    """(x8, descale): x (batch, seq, heads, head_dim) as float8_e4m3fn with a float32 (batch, heads_k) descale per
+    kv head group (heads_k: x's heads by default; pass k's heads for q), so that x8 * descale ~ x: each group's
+    largest magnitude maps to e4m3's 448 (a group of zeros gets descale 1). The descales are what attention's
+    q_descale, k_descale and v_descale take."""
+    batch, seq, heads, head_dim = x.shape
+    heads_k = heads if heads_k is None else heads_k
+    if heads_k <= 0 or heads % heads_k:
+        raise ValueError(f"heads_k={heads_k} must divide x's {heads} heads")
+    grouped = x.astype(jnp.float32).reshape(batch, seq, heads_k, heads // heads_k, head_dim)
+    amax = jnp.max(jnp.abs(grouped), axis=(1, 3, 4))
+    descale = jnp.where(amax > 0, amax / E4M3_MAX, 1.0).astype(jnp.float32)
+    x8 = (grouped / descale[:, None, :, None, None]).astype(jnp.float8_e4m3fn)
+    return x8.reshape(x.shape), descale
+
+
 def per_query_head(descale, heads_q: int):
     """(batch, heads_k) -> (batch, 1, heads_q, 1): each kv head's factor for every query head of its group."""
     group = heads_q // descale.shape[1] if descale.shape[1] else 1

@@ -5,6 +5,9 @@ The FP8 kernel itself: tests/test_fp8_gpu.py."""
 
 from __future__ import annotations
 
+import importlib.util
+import pathlib
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -179,3 +182,29 @@ def test_fp8_gpu_calls_are_checked_as_16_bit_ones(monkeypatch):
         jax.make_jaxpr(lambda *a: jax_flash.attention(*a, window=(-3, 0)))(q, k, v)
     with pytest.raises(ValueError, match="kv_lengths must be an int32 array"):
         jax.make_jaxpr(lambda *a: jax_flash.attention(*a, kv_lengths=jnp.zeros((3,), jnp.int32)))(q, k, v)
+
+
+def test_quantize_fp8_round_trips_within_e4m3_rounding():
+    x = jax.random.normal(jax.random.PRNGKey(11), (2, 50, 4, 64), jnp.float32).astype(jnp.bfloat16)
+    x = x.at[1, :, 2:].set(0)  # batch 1's second kv head group: all zeros
+    x8, descale = jax_flash.quantize_fp8(x, heads_k=2)
+    assert x8.dtype == jnp.float8_e4m3fn and x8.shape == x.shape
+    assert descale.dtype == jnp.float32 and descale.shape == (2, 2) and float(descale[1, 1]) == 1.0
+    per_head = jnp.repeat(descale, 2, axis=1)[:, None, :, None]
+    back, exact = np.asarray(x8.astype(jnp.float32) * per_head), np.asarray(x, np.float32)
+    # e4m3: 3 mantissa bits (relative rounding 2^-4), subnormal step 2^-9 (times the descale)
+    assert (np.abs(back - exact) <= 2.0**-4 * np.abs(exact) + 2.0**-9 * np.asarray(per_head)).all()
+    groups = np.abs(np.asarray(x8.astype(jnp.float32))).reshape(2, 50, 2, 2, 64).max(axis=(1, 3, 4))
+    np.testing.assert_array_equal(groups, [[448, 448], [448, 0]])  # each group's largest magnitude maps to 448
+    with pytest.raises(ValueError, match="heads_k=3 must divide x's 4 heads"):
+        jax_flash.quantize_fp8(x, heads_k=3)
+
+
+def test_fp8_example_stays_near_the_bfloat16_call():
+    """examples/07_fp8.py: quantize_fp8, then the FP8 call with its descales, against the bfloat16 call."""
+    path = pathlib.Path(__file__).resolve().parent.parent / "examples" / "07_fp8.py"
+    spec = importlib.util.spec_from_file_location("fp8_example", path)
+    example = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(example)
+    result = example.run(small=True)
+    assert result["dtype"] == jnp.bfloat16 and 0 < result["max_error"] < 0.1 * result["max_abs"]
