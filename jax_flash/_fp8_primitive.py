@@ -1,7 +1,7 @@
 """The FP8 forward on Hopper: a primitive of its own that lowers to the "jax_flash_attention_fp8" custom call
 (ffi/cuda_fp8_handler.cc, csrc/sm90/launch_fp8.cuh), with abstract evaluation and a batching rule that folds vmapped
-axes into the batch. jax_flash/fp8.py decides which FP8 calls reach it; it has no differentiation or sharding rules
-(a sharded call runs on gathered operands).
+axes into the batch. jax_flash/fp8.py decides which FP8 calls reach it; differentiating it raises a clear error, and
+it has no sharding rule (a sharded call runs on gathered operands).
 
 Operands: q (B, Sq, Hq, D) and k (B, Sk, Hk, D) float8_e4m3fn, v_t (B, Hk, D, Sk rounded up to 32) float8_e4m3fn
 (fp8.transposed_v), qk_descale and v_descale float32 (B, Hk), q_lengths and kv_lengths int32 (B,) or (0,).
@@ -18,7 +18,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from jax.extend.core import Primitive
-from jax.interpreters import batching, mlir
+from jax.interpreters import ad, batching, mlir
 
 from jax_flash import native
 from jax_flash._primitive import result_aval
@@ -73,3 +73,13 @@ def _batch_rule(args, dims, **params):
 
 
 batching.primitive_batchers[attention_fp8_p] = _batch_rule
+
+
+def _no_jvp(primals, tangents, **params):
+    del primals, tangents, params
+    raise NotImplementedError(
+        "the FP8 kernel (float8_e4m3fn inputs on Hopper) has no derivative: differentiate the call on bfloat16 "
+        "inputs (x.astype(jnp.bfloat16) * descale), or on the CPU path")
+
+
+ad.primitive_jvps[attention_fp8_p] = _no_jvp

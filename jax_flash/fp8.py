@@ -17,8 +17,14 @@ from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from jax_flash.config import FP8_CONFIGS
+
+try:
+    _Tracer = jax.core.Tracer
+except AttributeError:  # moved out of the public jax.core in newer releases
+    from jax._src.core import Tracer as _Tracer
 
 FP8_DTYPES = ("float8_e4m3fn",)
 OUT_DTYPES = ("bfloat16", "float16", "float32")
@@ -36,6 +42,12 @@ def check_descale(descale, name: str, batch: int, heads_k: int):
     if jnp.dtype(descale.dtype) != jnp.float32 or descale.shape != (batch, heads_k):
         raise ValueError(f"{name} must be a float32 array of shape (batch, heads_k) = ({batch}, {heads_k}); got "
                          f"{jnp.dtype(descale.dtype).name}{tuple(descale.shape)}")
+    if not isinstance(descale, _Tracer):  # (traced values are checked nowhere: the kernel gives NaN)
+        bad = ~(np.isfinite(np.asarray(descale)) & (np.asarray(descale) > 0))
+        if bad.any():
+            index = tuple(int(i) for i in np.argwhere(bad)[0])
+            raise ValueError(f"{name} must be finite and > 0 (a quantisation scale); {name}{list(index)} = "
+                             f"{float(np.asarray(descale)[index])!r}")
     return descale
 
 

@@ -107,6 +107,11 @@ def test_fp8_errors():
         jax_flash.attention(plain, k.astype(jnp.bfloat16), v.astype(jnp.bfloat16), v_descale=vd)
     with pytest.raises(ValueError, match="out_dtype=.* applies to float8_e4m3fn inputs only"):
         jax_flash.attention(plain, k.astype(jnp.bfloat16), v.astype(jnp.bfloat16), out_dtype=jnp.float32)
+    with pytest.raises(ValueError, match=r"v_descale must be finite and > 0 \(a quantisation scale\); "
+                                         r"v_descale\[1, 0\] = -1.0"):
+        jax_flash.attention(q, k, v, v_descale=vd.at[1, 0].set(-1.0))
+    with pytest.raises(ValueError, match="q_descale must be finite and > 0"):
+        jax_flash.attention(q, k, v, q_descale=qd.at[0, 1].set(jnp.nan))
     with pytest.raises(TypeError, match="float8_e5m2; supported dtypes are float16 and bfloat16"):
         e5m2 = [x.astype(jnp.float32).astype(jnp.float8_e5m2) for x in (q, k, v)]
         jax_flash.attention(*e5m2)
@@ -173,6 +178,14 @@ def test_fp8_calls_the_kernel_does_not_take_run_the_16_bit_kernels(monkeypatch, 
     calls = [e for e in jaxpr.eqns if e.primitive.name.startswith("jax_flash_attention")]
     assert [e.primitive.name for e in calls] == ["jax_flash_attention"]
     assert all(x.aval.dtype == jnp.bfloat16 for x in calls[0].invars[:3])
+
+
+def test_fp8_kernel_call_refuses_differentiation_clearly(monkeypatch):
+    q, k, v, _ = _fp8_inputs(12, head_dim=128)
+    _as_on_gpu(monkeypatch)
+    loss = lambda q: jax_flash.attention(q.astype(jnp.float8_e4m3fn), k, v).astype(jnp.float32).sum()
+    with pytest.raises(NotImplementedError, match="the FP8 kernel .* has no derivative"):
+        jax.make_jaxpr(jax.grad(loss))(q.astype(jnp.float32))
 
 
 def test_fp8_gpu_calls_are_checked_as_16_bit_ones(monkeypatch):
