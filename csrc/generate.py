@@ -144,7 +144,8 @@ def render_headers(config_module) -> dict[pathlib.Path, str]:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--set", default="shipped", choices=["shipped", "sweep", "sweep_sm90", "sweep_fp8", "all"], help="which kernels")
+    parser.add_argument("--set", default="shipped", choices=["shipped", "sweep", "sweep_sm90", "sweep_fp8", "all"],
+                        help="which kernels")
     parser.add_argument("--out", type=pathlib.Path, default=DEFAULT_OUT)
     parser.add_argument("--check", action="store_true", help="compare with --out instead of writing")
     args = parser.parse_args()

@@ -50,7 +50,8 @@ std::optional<ffi::Error> check_fp8_buffers(const ffi::AnyBuffer& q, const ffi::
     }
   }
   if (!has_dims(o, ffi::DataType::BF16, {qd[0], qd[1], qd[2], qd[3]})) {
-    return invalid("the FP8 call's output must be bfloat16 " + dims_string(qd) + "; got " + dims_string(o.dimensions()));
+    return invalid("the FP8 call's output must be bfloat16 " + dims_string(qd) + "; got " +
+                   dims_string(o.dimensions()));
   }
   if (attrs.paged || attrs.softcap > 0.0f || attrs.pack_gqa != 0 || attrs.num_splits > 1) {
     return invalid("the FP8 kernel takes no paged K/V, softcap, pack_gqa or num_splits (jax_flash runs such FP8 "

@@ -12,6 +12,6 @@ from jax_flash.jax_nn import dot_product_attention
 from jax_flash import flax  # noqa: F401  (jax_flash.flax.attention_fn)
 from jax_flash.timing import time_attention
 
-__all__ = ["attention", "KernelConfig", "supported_configs", "CompiledKernel", "attention_reference", "time_attention", "autotune",
-           "ring_attention", "zigzag_indices", "dot_product_attention", "quantize_fp8"]
+__all__ = ["attention", "KernelConfig", "supported_configs", "CompiledKernel", "attention_reference", "time_attention",
+           "autotune", "ring_attention", "zigzag_indices", "dot_product_attention", "quantize_fp8"]
 __version__ = "0.1.0"
