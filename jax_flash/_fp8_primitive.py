@@ -58,6 +58,16 @@ def _lower_cuda(ctx, *args, cfg, **params):
 mlir.register_lowering(attention_fp8_p, _lower_cuda, platform="cuda")
 
 
+def _lower_elsewhere(ctx, *args, **params):
+    del ctx, args, params
+    raise NotImplementedError(
+        "this FP8 call was routed to the GPU's FP8 kernel (traced with a GPU as the default device) but is being "
+        "lowered for another platform; run it under jax.default_device(jax.devices('cpu')[0]) for the CPU path")
+
+
+mlir.register_lowering(attention_fp8_p, _lower_elsewhere)
+
+
 def _batch_rule(args, dims, **params):
     """vmap: every operand's mapped axis moved to the front (unmapped ones broadcast) and folded into the batch."""
     size = next(x.shape[d] for x, d in zip(args, dims) if d is not None)

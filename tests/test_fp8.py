@@ -188,6 +188,13 @@ def test_fp8_kernel_call_refuses_differentiation_clearly(monkeypatch):
         jax.make_jaxpr(jax.grad(loss))(q.astype(jnp.float32))
 
 
+def test_fp8_kernel_call_lowered_for_cpu_says_how_to_reach_the_cpu_path(monkeypatch):
+    q, k, v, _ = _fp8_inputs(13, head_dim=128)
+    _as_on_gpu(monkeypatch)
+    with pytest.raises(NotImplementedError, match=r"routed to the GPU's FP8 kernel .* jax.default_device"):
+        jax.jit(lambda *a: jax_flash.attention(*a)).trace(q, k, v).lower(lowering_platforms=("cpu",))
+
+
 def test_fp8_gpu_calls_are_checked_as_16_bit_ones(monkeypatch):
     q, k, v, _ = _fp8_inputs(9, head_dim=128)
     _as_on_gpu(monkeypatch)
