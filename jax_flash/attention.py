@@ -132,8 +132,8 @@ def _fp8_kernel_call(q, k, v, cfg, descales, out_dtype, return_lse, kwargs):
     window_left, window_right = _check_window(kwargs["window"])
     lengths = [_check_lengths(kwargs[name], name, batch) for name in ("q_lengths", "kv_lengths")]
     ones = jnp.ones((batch, heads_k), jnp.float32)
-    qk = [d for d in (descales["q_descale"], descales["k_descale"]) if d is not None]
-    qk_descale = ones if not qk else qk[0] if len(qk) == 1 else qk[0] * qk[1]
+    qk = fp8.scores_descale(descales["q_descale"], descales["k_descale"])
+    qk_descale = ones if qk is None else qk
     v_descale = ones if descales["v_descale"] is None else descales["v_descale"]
     out, lse = attention_fp8_p.bind(
         q, k, fp8.transposed_v(v), qk_descale, v_descale, *(no_lengths() if x is None else x for x in lengths),

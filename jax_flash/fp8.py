@@ -142,15 +142,18 @@ def transposed_v(v):
     return v.reshape(batch, heads_k, head_dim, padded)
 
 
+def scores_descale(q_descale, k_descale):
+    """q_descale * k_descale, the factor of the scores (each None: 1; None when both are)."""
+    given = [d for d in (q_descale, k_descale) if d is not None]
+    return None if not given else given[0] if len(given) == 1 else given[0] * given[1]
+
+
 def dequantised_inputs(q, k, v, q_descale, k_descale, v_descale, dtype=jnp.float32):
     """(q, k, v, v_scale) in `dtype` with q_descale * k_descale folded into q (in float32, then rounded); v_scale
     multiplies the output (None: 1). The descales were checked (check_descale)."""
     heads_q = q.shape[2]
     q32, k32, v32 = (x.astype(jnp.float32) for x in (q, k, v))
-    qk = None
-    for descale in (q_descale, k_descale):
-        if descale is not None:
-            qk = descale if qk is None else qk * descale
+    qk = scores_descale(q_descale, k_descale)
     if qk is not None:
         q32 = q32 * per_query_head(qk, heads_q)
     v_scale = per_query_head(v_descale, heads_q) if v_descale is not None else None

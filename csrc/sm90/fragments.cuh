@@ -1,6 +1,6 @@
 // The consumers' register fragments as 16-bit matrices: a pair of accumulator n-tiles packed into the four 8x8
 // matrices of one stmatrix.x4 / ldmatrix.x4 (which are also the wgmma A fragment of one k16 step), and the lane
-// addressing of those instructions over a swizzled [rows][64] panel.
+// addressing of those instructions over a swizzled [rows][64] panel; FP8's k32 A fragment of P (pack_k32_e4m3).
 #pragma once
 
 #include <cuda_fp8.h>
