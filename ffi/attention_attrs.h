@@ -39,6 +39,7 @@ struct AttentionAttrs {
   int64_t return_lse;  // write the lse result
   int64_t paged;  // k and v are (num_pages, page_size, Hk, D) pages named by the page_table operand
   int64_t deterministic;  // the GPU backward adds dQ in a fixed order (no float atomics): bitwise repeatable
+  int64_t alibi;  // the bias operand holds ALiBi slopes (B|1, Hq, 1, 1), not a bias tensor (common/alibi.h)
 };
 
 }  // namespace jax_flash
@@ -71,4 +72,5 @@ XLA_FFI_REGISTER_STRUCT_ATTR_DECODING(jax_flash::AttentionAttrs,
                                       ::xla::ffi::StructMember<int64_t>("has_kv_lengths"),
                                       ::xla::ffi::StructMember<int64_t>("return_lse"),
                                       ::xla::ffi::StructMember<int64_t>("paged"),
-                                      ::xla::ffi::StructMember<int64_t>("deterministic"));
+                                      ::xla::ffi::StructMember<int64_t>("deterministic"),
+                                      ::xla::ffi::StructMember<int64_t>("alibi"));

@@ -26,8 +26,8 @@ static ffi::Error attention_bwd_cpu_impl(ffi::ThreadPool thread_pool, ffi::AnyBu
   if (auto err = cpu_runtime(thread_pool, runtime)) return std::move(*err);
   AttentionParams params = params_from_buffers(q, k, v, q_lengths, kv_lengths, nullptr, out, lse, attrs);
   set_segments(params, q_segment_ids, kv_segment_ids);
-  if (auto err = check_tensor_buffers(q, k.dimensions()[1], bias, mask)) return std::move(*err);
-  set_tensors(params, bias, mask);
+  if (auto err = check_tensor_buffers(q, k.dimensions()[1], bias, mask, attrs.alibi != 0)) return std::move(*err);
+  set_tensors(params, bias, mask, attrs.alibi != 0);
   const BackwardTensors tensors{out.untyped_data(),
                                 d_out.untyped_data(),
                                 static_cast<const float*>(lse.untyped_data()),

@@ -54,8 +54,8 @@ static ffi::Error attention_cpu_impl(ffi::ThreadPool thread_pool, ffi::AnyBuffer
   AttentionParams params = params_from_buffers(q, k, v, q_lengths, kv_lengths, &page_table, *o, *lse, attrs);
   if (auto err = check_segment_buffers(q, params.seqlen_k, q_segment_ids, kv_segment_ids)) return std::move(*err);
   set_segments(params, q_segment_ids, kv_segment_ids);
-  if (auto err = check_tensor_buffers(q, params.seqlen_k, bias, mask)) return std::move(*err);
-  set_tensors(params, bias, mask);
+  if (auto err = check_tensor_buffers(q, params.seqlen_k, bias, mask, attrs.alibi != 0)) return std::move(*err);
+  set_tensors(params, bias, mask, attrs.alibi != 0);
   if (params.page_table != nullptr) {
     if (auto err = check_page_table(params)) return std::move(*err);
   }

@@ -51,8 +51,8 @@ ffi::Error attention_bwd_cuda_impl(cudaStream_t stream, ffi::ScratchAllocator sc
   params.p = params_from_buffers(q, k, v, q_lengths, kv_lengths, nullptr, out, lse, attrs);
   if (auto err = check_segment_buffers(q, params.p.seqlen_k, q_segment_ids, kv_segment_ids)) return std::move(*err);
   set_segments(params.p, q_segment_ids, kv_segment_ids);
-  if (auto err = check_tensor_buffers(q, params.p.seqlen_k, bias, mask)) return std::move(*err);
-  set_tensors(params.p, bias, mask);
+  if (auto err = check_tensor_buffers(q, params.p.seqlen_k, bias, mask, attrs.alibi != 0)) return std::move(*err);
+  set_tensors(params.p, bias, mask, attrs.alibi != 0);
   const bool tensors = params.p.q_segment_ids != nullptr || params.p.bias != nullptr || params.p.mask != nullptr;
   if (tensors && attrs.deterministic) {
     return invalid("deterministic=True with segment ids or bias / mask tensors has no GPU kernel (jax_flash runs "

@@ -92,8 +92,8 @@ ffi::Error attention_cuda_impl(cudaStream_t stream, ffi::ScratchAllocator scratc
   AttentionParams params = params_from_buffers(q, k, v, q_lengths, kv_lengths, &page_table, *o, *lse, attrs);
   if (auto err = check_segment_buffers(q, params.seqlen_k, q_segment_ids, kv_segment_ids)) return std::move(*err);
   set_segments(params, q_segment_ids, kv_segment_ids);
-  if (auto err = check_tensor_buffers(q, params.seqlen_k, bias, mask)) return std::move(*err);
-  set_tensors(params, bias, mask);
+  if (auto err = check_tensor_buffers(q, params.seqlen_k, bias, mask, attrs.alibi != 0)) return std::move(*err);
+  set_tensors(params, bias, mask, attrs.alibi != 0);
   if (q.element_count() == 0) return ffi::Error::Success();  // nothing to compute: no launch
 
   DeviceLimits limits;

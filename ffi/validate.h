@@ -162,9 +162,20 @@ inline void set_segments(AttentionParams& p, const ffi::AnyBuffer& q_segment_ids
 }
 
 // Bias (float32) and mask (bool) tensors: rank 4, each dimension of (batch, heads_q, seq_q, seq_k) full or 1, or
-// of shape (0, 0, 0, 0) for none; seq_k is the logical key length.
+// of shape (0, 0, 0, 0) for none; seq_k is the logical key length. With alibi the bias holds the ALiBi slopes,
+// (batch or 1, heads_q or 1, 1, 1).
 inline std::optional<ffi::Error> check_tensor_buffers(const ffi::AnyBuffer& q, int64_t seq_k, const ffi::AnyBuffer& bias,
-                                                      const ffi::AnyBuffer& mask) {
+                                                      const ffi::AnyBuffer& mask, bool alibi) {
+  if (alibi) {
+    const auto d = bias.dimensions();
+    const auto qd = q.dimensions();
+    if (bias.element_type() != ffi::DataType::F32 || d.size() != 4 || (d[0] != qd[0] && d[0] != 1) ||
+        (d[1] != qd[2] && d[1] != 1) || d[2] != 1 || d[3] != 1) {
+      return invalid("alibi: the ALiBi slopes must be float32 of shape (batch or 1, heads_q or 1, 1, 1) with "
+                     "(batch, heads_q) = (" + std::to_string(qd[0]) + ", " + std::to_string(qd[2]) + "); got " +
+                     dims_string(d));
+    }
+  }
   const auto qd = q.dimensions();
   const int64_t full[4] = {qd[0], qd[2], qd[1], seq_k};
   for (const auto& [buffer, name, type] : {std::tuple{&bias, "bias", ffi::DataType::F32},
@@ -183,8 +194,9 @@ inline std::optional<ffi::Error> check_tensor_buffers(const ffi::AnyBuffer& q, i
   return std::nullopt;
 }
 
-// Sets the bias and mask fields from buffers check_tensor_buffers accepted.
-inline void set_tensors(AttentionParams& p, const ffi::AnyBuffer& bias, const ffi::AnyBuffer& mask) {
+// Sets the bias and mask fields (and alibi: the bias holds ALiBi slopes) from buffers check_tensor_buffers accepted.
+inline void set_tensors(AttentionParams& p, const ffi::AnyBuffer& bias, const ffi::AnyBuffer& mask, bool alibi) {
+  p.alibi = alibi ? 1 : 0;
   auto strides = [](const auto& d, int64_t* out) {  // row-major, 0 where broadcast
     int64_t stride = 1;
     for (int i = 3; i >= 0; --i) {

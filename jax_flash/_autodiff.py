@@ -30,7 +30,7 @@ from jax_flash._primitive import (_attrs, _reference_forward, attention_p, fold_
                                  no_extras, result_aval, xla_fallback_warning)
 from jax_flash._ring import ring_backward
 from jax_flash._sharding import make_partitioned_backward
-from jax_flash.reference import gather_pages, visibility_mask
+from jax_flash.reference import alibi_bias, gather_pages, visibility_mask
 from jax_flash.selection import CPU_BASE, CPU_TILES
 
 try:
@@ -107,32 +107,47 @@ def _lin_impl(q_dot, k_dot, v_dot, bias_dot, q, k, v, out, lse, q_lengths, kv_le
     mask = _visible(q, k, q_lengths, kv_lengths, q_segment_ids, kv_segment_ids, mask, params)
     s, slope = _scores(q, k, params)
     if params["has_bias"]:
-        s = s + bias
+        s = s + _bias_of(bias, s.shape, q_lengths, kv_lengths, params)
     lse_b = lse[..., None]
     p = jnp.where(mask & jnp.isfinite(lse_b), jnp.exp(s - jnp.where(jnp.isfinite(lse_b), lse_b, 0)), 0.0)
     f32 = jnp.float32
     qk_dot = (jnp.einsum("bqhd,bkhd->bhqk", q_dot.astype(f32), jnp.repeat(k, group, axis=2).astype(f32)) +
               jnp.einsum("bqhd,bkhd->bhqk", q.astype(f32), jnp.repeat(k_dot, group, axis=2).astype(f32)))
-    ds = qk_dot * slope + (bias_dot if params["has_bias"] else 0.0)
+    ds = qk_dot * slope + (_bias_of(bias_dot, s.shape, q_lengths, kv_lengths, params) if params["has_bias"] else 0.0)
     lse_dot = jnp.sum(p * ds, axis=-1)
     out_dot = (jnp.einsum("bhqk,bkhd->bqhd", p * (ds - lse_dot[..., None]), jnp.repeat(v, group, axis=2).astype(f32)) +
                jnp.einsum("bhqk,bkhd->bqhd", p, jnp.repeat(v_dot, group, axis=2).astype(f32)))
     return out_dot.astype(out.dtype), lse_dot.astype(lse.dtype)
 
 
+def _bias_of(bias, scores_shape, q_lengths, kv_lengths, params):
+    """The bias the bias operand adds to scores of shape (B, Hq, Sq, Sk): itself, or with alibi ALiBi's bias from the
+    slopes it holds (B|1, Hq, 1, 1), which is linear in them (so also for their tangents)."""
+    if not params["alibi"]:
+        return bias
+    return alibi_bias(bias[:, :, 0, 0], scores_shape[2], scores_shape[3],
+                      q_lengths=q_lengths if params["has_q_lengths"] else None,
+                      kv_lengths=kv_lengths if params["has_kv_lengths"] else None)
+
+
 def _bias_gradient(q, k, v, out, lse, ct_out, ct_lse, q_lengths, kv_lengths, q_segment_ids, kv_segment_ids, bias,
                    mask, params):
     """d(loss)/d(bias) = dS = P o (dO V^T - D), D = rowsum(dO o O) - dlse, summed over the bias's broadcast
-    dimensions: by XLA, O(Sq x Sk) per (batch, head)."""
+    dimensions: by XLA, O(Sq x Sk) per (batch, head). ALiBi slopes: dS o -|i + kv_len - q_len - j| summed the same
+    way (the bias is slope times that)."""
     f32 = jnp.float32
     group = q.shape[2] // k.shape[2] if k.shape[2] else 1
     visible = _visible(q, k, q_lengths, kv_lengths, q_segment_ids, kv_segment_ids, mask, params)
     s, _ = _scores(q, k, params)
     lse_b = lse[..., None]
-    p = jnp.where(visible & jnp.isfinite(lse_b), jnp.exp(s + bias - jnp.where(jnp.isfinite(lse_b), lse_b, 0)), 0.0)
+    dense_bias = _bias_of(bias, s.shape, q_lengths, kv_lengths, params)
+    p = jnp.where(visible & jnp.isfinite(lse_b), jnp.exp(s + dense_bias - jnp.where(jnp.isfinite(lse_b), lse_b, 0)),
+                  0.0)
     dp = jnp.einsum("bqhd,bkhd->bhqk", ct_out.astype(f32), jnp.repeat(v, group, axis=2).astype(f32))
     d = jnp.einsum("bqhd,bqhd->bhq", ct_out.astype(f32), out.astype(f32)) - ct_lse
     ds = p * (dp - d[..., None])
+    if params["alibi"]:
+        ds = ds * _bias_of(jnp.ones_like(bias), s.shape, q_lengths, kv_lengths, params)
     axes = tuple(i for i, n in enumerate(bias.shape) if n == 1 and ds.shape[i] != 1)
     return jnp.sum(ds, axis=axes, keepdims=True).astype(bias.dtype)
 

@@ -49,7 +49,7 @@ def _lower_cuda(ctx, *args, cfg, **params):
     cfg = FP8_CONFIGS[ctx.avals_in[0].shape[3]] if cfg is None else cfg  # (fp8.py sends only these head dims)
     attrs = {name: np.int64(value) for name, value in cfg.to_attrs().items()}
     attrs.update(pack_gqa=np.int64(0), num_splits=np.int64(1))
-    call = {"softcap": 0.0, "paged": False, "deterministic": False, **params}
+    call = {"softcap": 0.0, "paged": False, "deterministic": False, "alibi": False, **params}
     for name, kind, _ in CALL_ATTRIBUTES:
         attrs[name] = np.float32(call[name]) if kind == "float" else np.int64(call[name])
     return jax.ffi.ffi_lowering(native.FP8_TARGET_NAME)(ctx, *args, **attrs)

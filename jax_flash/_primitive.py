@@ -37,7 +37,7 @@ from jax_flash.selection import CPU_BASE, CPU_TILES, CallShape, resolve_cpu_pack
 # the FFI attributes of the generated ffi/attention_attrs.h; ring, None or (mesh axes, devices, layout): the call is
 # one device's part of ring attention over those axes (jax_flash/_ring.py); same_lengths: q_lengths and kv_lengths
 # are one array (padded self-attention), which lets the ring combine them with causal masks; segments, has_bias,
-# has_mask: those operands are given.
+# has_mask: those operands are given; alibi: the bias operand holds ALiBi slopes, (B|1, Hq, 1, 1).
 attention_p = Primitive("jax_flash_attention")
 attention_p.multiple_results = True
 # The same call on one device's shard: what the FFI custom call computes. attention_p lowers to it through
@@ -160,7 +160,9 @@ def _reference_forward(q, k, v, q_lengths, kv_lengths, page_table, q_segment_ids
         softcap=params["softcap"] or None, q_lengths=q_lengths if params["has_q_lengths"] else None,
         kv_lengths=kv_lengths if params["has_kv_lengths"] else None,
         q_segment_ids=q_segment_ids if params["segments"] else None, kv_segment_ids=kv_segment_ids,
-        bias=bias if params["has_bias"] else None, mask=mask if params["has_mask"] else None, return_lse=True)
+        bias=bias if params["has_bias"] and not params["alibi"] else None,
+        alibi_slopes=bias[:, :, 0, 0] if params["alibi"] else None, mask=mask if params["has_mask"] else None,
+        return_lse=True)
     return out.astype(q.dtype), lse
 
 

@@ -28,7 +28,7 @@ except AttributeError:  # moved out of the public jax.core in newer releases
 
 def attention(q, k, v, cfg: KernelConfig | None = None, *, causal: bool = False, softmax_scale: float | None = None,
               window: tuple[int, int] | None = None, softcap: float | None = None, q_lengths=None, kv_lengths=None,
-              page_table=None, q_segment_ids=None, kv_segment_ids=None, bias=None, mask=None,
+              page_table=None, q_segment_ids=None, kv_segment_ids=None, bias=None, mask=None, alibi_slopes=None,
               return_lse: bool = False, deterministic: bool = False, q_descale=None, k_descale=None, v_descale=None,
               out_dtype=None):
     """FlashAttention forward: softmax(scale * q k^T, masked) v, computed blockwise without the (Sq, Sk) matrix.
@@ -70,6 +70,12 @@ def attention(q, k, v, cfg: KernelConfig | None = None, *, causal: bool = False,
         dimensions are never materialised; key tiles the mask hides entirely are skipped (the CPU path and the sm80
         family; on Hopper the sm90 family skips the key blocks outside the first to last with a visible entry). The
         bias gets a gradient (computed by XLA, O(Sq x Sk) per batch row and head).
+      alibi_slopes: float (heads_q,) or (batch, heads_q) (traced): ALiBi, FlashAttention's alibi_slopes. Adds
+        -alibi_slopes[b, h] * |i + kv_len - q_len - j| to the scaled, soft-capped scores: zero on the diagonal that
+        causal uses (bottom-right, with the lengths), falling linearly with the distance on both sides. The kernels
+        compute it per score instead of reading a (1, heads_q, Sq, Sk) bias tensor. Not combined with bias (build
+        jax_flash.reference.alibi_bias into the bias instead). The slopes get a gradient (computed by XLA, O(Sq x Sk)
+        per batch row and head, as the bias's).
       q_descale, k_descale, v_descale: float8_e4m3fn inputs only: float32 (batch, heads_k) factors (None: 1); the
         call computes attention of q * q_descale, k * k_descale, v * v_descale, each kv head's factor applying to
         its group's query heads; positive (jax_flash/fp8.py). On Hopper at head dim 128 the FP8 kernel runs the call
@@ -83,7 +89,8 @@ def attention(q, k, v, cfg: KernelConfig | None = None, *, causal: bool = False,
     """
     kwargs = dict(causal=causal, softmax_scale=softmax_scale, window=window, softcap=softcap, q_lengths=q_lengths,
                   kv_lengths=kv_lengths, page_table=page_table, q_segment_ids=q_segment_ids,
-                  kv_segment_ids=kv_segment_ids, bias=bias, mask=mask, deterministic=deterministic, ring=None)
+                  kv_segment_ids=kv_segment_ids, bias=bias, mask=mask, alibi_slopes=alibi_slopes,
+                  deterministic=deterministic, ring=None)
     q, k, v = (_as_array(x, name) for x, name in ((q, "q"), (k, "k"), (v, "v")))
     descales = {"q_descale": q_descale, "k_descale": k_descale, "v_descale": v_descale}
     if any(fp8.is_fp8(x) for x in (q, k, v)):
@@ -146,7 +153,7 @@ def _fp8_kernel_call(q, k, v, cfg, descales, out_dtype, return_lse, kwargs):
 
 def _validated_call(q, k, v, cfg, *, causal, softmax_scale, window, softcap, q_lengths, kv_lengths, page_table,
                     return_lse, deterministic, ring, q_segment_ids=None, kv_segment_ids=None, bias=None,
-                    mask=None):
+                    mask=None, alibi_slopes=None):
     """attention's checks and its primitive's bind; ring (axis names, devices, layout) or None (ring.py)."""
     q, k, v = (_as_array(x, name) for x, name in ((q, "q"), (k, "k"), (v, "v")))
     for name, x in (("q", q), ("k", k), ("v", v)):
@@ -211,14 +218,15 @@ def _validated_call(q, k, v, cfg, *, causal, softmax_scale, window, softcap, q_l
     segments = _check_segment_ids(q_segment_ids, kv_segment_ids, batch, q.shape[1], seq_k)
     segment_ids = segments if segments is not None else no_segments(batch)
     full = (batch, heads_q, q.shape[1], seq_k)
-    bias = _check_tensor(bias, "bias", full, jnp.float32)
+    alibi = _check_alibi_slopes(alibi_slopes, bias, batch, heads_q)
+    bias = alibi if alibi is not None else _check_tensor(bias, "bias", full, jnp.float32)
     mask = _check_tensor(mask, "mask", full, jnp.bool_)
     tensors = (no_tensor(jnp.float32) if bias is None else bias, no_tensor(jnp.bool_) if mask is None else mask)
     params = dict(cfg=cfg, softmax_scale=float(softmax_scale), causal=bool(causal), window_left=window_left,
                   window_right=window_right, softcap=float(softcap or 0.0), has_q_lengths=lengths[0] is not None,
                   has_kv_lengths=lengths[1] is not None, return_lse=bool(return_lse), paged=paged,
                   deterministic=bool(deterministic), ring=ring, segments=segments is not None,
-                  has_bias=bias is not None, has_mask=mask is not None,
+                  has_bias=bias is not None, has_mask=mask is not None, alibi=alibi is not None,
                   same_lengths=lengths[0] is not None and lengths[0] is lengths[1])
     if ring is not None:
         reason = ring_refusal(params, q.shape[1], seq_k, ring[1], ring[2])
@@ -241,6 +249,21 @@ def _check_tensor(x, name, full, dtype):
         raise ValueError(f"{name} must be {kind} array of rank 4 whose dimensions each equal (batch, heads_q, seq_q, "
                          f"seq_k) = {full} or 1 (broadcast); got {jnp.dtype(x.dtype).name}{tuple(x.shape)}")
     return x.astype(dtype) if dtype == jnp.float32 else (x if x.dtype == jnp.bool_ else x != 0)
+
+
+def _check_alibi_slopes(slopes, bias, batch, heads_q):
+    """ALiBi slopes as the float32 (batch or 1, heads_q, 1, 1) bias operand of an alibi=True call, or None."""
+    if slopes is None:
+        return None
+    if bias is not None:
+        raise ValueError("alibi_slopes and bias cannot be combined: add the ALiBi term to the bias tensor "
+                         "(jax_flash.reference.alibi_bias builds it) or pass the bias alone")
+    x = _as_array(slopes, "alibi_slopes")
+    if (not jnp.issubdtype(x.dtype, jnp.floating) or x.ndim not in (1, 2) or x.shape[-1] != heads_q
+            or (x.ndim == 2 and x.shape[0] != batch)):
+        raise ValueError(f"alibi_slopes must be a floating-point array of shape (heads_q,) = ({heads_q},) or (batch, "
+                         f"heads_q) = ({batch}, {heads_q}); got {jnp.dtype(x.dtype).name}{tuple(x.shape)}")
+    return x.astype(jnp.float32).reshape((1 if x.ndim == 1 else batch, heads_q, 1, 1))
 
 
 def _check_segment_ids(q_segment_ids, kv_segment_ids, batch, seq_q, seq_k):

@@ -372,6 +372,7 @@ CALL_ATTRIBUTES: tuple[tuple[str, str, str], ...] = (
     ("return_lse", "bool", "write the lse result"),
     ("paged", "bool", "k and v are (num_pages, page_size, Hk, D) pages named by the page_table operand"),
     ("deterministic", "bool", "the GPU backward adds dQ in a fixed order (no float atomics): bitwise repeatable"),
+    ("alibi", "bool", "the bias operand holds ALiBi slopes (B|1, Hq, 1, 1), not a bias tensor (common/alibi.h)"),
 )
 
 

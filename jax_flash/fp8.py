@@ -107,13 +107,13 @@ def on_gpu(q, traced: bool) -> bool:
 
 def kernel_refusal(q, k, cfg, kwargs) -> str | None:
     """Why the sm90 FP8 kernel does not take this (checked) GPU call, or None when it does: a Hopper device, head
-    dim 128, cfg None or an sm90 config, contiguous K / V, no segment ids, bias / mask tensors or softcap,
-    softmax_scale > 0."""
+    dim 128, cfg None or an sm90 config, contiguous K / V, no segment ids, bias / mask tensors, ALiBi slopes or
+    softcap, softmax_scale > 0."""
     if q.shape[3] not in FP8_CONFIGS:
         return f"head_dim {q.shape[3]} (the FP8 kernel has {sorted(FP8_CONFIGS)})"
     if cfg is not None and cfg.family != "sm90":
         return f"a family={cfg.family!r} config"
-    for name in ("page_table", "q_segment_ids", "kv_segment_ids", "bias", "mask", "softcap"):
+    for name in ("page_table", "q_segment_ids", "kv_segment_ids", "bias", "mask", "alibi_slopes", "softcap"):
         if kwargs.get(name) is not None:
             return name
     if kwargs.get("softmax_scale") is not None and not float(kwargs["softmax_scale"]) > 0:

@@ -33,12 +33,30 @@ def visibility_mask(batch, seq_q, seq_k, *, causal=False, window=None, q_lengths
     return mask[:, None]
 
 
+def alibi_bias(slopes, seq_q, seq_k, *, q_lengths=None, kv_lengths=None):
+    """float32 (B or 1, Hq, Sq, Sk): ALiBi's bias -slopes[b, h] * |i + kv_len - q_len - j| from (Hq,) or (B|1, Hq)
+    slopes (csrc/common/alibi.h): zero on the bottom-right diagonal that causal masking uses, with the lengths."""
+    slopes = jnp.asarray(slopes, jnp.float32)
+    slopes = slopes.reshape((1, -1)) if slopes.ndim == 1 else slopes
+    offset = jnp.asarray(seq_k - seq_q, jnp.int32).reshape((1,))
+    if q_lengths is not None or kv_lengths is not None:
+        batch = (q_lengths if q_lengths is not None else kv_lengths).shape[0]
+        q_len = jnp.full((batch,), seq_q, jnp.int32) if q_lengths is None else jnp.clip(q_lengths, 0, seq_q)
+        kv_len = jnp.full((batch,), seq_k, jnp.int32) if kv_lengths is None else jnp.clip(kv_lengths, 0, seq_k)
+        offset = kv_len - q_len
+    diagonal = jnp.arange(seq_q)[None, :, None] + offset[:, None, None]  # (B|1, Sq, 1)
+    distance = jnp.abs(diagonal - jnp.arange(seq_k)[None, None, :]).astype(jnp.float32)
+    return -slopes[:, :, None, None] * distance[:, None]
+
+
 def attention_reference(q, k, v, *, causal=False, softmax_scale=None, window=None, softcap=None, q_lengths=None,
                         kv_lengths=None, q_segment_ids=None, kv_segment_ids=None, bias=None, mask=None,
-                        return_lse=False, compute_dtype=None, q_descale=None, k_descale=None, v_descale=None):
+                        alibi_slopes=None, return_lse=False, compute_dtype=None, q_descale=None, k_descale=None,
+                        v_descale=None):
     """jax_flash.attention's semantics in plain jnp: q (B, Sq, Hq, D), k and v (B, Sk, Hk, D), Hq % Hk == 0.
 
-    bias (added to the soft-capped scores) and mask (False hides the key) broadcast to (B, Hq, Sq, Sk).
+    bias (added to the soft-capped scores) and mask (False hides the key) broadcast to (B, Hq, Sq, Sk);
+    alibi_slopes (Hq,) or (B, Hq) add alibi_bias's bias the same way.
     Returns (B, Sq, Hq, D) in `compute_dtype` (default float32), and with return_lse the float32 (B, Hq, Sq) natural
     log-sum-exp of the scores over visible keys. Rows that see no key give zeros and lse -inf.
     Passing the input dtype as compute_dtype gives the plain low-precision attention of the tests' tolerance rule.
@@ -64,6 +82,9 @@ def attention_reference(q, k, v, *, causal=False, softmax_scale=None, window=Non
         scores = softcap * jnp.tanh(scores / softcap)
     if bias is not None:
         scores = scores + jnp.asarray(bias).astype(compute)
+    if alibi_slopes is not None:
+        scores = scores + alibi_bias(alibi_slopes, seq_q, seq_k, q_lengths=q_lengths,
+                                     kv_lengths=kv_lengths).astype(compute)
     visible = visibility_mask(batch, seq_q, seq_k, causal=causal, window=window, q_lengths=q_lengths,
                               kv_lengths=kv_lengths, q_segment_ids=q_segment_ids, kv_segment_ids=kv_segment_ids)
     if mask is not None:

@@ -70,7 +70,8 @@ def test_handler_errors_reach_python_and_the_next_call_works(device):  # rows 1 
     table = jax.device_put(jnp.zeros((1, 0), jnp.int32), device)
     bad = dict(cfg=None, softmax_scale=0.125, causal=False, window_left=-7, window_right=-1, softcap=0.0,
                has_q_lengths=False, has_kv_lengths=False, return_lse=False, paged=False,
-               deterministic=False, ring=None, same_lengths=False, segments=False, has_bias=False, has_mask=False)
+               deterministic=False, ring=None, same_lengths=False, segments=False, has_bias=False, has_mask=False,
+               alibi=False)
     no_bias, no_mask = jnp.zeros((0, 0, 0, 0), jnp.float32), jnp.zeros((0, 0, 0, 0), bool)
     with pytest.raises(Exception, match=r"jax_flash: window sizes must be >= -1 \(-1 = unbounded\), got \(-7, -1\)"):
         jax.block_until_ready(jax.jit(lambda *a: attention_p.bind(*a, **bad))(q, k, v, lengths, lengths, table,

@@ -141,6 +141,10 @@ struct AttentionParams {
   // 32) with the keys of each 32 permuted (jax_flash/fp8.py, transposed_v). nullptr in every other call.
   const float* qk_descale;
   const float* v_descale;
+  // ALiBi: nonzero when `bias` holds one slope per (batch, query head), shape (B|1, Hq, 1, 1) in bias_strides, instead
+  // of a bias tensor; the bias of query row i and key j is then -slope * |i + kv_len - q_len - j| (common/alibi.h),
+  // computed per score instead of loaded.
+  int alibi;
 };
 
 inline constexpr int kUnbounded = 1 << 30;  // a window side with no bound (|offsets| stay far from int overflow)
@@ -157,12 +161,12 @@ inline bool has_equal_cost_tiles(const AttentionParams& p) {
 // A bias or mask tensor shared by the batch but not by the heads (ALiBi's (1, N, T, S) bias): the launchers set
 // batch_inner, so the batch's tiles of one head and query block run together and read it once through L2. In head
 // order they run heads x query blocks apart, and each batch entry read the tensor again from memory (4 GB a call for
-// a (1, 16, 4096, 4096) float32 bias over a batch of 4).
+// a (1, 16, 4096, 4096) float32 bias over a batch of 4). ALiBi slopes are one float per head: no such order.
 inline bool tensors_shared_by_batch(const AttentionParams& p) {
   auto shared = [](const void* tensor, const int64_t* strides) {
     return tensor != nullptr && strides[0] == 0 && strides[1] != 0;
   };
-  return shared(p.bias, p.bias_strides) || shared(p.mask, p.mask_strides);
+  return (!p.alibi && shared(p.bias, p.bias_strides)) || shared(p.mask, p.mask_strides);
 }
 
 // Sets the paged-K/V fields: k and v of shape (num_pages, page_size, Hk, D), page_table (B, pages_per_seq) int32.

@@ -6,8 +6,10 @@
 
 #include <algorithm>
 #include <climits>
+#include <cmath>
 #include <cstdint>
 
+#include "common/alibi.h"
 #include "common/params.h"
 
 namespace jax_flash::cpu {
@@ -38,15 +40,22 @@ struct RowSegments {
   }
 };
 
-// Row (b, h, i) of the bias and mask tensors: entry j of the keys. Absent tensors give nullptr rows.
+// Row (b, h, i) of the bias and mask tensors: entry j of the keys. Absent tensors give nullptr rows. With ALiBi
+// slopes (p.alibi) the row's bias is -slope |diagonal - j| (common/alibi.h) instead.
 struct TensorRow {
   const float* bias = nullptr;
   const uint8_t* mask = nullptr;
   int64_t bias_step = 0, mask_step = 0;
+  bool alibi = false;
+  float neg_slope = 0.0f, diagonal = 0.0f;
 
   TensorRow() = default;
   TensorRow(const AttentionParams& p, int64_t b, int64_t h, int64_t i) {
-    if (p.bias != nullptr) {
+    if (p.bias != nullptr && p.alibi) {
+      alibi = true;
+      neg_slope = -alibi_slope(p, b, h);
+      diagonal = alibi_diagonal(static_cast<int>(i), batch_lengths(p, b));
+    } else if (p.bias != nullptr) {
       bias = p.bias + b * p.bias_strides[0] + h * p.bias_strides[1] + i * p.bias_strides[2];
       bias_step = p.bias_strides[3];
     }
@@ -57,7 +66,9 @@ struct TensorRow {
   }
   // Adds the bias to s[begin, end) (keys col0 + begin ...) and sets the masked keys' scores to `masked`.
   void apply(float* s, int64_t col0, int begin, int end, float masked) const {
-    if (bias != nullptr) {
+    if (alibi) {
+      for (int j = begin; j < end; ++j) s[j] += neg_slope * std::fabs(diagonal - static_cast<float>(col0 + j));
+    } else if (bias != nullptr) {
       for (int j = begin; j < end; ++j) s[j] += bias[(col0 + j) * bias_step];
     }
     if (mask != nullptr) {

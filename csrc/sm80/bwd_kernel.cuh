@@ -13,6 +13,7 @@
 #include <cmath>
 #include <cstdint>
 
+#include "common/alibi.h"
 #include "common/backward_params.h"
 #include "common/backward_rows.cuh"
 #include "common/visibility.h"
@@ -141,7 +142,10 @@ __global__ void __launch_bounds__(T::kNumThreads, 1) attention_bwd_kernel(const 
             if constexpr (kTensors) {  // s += bias; hidden where the mask is 0 or the segment ids differ
               const int64_t key = min(kv0 + r, p.seqlen_k - 1), row = min(q0 + c, p.seqlen_q - 1);
               const int64_t head = kv_head * group + i / q_blocks;
-              if (p.bias != nullptr) {
+              if (p.bias != nullptr && p.alibi) {  // (common/alibi.h)
+                exponent -= kLog2e * __ldg(p.bias + batch * p.bias_strides[0] + head * p.bias_strides[1]) *
+                            fabsf(alibi_diagonal(static_cast<int>(row), len) - static_cast<float>(key));
+              } else if (p.bias != nullptr) {
                 exponent += kLog2e * __ldg(p.bias + batch * p.bias_strides[0] + head * p.bias_strides[1] +
                                            row * p.bias_strides[2] + key * p.bias_strides[3]);
               }

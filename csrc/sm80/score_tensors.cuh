@@ -10,6 +10,7 @@
 #include <cmath>
 #include <cstdint>
 
+#include "common/alibi.h"
 #include "common/mask_blocks.cuh"
 #include "common/params.h"
 #include "common/segment_blocks.cuh"
@@ -133,6 +134,28 @@ struct ScoreTensors {
       }
   }
 
+  // ALiBi (common/alibi.h): s += -slope |i + kv_len - q_len - j| / scale for each of this lane's scores (keys col0 +
+  // 8n + c): the slope of the row's head, the distance an FADD from a float key index, then an FFMA.
+  __device__ __forceinline__ void apply_alibi(float (&acc_s)[T::kMTiles][T::kSTiles][4], int col0) const {
+    const float inv_scale = 1.0f / p.scale, key0 = static_cast<float>(col0);
+#pragma unroll
+    for (int m = 0; m < T::kMTiles; ++m)
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        int position;
+        int64_t head;
+        locate(first_row + 16 * m + 8 * h, position, head);
+        const float neg_slope = -__ldg(p.bias + t.batch * p.bias_strides[0] + head * p.bias_strides[1]) * inv_scale;
+        const float distance0 = alibi_diagonal(position, t.len) - key0;  // to key col0
+#pragma unroll
+        for (int n = 0; n < T::kSTiles; ++n)
+#pragma unroll
+          for (int c = 0; c < 2; ++c) {
+            acc_s[m][n][2 * h + c] += neg_slope * fabsf(distance0 - static_cast<float>(8 * n + c));
+          }
+      }
+  }
+
   // s += bias * inv_scale (the kernels keep raw scores; the softmax multiplies by scale), then -inf where the mask
   // or the segment ids hide the key. Each tensor is one branch per block and none per score, so the compiler
   // issues a row's loads together (a branch per score serialised their latencies: 4x slower, H100). Keys past
@@ -140,7 +163,9 @@ struct ScoreTensors {
   // Call load_key_segments(kv0, lane, uniform) first.
   __device__ __forceinline__ void apply(float (&acc_s)[T::kMTiles][T::kSTiles][4], int kv0, int lane) const {
     const int col0 = kv0 + 2 * (lane % 4), last_key = p.seqlen_k - 1;
-    if (p.bias != nullptr) {
+    if (p.bias != nullptr && p.alibi) {
+      apply_alibi(acc_s, col0);
+    } else if (p.bias != nullptr) {
       const float inv_scale = 1.0f / p.scale;
       for_each_entry(acc_s, p.bias, p.bias_strides, col0, last_key,
                      [inv_scale](float& s, float bias) { s += bias * inv_scale; });

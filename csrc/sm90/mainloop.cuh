@@ -10,6 +10,7 @@
 #include <cstdint>
 #include <type_traits>
 
+#include "common/alibi.h"
 #include "common/mask_blocks.h"
 #include "common/mask_fragment.cuh"
 #include "common/params.h"
@@ -281,7 +282,9 @@ struct Mainloop {
     const int row = tile.row0 + warp_row0 + lane / 4;
     const int rows[2] = {min(row, p.seqlen_q - 1), min(row + 8, p.seqlen_q - 1)};
     const int col0 = j * T::kBlockKV + 2 * (lane % 4), last_key = p.seqlen_k - 1;
-    if (p.bias != nullptr) {
+    if (p.bias != nullptr && p.alibi) {
+      apply_alibi<kKeys>(scores, row, col0);
+    } else if (p.bias != nullptr) {
       const float inv_scale = 1.0f / p.scale;
       const int64_t step = p.bias_strides[3];
       // A lane's two keys of a tile as one 8-byte load where the rows are float2-aligned (keys contiguous, an even
@@ -318,6 +321,24 @@ struct Mainloop {
                               if (visible == 0) s = -INFINITY;
                             });
       }
+    }
+  }
+
+  // ALiBi (common/alibi.h): s += -slope |i + kv_len - q_len - j| / scale for this lane's rows `row` and row + 8 and
+  // keys col0 + 8n + c: two FP32 operations per score (the distance an FADD from a float key index, then an FFMA).
+  template <int kKeys>
+  __device__ __forceinline__ void apply_alibi(float (&scores)[1][kKeys / 8][4], int row, int col0) const {
+    const float neg_slope = -__ldg(p.bias + tile.batch * p.bias_strides[0] + tile.head * p.bias_strides[1]) / p.scale;
+    const float key0 = static_cast<float>(col0);
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const float distance0 = alibi_diagonal(row + 8 * h, tile.len) - key0;  // to key col0
+#pragma unroll
+      for (int n = 0; n < kKeys / 8; ++n)
+#pragma unroll
+        for (int c = 0; c < 2; ++c) {
+          scores[0][n][2 * h + c] += neg_slope * fabsf(distance0 - static_cast<float>(8 * n + c));
+        }
     }
   }
 
