@@ -1,6 +1,8 @@
 """Bias and mask tensor benchmark: causal attention given as a dense (1, 1, T, S) boolean mask, attention with a
-(1, N, T, S) additive bias (ALiBi's shape) and a (B, 1, 1, S) padding mask, each beside the same call without the
-tensor (causal=True, no bias, kv_lengths) and beside cuDNN given the same tensors (jax.nn.dot_product_attention).
+(1, N, T, S) additive bias (ALiBi's, as a tensor), ALiBi from its (N,) slopes (alibi_slopes=, computed in the
+kernels) and a (B, 1, 1, S) padding mask, each beside the same call without the tensor (causal=True, no bias,
+kv_lengths) and beside cuDNN given the same tensors (jax.nn.dot_product_attention; for the slopes, the bias tensor
+they stand for).
 
     python -m jax_flash.benchmark --suite tensors                   # bf16, D = 128, 16 heads, 2048 and 4096 tokens
     python -m jax_flash.benchmark --suite tensors --tensor-seqs 1024,4096 --dtypes bf16,fp16
@@ -19,17 +21,16 @@ import jax
 import jax.numpy as jnp
 
 import jax_flash
+from jax_flash.reference import alibi_bias
 from jax_flash.timing import time_interleaved_ms
 
 SEQS = (2048, 4096)
 HEADS, HEAD_DIM = 16, 128
 
 
-def alibi_bias(heads: int, seq: int) -> jnp.ndarray:
-    """float32 (1, heads, seq, seq): ALiBi, -slope_h * (i - j) with slopes 2^(-8 h / heads)."""
-    slopes = 2.0 ** (-8.0 * (jnp.arange(heads, dtype=jnp.float32) + 1) / heads)
-    distance = jnp.arange(seq)[:, None] - jnp.arange(seq)[None, :]
-    return (-slopes[:, None, None] * distance.astype(jnp.float32))[None]
+def alibi_slopes(heads: int) -> jnp.ndarray:
+    """float32 (heads,): ALiBi's slopes 2^(-8 h / heads), h = 1 .. heads."""
+    return 2.0 ** (-8.0 * (jnp.arange(heads, dtype=jnp.float32) + 1) / heads)
 
 
 def _cases(seq: int, batch: int, on_gpu: bool):
@@ -38,11 +39,14 @@ def _cases(seq: int, batch: int, on_gpu: bool):
     # padding: every other sequence holds 3/4 of its keys (a BERT-style batch), the same as kv_lengths
     lengths = jnp.array([seq if b % 2 == 0 else seq * 3 // 4 for b in range(batch)], jnp.int32)
     padding = (jnp.arange(seq)[None, :] < lengths[:, None])[:, None, None, :]
-    bias = alibi_bias(HEADS, seq)
+    slopes = alibi_slopes(HEADS)
+    bias = alibi_bias(slopes, seq, seq)  # (1, N, T, T): -slope_h |i - j|
     mask_impls = {"jax_flash": lambda q, k, v: jax_flash.attention(q, k, v, mask=causal),
                   "jax_flash causal=True": lambda q, k, v: jax_flash.attention(q, k, v, causal=True)}
     bias_impls = {"jax_flash": lambda q, k, v: jax_flash.attention(q, k, v, bias=bias),
                   "jax_flash no bias": lambda q, k, v: jax_flash.attention(q, k, v)}
+    slope_impls = {"jax_flash": lambda q, k, v: jax_flash.attention(q, k, v, alibi_slopes=slopes),
+                   "jax_flash no bias": lambda q, k, v: jax_flash.attention(q, k, v)}
     pad_impls = {"jax_flash": lambda q, k, v: jax_flash.attention(q, k, v, mask=padding),
                  "jax_flash kv_lengths": lambda q, k, v: jax_flash.attention(q, k, v, kv_lengths=lengths)}
     if on_gpu:
@@ -52,9 +56,10 @@ def _cases(seq: int, batch: int, on_gpu: bool):
                                                                            implementation="cudnn")
         bias_impls["cudnn"] = lambda q, k, v: jax.nn.dot_product_attention(q, k, v, bias=bias.astype(q.dtype),
                                                                            implementation="cudnn")
+        slope_impls["cudnn"] = bias_impls["cudnn"]
     visible = float(jnp.mean(lengths)) / seq
     return [("causal mask (1, 1, T, S)", 0.5, mask_impls), ("ALiBi bias (1, N, T, S)", 1.0, bias_impls),
-            ("padding mask (B, 1, 1, S)", visible, pad_impls)]
+            ("ALiBi alibi_slopes (N,)", 1.0, slope_impls), ("padding mask (B, 1, 1, S)", visible, pad_impls)]
 
 
 def run(args) -> list[dict]:

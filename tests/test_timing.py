@@ -227,3 +227,21 @@ def test_packed_suite_counts_visible_pairs(tmp_path, capsys):
     assert row["tokens"] == 512 and row["mean"] == 64
     assert {"packed", "unpacked", "xla"} <= set(row["results"]) and all(r["tflops"] > 0 for r in row["results"].values())
     assert "Packed causal rows on" in capsys.readouterr().out
+
+
+def test_tensors_suite_times_alibi_slopes_beside_the_bias_they_stand_for(tmp_path):
+    """The ALiBi rows compute one result: the (1, N, T, S) bias tensor and the slopes it is built from."""
+    from jax_flash import benchmark_tensors
+
+    cases = {name: impls for name, _, impls in benchmark_tensors._cases(64, 2, on_gpu=False)}
+    q, k, v = (jax.random.normal(key, (2, 64, benchmark_tensors.HEADS, 32), jnp.float32)
+               for key in jax.random.split(jax.random.PRNGKey(4), 3))
+    np.testing.assert_allclose(np.asarray(cases["ALiBi alibi_slopes (N,)"]["jax_flash"](q, k, v)),
+                               np.asarray(cases["ALiBi bias (1, N, T, S)"]["jax_flash"](q, k, v)), atol=1e-5)
+    path = tmp_path / "tensors.json"
+    dtype = "bf16" if jax.default_backend() == "gpu" else "fp32"
+    assert benchmark.main(["--suite", "tensors", "--dtypes", dtype, "--tensor-seqs", "64", "--tokens", "128",
+                           "--iters", "1", "--reps", "1", "--min-rep-ms", "0", "--json", str(path)]) == 0
+    rows = json.loads(path.read_text())["rows"]
+    assert [r["case"] for r in rows][1:3] == ["ALiBi bias (1, N, T, S)", "ALiBi alibi_slopes (N,)"]
+    assert all(v["tflops"] > 0 for r in rows for v in r["results"].values())

@@ -199,7 +199,8 @@ def render_tensors(results: dict) -> str:
     lines = [f"**{results['device']}**, {results['date']}, jax {results['jax']}, bias and mask tensors, "
              f"{first['heads']} heads, D = {first['head_dim']}: TFLOP/s over the visible pairs of "
              f"`jax_flash.attention` given the tensor, the same call without it (`causal=True` for the causal mask, "
-             f"`kv_lengths` for the padding mask), and cuDNN given the same tensor.", "", "| " + " | ".join(head) + " |",
+             f"`kv_lengths` for the padding mask), and cuDNN given the same tensor (for `alibi_slopes`, the bias tensor "
+             f"they stand for).", "", "| " + " | ".join(head) + " |",
              "| " + " | ".join("---" for _ in head) + " |"]
     for r in rows:
         res = r["results"]
