@@ -60,6 +60,24 @@ def attention_calls(text: str) -> tuple[str, str]:
     return forward, backward
 
 
+def assert_grads_close(loss, args, names):
+    """jax.grad of loss(jax_flash.attention, *args) (jitted) against loss(jax_flash.attention_reference, ...)'s in
+    float32, per argument: within twice the error of the reference computed in q's dtype (compute_dtype) plus atol
+    times the largest reference gradient."""
+    argnums = tuple(range(len(args)))
+    dtype = args[0].dtype
+    grads = jax.jit(jax.grad(lambda *a: loss(jax_flash.attention, *a), argnums=argnums))(*args)
+    ref = jax.grad(lambda *a: loss(jax_flash.attention_reference, *a), argnums=argnums)(
+        *(x.astype(jnp.float32) for x in args))
+    low = jax.grad(lambda *a: loss(jax_flash.attention_reference, *a, compute_dtype=dtype), argnums=argnums)(*args)
+    atol = 1e-4 if dtype == jnp.float32 else 2e-3
+    for name, g, r, l in zip(names, grads, ref, low):
+        g, r, l = (np.asarray(x.astype(jnp.float32)) for x in (g, r, l))
+        assert g.shape == r.shape, name
+        bound = 2 * np.abs(l - r).max() + atol * max(1.0, np.abs(r).max())
+        assert np.abs(g - r).max() <= bound, f"{name}: {np.abs(g - r).max():.3g} > {bound:.3g}"
+
+
 def random_qkv(seed, batch, seq_q, seq_k, heads_q, heads_k, head_dim, dtype, device=None):
     """Normal q, k, v (never zeros: they hide unwritten outputs), placed on `device`."""
     kq, kk, kv = jax.random.split(jax.random.PRNGKey(seed), 3)

@@ -13,7 +13,7 @@ import pytest
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 import jax_flash
-from conftest import assert_flash_close, attention_calls, random_qkv
+from conftest import assert_flash_close, assert_grads_close, attention_calls, random_qkv
 from jax_flash.reference import alibi_bias
 from test_decode import SM90_CASES, SM90_IDS, paged_cache, requires_hopper
 
@@ -104,17 +104,7 @@ def test_alibi_gradients(device, slopes_shape):
         out, lse = attention(q, k, v, alibi_slopes=s, causal=True, kv_lengths=lengths, return_lse=True, **kw)
         return (out.astype(jnp.float32) * weights).sum() + jnp.where(jnp.isfinite(lse), lse, 0).sum()
 
-    grads = jax.jit(jax.grad(lambda *a: loss(jax_flash.attention, *a), argnums=(0, 1, 2, 3)))(q, k, v, slopes)
-    f32 = [x.astype(jnp.float32) for x in (q, k, v)]
-    ref = jax.grad(lambda *a: loss(jax_flash.attention_reference, *a), argnums=(0, 1, 2, 3))(*f32, slopes)
-    low = jax.grad(lambda *a: loss(jax_flash.attention_reference, *a, compute_dtype=dtype), argnums=(0, 1, 2, 3))(
-        q, k, v, slopes)
-    atol = 1e-4 if dtype == jnp.float32 else 2e-3
-    for name, g, r, l in zip(("dq", "dk", "dv", "dslopes"), grads, ref, low):
-        g, r, l = (np.asarray(x.astype(jnp.float32)) for x in (g, r, l))
-        assert g.shape == r.shape, name
-        bound = 2 * np.abs(l - r).max() + atol * max(1.0, np.abs(r).max())
-        assert np.abs(g - r).max() <= bound, f"{name}: {np.abs(g - r).max():.3g} > {bound:.3g}"
+    assert_grads_close(loss, (q, k, v, slopes), ("dq", "dk", "dv", "dslopes"))
 
 
 def test_alibi_jvp_and_vmap():

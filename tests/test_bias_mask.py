@@ -14,7 +14,7 @@ import pytest
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 import jax_flash
-from conftest import assert_flash_close, attention_calls, random_qkv
+from conftest import assert_flash_close, assert_grads_close, attention_calls, random_qkv
 from test_decode import SM90_CASES, SM90_IDS, paged_cache, requires_hopper
 
 B, S, HQ, HK, D = 2, 96, 4, 2, 64
@@ -121,17 +121,7 @@ def test_gradients_with_bias_and_mask(device, shape):
         out, lse = attention(q, k, v, bias=b, mask=mask, causal=True, return_lse=True, **kw)
         return (out.astype(jnp.float32) * weights).sum() + jnp.where(jnp.isfinite(lse), lse, 0).sum()
 
-    grads = jax.jit(jax.grad(lambda *a: loss(jax_flash.attention, *a), argnums=(0, 1, 2, 3)))(q, k, v, bias)
-    f32 = [x.astype(jnp.float32) for x in (q, k, v)]
-    ref = jax.grad(lambda *a: loss(jax_flash.attention_reference, *a), argnums=(0, 1, 2, 3))(*f32, bias)
-    low = jax.grad(lambda *a: loss(jax_flash.attention_reference, *a, compute_dtype=dtype), argnums=(0, 1, 2, 3))(
-        q, k, v, bias)
-    atol = 1e-4 if dtype == jnp.float32 else 2e-3
-    for name, g, r, l in zip(("dq", "dk", "dv", "dbias"), grads, ref, low):
-        g, r, l = (np.asarray(x.astype(jnp.float32)) for x in (g, r, l))
-        assert g.shape == r.shape, name
-        bound = 2 * np.abs(l - r).max() + atol * max(1.0, np.abs(r).max())
-        assert np.abs(g - r).max() <= bound, f"{name}: {np.abs(g - r).max():.3g} > {bound:.3g}"
+    assert_grads_close(loss, (q, k, v, bias), ("dq", "dk", "dv", "dbias"))
 
 
 def test_vmap_over_bias_mapped_and_shared(device):

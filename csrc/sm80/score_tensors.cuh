@@ -44,9 +44,9 @@ struct ScoreTensors {
   __device__ __forceinline__ ScoreTensors(const AttentionParams& params, const Tile& tile, int warp_row0, int lane)
       : p(params), t(tile), first_row(warp_row0 + lane / 4) {}
 
-  // The q segment ids of this lane's rows (once per tile).
-  __device__ __forceinline__ void load_query_segments() {
-    if (p.q_segment_ids == nullptr) return;
+  // f(m, h, position, head) for each of this lane's rows: row first_row + 16m + 8h of the tile, located.
+  template <class F>
+  __device__ __forceinline__ void for_each_row(F f) const {
 #pragma unroll
     for (int m = 0; m < T::kMTiles; ++m)
 #pragma unroll
@@ -54,8 +54,16 @@ struct ScoreTensors {
         int position;
         int64_t head;
         locate(first_row + 16 * m + 8 * h, position, head);
-        q_segment[m][h] = __ldg(p.q_segment_ids + t.batch * p.q_segment_stride + position);
+        f(m, h, position, head);
       }
+  }
+
+  // The q segment ids of this lane's rows (once per tile).
+  __device__ __forceinline__ void load_query_segments() {
+    if (p.q_segment_ids == nullptr) return;
+    for_each_row([&](int m, int h, int position, int64_t) {
+      q_segment[m][h] = __ldg(p.q_segment_ids + t.batch * p.q_segment_stride + position);
+    });
   }
 
   // The key blocks of [begin, end) the tile visits: with segment ids and their pre-pass, those whose kv id range
@@ -119,41 +127,29 @@ struct ScoreTensors {
   __device__ __forceinline__ void for_each_entry(float (&acc_s)[T::kMTiles][T::kSTiles][4], const Entry* tensor,
                                                  const int64_t (&strides)[4], int col0, int last_key, F f) const {
     const int step = static_cast<int>(strides[3]);
+    for_each_row([&](int m, int h, int position, int64_t head) {
+      const Entry* row = tensor + (t.batch * strides[0] + head * strides[1] + position * strides[2]);
 #pragma unroll
-    for (int m = 0; m < T::kMTiles; ++m)
+      for (int n = 0; n < T::kSTiles; ++n)
 #pragma unroll
-      for (int h = 0; h < 2; ++h) {
-        int position;
-        int64_t head;
-        locate(first_row + 16 * m + 8 * h, position, head);
-        const Entry* row = tensor + (t.batch * strides[0] + head * strides[1] + position * strides[2]);
-#pragma unroll
-        for (int n = 0; n < T::kSTiles; ++n)
-#pragma unroll
-          for (int c = 0; c < 2; ++c) f(acc_s[m][n][2 * h + c], __ldg(row + min(col0 + 8 * n + c, last_key) * step));
-      }
+        for (int c = 0; c < 2; ++c) f(acc_s[m][n][2 * h + c], __ldg(row + min(col0 + 8 * n + c, last_key) * step));
+    });
   }
 
   // ALiBi (common/alibi.h): s += -slope |i + kv_len - q_len - j| / scale for each of this lane's scores (keys col0 +
   // 8n + c): the slope of the row's head, the distance an FADD from a float key index, then an FFMA.
   __device__ __forceinline__ void apply_alibi(float (&acc_s)[T::kMTiles][T::kSTiles][4], int col0) const {
     const float inv_scale = 1.0f / p.scale, key0 = static_cast<float>(col0);
+    for_each_row([&](int m, int h, int position, int64_t head) {
+      const float neg_slope = -__ldg(p.bias + t.batch * p.bias_strides[0] + head * p.bias_strides[1]) * inv_scale;
+      const float distance0 = alibi_diagonal(position, t.len) - key0;  // to key col0
 #pragma unroll
-    for (int m = 0; m < T::kMTiles; ++m)
+      for (int n = 0; n < T::kSTiles; ++n)
 #pragma unroll
-      for (int h = 0; h < 2; ++h) {
-        int position;
-        int64_t head;
-        locate(first_row + 16 * m + 8 * h, position, head);
-        const float neg_slope = -__ldg(p.bias + t.batch * p.bias_strides[0] + head * p.bias_strides[1]) * inv_scale;
-        const float distance0 = alibi_diagonal(position, t.len) - key0;  // to key col0
-#pragma unroll
-        for (int n = 0; n < T::kSTiles; ++n)
-#pragma unroll
-          for (int c = 0; c < 2; ++c) {
-            acc_s[m][n][2 * h + c] += neg_slope * fabsf(distance0 - static_cast<float>(8 * n + c));
-          }
-      }
+        for (int c = 0; c < 2; ++c) {
+          acc_s[m][n][2 * h + c] += neg_slope * fabsf(distance0 - static_cast<float>(8 * n + c));
+        }
+    });
   }
 
   // s += bias * inv_scale (the kernels keep raw scores; the softmax multiplies by scale), then -inf where the mask
