@@ -58,9 +58,8 @@ ffi::Error attention_bwd_cuda_impl(cudaStream_t stream, ffi::ScratchAllocator sc
     return invalid("deterministic=True with segment ids or bias / mask tensors has no GPU kernel (jax_flash runs "
                    "such calls through XLA)");
   }
-  // Hopper runs the sm90 family's kernel where it has one for the head dim (and the call no segment ids, bias or
-  // mask tensors); everything else the sm80 family's.
-  const bool hopper = limits.major == 9 && entry->run_sm90 != nullptr && !tensors;
+  // Hopper runs the sm90 family's kernel where it has one for the head dim; everything else the sm80 family's.
+  const bool hopper = limits.major == 9 && entry->run_sm90 != nullptr;
   const BackwardRunFn run = hopper ? entry->run_sm90 : entry->run_sm80;
   const int smem_bytes = hopper ? entry->smem_bytes_sm90() : entry->smem_bytes_sm80();
   if (smem_bytes > limits.max_smem_optin) {

@@ -1,8 +1,8 @@
 // run_backward: the backward's three launches on XLA's stream (common/backward_prepost.cuh's preprocess, the
 // family's kernel in the variant the call needs, the dq conversion), with grid and shared-memory checks. The kernel
 // takes the BackwardParams and then the family's `extra` launch arguments (sm90: dQ's tensor map). Kernels<T>
-// names the family's kernel template: Kernels::template get<kMask, kSoftcap, kDeterministic>() (and, where it
-// declares kTakesTensors, get<true, kSoftcap, false, true>() for segment ids and bias / mask tensors). The deterministic
+// names the family's kernel template: Kernels::template get<kMask, kSoftcap, kDeterministic>() (and
+// get<true, kSoftcap, false, true>() for segment ids, bias / mask tensors and ALiBi slopes). The deterministic
 // variants (p.dq_turns set) are compiled with the mask only, which handles every call: they are slow anyway, and a
 // run-time switch in the one kernel cost the default 13-20% (H200).
 #pragma once
@@ -40,17 +40,13 @@ std::string launch_backward_kernel(const BackwardParams& bp, int64_t num_blocks,
   return {};
 }
 
-// Calls with segment ids or bias / mask tensors: the variant of a family whose Kernels declare kTakesTensors (the
-// handler sends them there), with atomic dQ only.
-template <class T, class Kernels>
-std::string launch_tensor_backward(const BackwardParams& bp, int64_t num_blocks, bool softcap, cudaStream_t stream) {
-  if constexpr (requires { Kernels::kTakesTensors; }) {
-    if (bp.dq_turns != nullptr) return "deterministic=True with segment ids or bias / mask tensors has no GPU kernel";
-    return softcap ? launch_backward_kernel<T, Kernels, true, true, false, true>(bp, num_blocks, stream)
-                   : launch_backward_kernel<T, Kernels, true, false, false, true>(bp, num_blocks, stream);
-  } else {
-    return "this backward kernel family takes no segment ids or bias / mask tensors";
-  }
+// Calls with segment ids, bias / mask tensors or ALiBi slopes: the family's tensor variant, with atomic dQ only.
+template <class T, class Kernels, class... Extra>
+std::string launch_tensor_backward(const BackwardParams& bp, int64_t num_blocks, bool softcap, cudaStream_t stream,
+                                   const Extra&... extra) {
+  if (bp.dq_turns != nullptr) return "deterministic=True with segment ids or bias / mask tensors has no GPU kernel";
+  return softcap ? launch_backward_kernel<T, Kernels, true, true, false, true>(bp, num_blocks, stream, extra...)
+                 : launch_backward_kernel<T, Kernels, true, false, false, true>(bp, num_blocks, stream, extra...);
 }
 
 // T: the family's traits (Element, kHeadDim, kBlockKV, kNumThreads, kSmemBytes).
@@ -78,7 +74,7 @@ std::string run_backward(const BackwardParams& bp, cudaStream_t stream, const Ex
     const bool softcap = p.softcap > 0.0f;
     const bool tensors = p.q_segment_ids != nullptr || p.bias != nullptr || p.mask != nullptr;
     std::string failure =
-        tensors ? launch_tensor_backward<T, Kernels>(bp, kv_blocks, softcap, stream) :
+        tensors ? launch_tensor_backward<T, Kernels>(bp, kv_blocks, softcap, stream, extra...) :
         bp.dq_turns != nullptr
             ? (softcap ? launch_backward_kernel<T, Kernels, true, true, true>(bp, kv_blocks, stream, extra...)
                        : launch_backward_kernel<T, Kernels, true, false, true>(bp, kv_blocks, stream, extra...))

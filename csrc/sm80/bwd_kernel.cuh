@@ -13,9 +13,9 @@
 #include <cmath>
 #include <cstdint>
 
-#include "common/alibi.h"
 #include "common/backward_params.h"
 #include "common/backward_rows.cuh"
+#include "common/backward_tensors.cuh"
 #include "common/visibility.h"
 #include "sm80/bwd_operands.cuh"
 #include "sm80/bwd_traits.cuh"
@@ -122,6 +122,10 @@ __global__ void __launch_bounds__(T::kNumThreads, 1) attention_bwd_kernel(const 
       // Element e of tile (m, n): key row s_row0 + 16m + lane/4 + 8(e/2), query column s_col0 + 8n + 2(lane%4) + e%2.
       const bool whole = !kMask || (kv0 + T::kBlockKV <= len.kv_len && q0 + T::kBlockQ <= len.q_len &&
                                     kv0 + T::kBlockKV - 1 - q0 <= hi_off && kv0 - (q0 + T::kBlockQ - 1) >= lo_off);
+      [[maybe_unused]] const AlibiTerm alibi =
+          kTensors ? AlibiTerm(p, batch, kv_head * group + i / q_blocks, q0 + s_col0 + 2 * (lane % 4),
+                               kv0 + s_row0 + lane / 4, len)
+                   : AlibiTerm{};
 #pragma unroll
       for (int m = 0; m < SG::kMTiles; ++m)
 #pragma unroll
@@ -141,22 +145,8 @@ __global__ void __launch_bounds__(T::kNumThreads, 1) attention_bwd_kernel(const 
             bool hidden = false;
             if constexpr (kTensors) {  // s += bias; hidden where the mask is 0 or the segment ids differ
               const int64_t key = min(kv0 + r, p.seqlen_k - 1), row = min(q0 + c, p.seqlen_q - 1);
-              const int64_t head = kv_head * group + i / q_blocks;
-              if (p.bias != nullptr && p.alibi) {  // (common/alibi.h)
-                exponent -= kLog2e * __ldg(p.bias + batch * p.bias_strides[0] + head * p.bias_strides[1]) *
-                            fabsf(alibi_diagonal(static_cast<int>(row), len) - static_cast<float>(key));
-              } else if (p.bias != nullptr) {
-                exponent += kLog2e * __ldg(p.bias + batch * p.bias_strides[0] + head * p.bias_strides[1] +
-                                           row * p.bias_strides[2] + key * p.bias_strides[3]);
-              }
-              if (p.mask != nullptr) {
-                hidden = __ldg(p.mask + batch * p.mask_strides[0] + head * p.mask_strides[1] +
-                               row * p.mask_strides[2] + key * p.mask_strides[3]) == 0;
-              }
-              if (p.q_segment_ids != nullptr) {
-                hidden |= __ldg(p.q_segment_ids + batch * p.q_segment_stride + row) !=
-                          __ldg(p.kv_segment_ids + batch * p.kv_segment_stride + key);
-              }
+              hidden = apply_backward_tensors(p, batch, kv_head * group + i / q_blocks, row, key, exponent);
+              if (p.alibi) exponent += alibi.at(n * kMmaN + e % 2 - m * kMmaM - 8 * (e / 2));  // (c - r, as above)
             }
             float prob = hidden ? 0.0f : exp2_approx(exponent);
             if (kMask && !whole) {

@@ -20,7 +20,6 @@ template <class T>
 struct BwdKernels {
   template <bool kMask, bool kSoftcap, bool kDeterministic, bool kTensors = false>
   static auto get() { return attention_bwd_kernel<T, kMask, kSoftcap, kDeterministic, kTensors>; }
-  static constexpr bool kTakesTensors = true;  // segment ids, bias and mask tensors (atomic dQ only)
 };
 
 template <int kDType>

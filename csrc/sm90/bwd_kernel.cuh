@@ -20,6 +20,7 @@
 
 #include "common/backward_params.h"
 #include "common/backward_rows.cuh"
+#include "common/backward_tensors.cuh"
 #include "common/cp_async.cuh"
 #include "common/visibility.h"
 #include "sm90/ptx.cuh"
@@ -151,7 +152,10 @@ __device__ __forceinline__ void reduce_dq_through_stage(const CUtensorMap* tma_d
   }
 }
 
-template <class T, bool kMask, bool kSoftcap, bool kDeterministic>
+// kMask: some score may be hidden (window, lengths, or a partial last key block); kSoftcap: s = cap tanh(q.k scale
+// / cap); kTensors (with kMask): segment ids, bias or mask tensors or ALiBi slopes, per score
+// (common/backward_tensors.cuh).
+template <class T, bool kMask, bool kSoftcap, bool kDeterministic, bool kTensors = false>
 __global__ void __launch_bounds__(T::kNumThreads, 1)
     attention_bwd_kernel(const __grid_constant__ BackwardParams bp, const __grid_constant__ CUtensorMap tma_dq) {
   using Element = typename T::Element;
@@ -277,6 +281,9 @@ __global__ void __launch_bounds__(T::kNumThreads, 1)
     }
     const bool whole = !kMask || (kv0 + kBlockKV <= len.kv_len && q0 + kBlockQ <= len.q_len &&
                                   kv0 + kBlockKV - 1 - q0 <= hi_off && kv0 - (q0 + kBlockQ - 1) >= lo_off);
+    [[maybe_unused]] const AlibiTerm alibi =
+        kTensors ? AlibiTerm(p, batch, kv_head * group + i / q_blocks, q0 + 2 * (lane % 4), kv0 + key_row0, len)
+                 : AlibiTerm{};
 #pragma unroll
     for (int e = 0; e < kBlockQ / 2; ++e) {
       const int r = key_row0 + 8 * ((e / 2) % 2);
@@ -287,7 +294,14 @@ __global__ void __launch_bounds__(T::kNumThreads, 1)
         score = p.softcap * t;
         slope = cap_slope * (1.0f - t * t);
       }
-      float prob = exp2_approx(score * p.scale_log2 - lse2[c]);
+      float exponent = score * p.scale_log2 - lse2[c];
+      bool hidden = false;
+      if constexpr (kTensors) {  // s += bias; hidden where the mask is 0 or the segment ids differ
+        const int64_t key = min(kv0 + r, p.seqlen_k - 1), row = min(q0 + c, p.seqlen_q - 1);
+        hidden = apply_backward_tensors(p, batch, kv_head * group + i / q_blocks, row, key, exponent);
+        if (p.alibi) exponent += alibi.at(8 * (e / 4) + e % 2 - 8 * ((e / 2) % 2));  // (c - r beyond the first's)
+      }
+      float prob = hidden ? 0.0f : exp2_approx(exponent);
       if (kMask && !whole) {
         const int key = kv0 + r, row = q0 + c;
         if (key >= len.kv_len || row >= len.q_len || key - row < lo_off || key - row > hi_off) prob = 0.0f;

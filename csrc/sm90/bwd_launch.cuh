@@ -18,8 +18,8 @@ namespace jax_flash::sm90 {
 
 template <class T>
 struct BwdKernels {
-  template <bool kMask, bool kSoftcap, bool kDeterministic>
-  static auto get() { return attention_bwd_kernel<T, kMask, kSoftcap, kDeterministic>; }
+  template <bool kMask, bool kSoftcap, bool kDeterministic, bool kTensors = false>
+  static auto get() { return attention_bwd_kernel<T, kMask, kSoftcap, kDeterministic, kTensors>; }
 };
 
 template <int kDType>

@@ -1,0 +1,53 @@
+// The backward kernels' per-score tensors (both families' P recomputation): segment ids, bias and mask tensors and
+// ALiBi slopes (common/params.h), read from global memory (L1 / L2) or, for ALiBi, computed, one score at a time.
+#pragma once
+
+#include <cstdint>
+
+#include "common/params.h"
+#include "common/visibility.h"
+
+namespace jax_flash {
+
+// ALiBi's exponent term for one item of (batch, query head): factor * |distance0 + d| for the score whose query is
+// d positions further from its key than the thread's first score's (compile-time d in the kernels' fragment
+// loops), so a score costs an FADD and an FFMA. Two conversions per score (its row and key to float) took the
+// exponentials' MUFU-rate pipe three times as often and the sm90 backward to half the speed without ALiBi.
+struct AlibiTerm {
+  float factor = 0.0f;  // -log2(e) slope; 0 without ALiBi
+  float distance0 = 0.0f;
+
+  AlibiTerm() = default;
+  // query - key + (kv_len - q_len) of the thread's first score: query row q_first, key k_first
+  __device__ __forceinline__ AlibiTerm(const AttentionParams& p, int64_t batch, int64_t head, int q_first,
+                                       int k_first, BatchLengths len) {
+    if (p.bias != nullptr && p.alibi) {
+      factor = -kLog2e * __ldg(p.bias + batch * p.bias_strides[0] + head * p.bias_strides[1]);
+      distance0 = static_cast<float>(q_first + len.kv_len - len.q_len - k_first);
+    }
+  }
+  __device__ __forceinline__ float at(int d) const { return factor * fabsf(distance0 + static_cast<float>(d)); }
+};
+
+// Query `row` and key `key` of (batch, query head), both clamped inside the tensors (a row or key past them is
+// hidden by the caller's own mask): adds the bias tensor's entry (ALiBi: the caller's AlibiTerm) to `exponent`, in
+// log2 units, and returns whether the mask or the segment ids hide the key.
+__device__ __forceinline__ bool apply_backward_tensors(const AttentionParams& p, int64_t batch, int64_t head,
+                                                       int64_t row, int64_t key, float& exponent) {
+  if (p.bias != nullptr && !p.alibi) {
+    exponent += kLog2e * __ldg(p.bias + batch * p.bias_strides[0] + head * p.bias_strides[1] +
+                               row * p.bias_strides[2] + key * p.bias_strides[3]);
+  }
+  bool hidden = false;
+  if (p.mask != nullptr) {
+    hidden = __ldg(p.mask + batch * p.mask_strides[0] + head * p.mask_strides[1] + row * p.mask_strides[2] +
+                   key * p.mask_strides[3]) == 0;
+  }
+  if (p.q_segment_ids != nullptr) {
+    hidden |= __ldg(p.q_segment_ids + batch * p.q_segment_stride + row) !=
+              __ldg(p.kv_segment_ids + batch * p.kv_segment_stride + key);
+  }
+  return hidden;
+}
+
+}  // namespace jax_flash
