@@ -6,8 +6,10 @@ they stand for).
 
     python -m jax_flash.benchmark --suite tensors                   # bf16, D = 128, 16 heads, 2048 and 4096 tokens
     python -m jax_flash.benchmark --suite tensors --tensor-seqs 1024,4096 --dtypes bf16,fp16
+    python -m jax_flash.benchmark --suite tensors --pass backward    # their backward (forward + backward - forward)
 
-TFLOP/s count the visible pairs (half for the causal mask, 7/8 for the padding), 4 * heads * head_dim each;
+TFLOP/s count the visible pairs (half for the causal mask, 7/8 for the padding), 4 * heads * head_dim each (2.5x that
+for the backward, 3.5x for --pass both);
 batch x seq = --tokens. The bias is float32 for jax_flash (its kernels add it in float32) and the input dtype for
 cuDNN, which takes no other.
 """
@@ -63,7 +65,7 @@ def _cases(seq: int, batch: int, on_gpu: bool):
 
 
 def run(args) -> list[dict]:
-    from jax_flash.benchmark import DTYPES, _device_name
+    from jax_flash.benchmark import _PASS_FLOPS, DTYPES, _device_name, _pass_ms, _with_backward
 
     on_gpu = jax.default_backend() == "gpu"
     rows = []
@@ -75,21 +77,32 @@ def run(args) -> list[dict]:
                        for key in keys)
             for case, visible, impls in _cases(seq, batch, on_gpu):
                 print(f"[{dtype_name} {case} {batch} x {seq}]", file=sys.stderr, flush=True)
-                times, failures = time_interleaved_ms(impls, q, k, v, iters=args.iters, reps=args.reps,
+                # --pass backward / both: each implementation's forward + backward too (the tensors closed over, so
+                # the gradients are dq, dk and dv: the kernels', without the bias's XLA gradient)
+                timed = dict(impls) if args.pass_ != "both" else {}
+                if args.pass_ != "forward":
+                    timed.update({f"{name}+bwd": _with_backward(fn) for name, fn in impls.items()})
+                times, failures = time_interleaved_ms(timed, q, k, v, iters=args.iters, reps=args.reps,
                                                       min_rep_ms=args.min_rep_ms)
                 for name, error in failures.items():
                     print(f"#   {name} failed: {type(error).__name__}: {str(error)[:200]}", file=sys.stderr)
-                flops = 4 * batch * HEADS * HEAD_DIM * seq * seq * visible
+                flops = 4 * batch * HEADS * HEAD_DIM * seq * seq * visible * _PASS_FLOPS[args.pass_]
+                results = {}
+                for name in impls:
+                    ms = _pass_ms(args.pass_, times.get(name), times.get(f"{name}+bwd"))
+                    if ms is not None and ms > 0:
+                        results[name] = {"ms": ms, "tflops": flops / ms / 1e9}
                 rows.append({"dtype": dtype_name, "head_dim": HEAD_DIM, "heads": HEADS, "batch": batch, "seq": seq,
-                             "case": case, "device": _device_name(jax.devices()[0]),
-                             "results": {name: {"ms": ms, "tflops": flops / ms / 1e9} for name, ms in times.items()}})
+                             "case": case, "pass": args.pass_, "device": _device_name(jax.devices()[0]),
+                             "results": results})
     return rows
 
 
 def print_table(rows: list[dict]) -> None:
     unit, scale = ("TFLOP/s", 1.0) if jax.default_backend() == "gpu" else ("GFLOP/s", 1e3)
-    print(f"\nBias and mask tensors on {rows[0]['device'] if rows else '?'} ({datetime.date.today()}): {unit}; "
-          f"jax_flash / cuDNN in brackets")
+    pass_ = rows[0].get("pass", "forward") if rows else "forward"
+    print(f"\nBias and mask tensors on {rows[0]['device'] if rows else '?'} ({datetime.date.today()}), {pass_}: "
+          f"{unit}; jax_flash / cuDNN in brackets")
     for row in rows:
         r = row["results"]
         ratio = (f" ({r['jax_flash']['tflops'] / r['cudnn']['tflops']:.2f}x)"

@@ -124,6 +124,32 @@ def test_gradients_with_bias_and_mask(device, shape):
     assert_grads_close(loss, (q, k, v, bias), ("dq", "dk", "dv", "dbias"))
 
 
+@pytest.mark.parametrize("head_dim", [64, 128, 256])
+@pytest.mark.parametrize("tensors", ["bias_mask", "alibi_segments"])
+def test_tensor_gradients_on_each_backward_tile(device, head_dim, tensors):
+    """Odd lengths, GQA and causal on each head dim's backward tile (on Hopper the sm90 family's at 64 and 128):
+    dq, dk, dv (and the bias's or slopes' gradient) with a bias and a padding mask, or with ALiBi slopes and segment
+    ids, against the reference's."""
+    seq_q, seq_k = 150, 333
+    q, k, v = random_qkv(head_dim, B, seq_q, seq_k, HQ, HK, head_dim, _dtype(device), device)
+    ids = jnp.cumsum(jax.random.bernoulli(jax.random.PRNGKey(3), 0.02, (B, seq_k)).astype(jnp.int32), axis=1)
+    if tensors == "bias_mask":
+        extra, name = _bias((1, HQ, seq_q, seq_k)), "dbias"
+        fixed = dict(mask=_mask((B, 1, 1, seq_k), p=0.8))
+        call = lambda attention, x, **kw: attention(bias=x, **kw)
+    else:
+        extra, name = 2.0 ** -jnp.arange(1, HQ + 1, dtype=jnp.float32), "dslopes"
+        fixed = dict(q_segment_ids=ids[:, seq_k - seq_q:], kv_segment_ids=ids)
+        call = lambda attention, x, **kw: attention(alibi_slopes=x, **kw)
+    weights = jax.random.normal(jax.random.PRNGKey(9), q.shape, jnp.float32)
+
+    def loss(attention, q, k, v, x, **kw):
+        out = call(lambda **a: attention(q, k, v, causal=True, **fixed, **a), x, **kw)
+        return (out.astype(jnp.float32) * weights).sum()
+
+    assert_grads_close(loss, (q, k, v, extra), ("dq", "dk", "dv", name))
+
+
 def test_vmap_over_bias_mapped_and_shared(device):
     q, k, v = random_qkv(10, B, 48, 48, HQ, HK, D, _dtype(device), device)
     biases = _bias((3, 1, HQ, 48, 48))

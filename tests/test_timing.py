@@ -245,3 +245,15 @@ def test_tensors_suite_times_alibi_slopes_beside_the_bias_they_stand_for(tmp_pat
     rows = json.loads(path.read_text())["rows"]
     assert [r["case"] for r in rows][1:3] == ["ALiBi bias (1, N, T, S)", "ALiBi alibi_slopes (N,)"]
     assert all(v["tflops"] > 0 for r in rows for v in r["results"].values())
+
+
+def test_tensors_suite_times_the_backward(tmp_path):
+    path = tmp_path / "tensors_bwd.json"
+    dtype = "bf16" if jax.default_backend() == "gpu" else "fp32"
+    assert benchmark.main(["--suite", "tensors", "--dtypes", dtype, "--tensor-seqs", "64", "--tokens", "128",
+                           "--pass", "backward", "--iters", "1", "--reps", "1", "--min-rep-ms", "0",
+                           "--json", str(path)]) == 0
+    rows = json.loads(path.read_text())["rows"]
+    assert len(rows) == 4 and all(r["pass"] == "backward" for r in rows)
+    assert all({"jax_flash"} <= set(r["results"]) and all(v["tflops"] > 0 for v in r["results"].values())
+               for r in rows)

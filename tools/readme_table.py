@@ -196,8 +196,9 @@ def render_tensors(results: dict) -> str:
     rows = results["rows"]
     head = ["dtype", "B x S", "tensor", "jax_flash (vs cuDNN)", "jax_flash without it", "cuDNN"]
     first = rows[0]
+    pass_ = first.get("pass", "forward")
     lines = [f"**{results['device']}**, {results['date']}, jax {results['jax']}, bias and mask tensors, "
-             f"{first['heads']} heads, D = {first['head_dim']}: TFLOP/s over the visible pairs of "
+             f"{first['heads']} heads, D = {first['head_dim']}, {pass_}: TFLOP/s over the visible pairs of "
              f"`jax_flash.attention` given the tensor, the same call without it (`causal=True` for the causal mask, "
              f"`kv_lengths` for the padding mask), and cuDNN given the same tensor (for `alibi_slopes`, the bias tensor "
              f"they stand for).", "", "| " + " | ".join(head) + " |",
