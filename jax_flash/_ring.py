@@ -48,6 +48,8 @@ def ring_refusal(params, seq_q: int, seq_k: int, size: int, layout: str) -> str 
         return "paged K/V (page_table) are shared pages, not a sequence to shard"
     if params["segments"]:
         return "segment ids would have to travel with their K/V shards, which the ring does not do yet"
+    if params["alibi"]:
+        return "ALiBi slopes measure distances between global positions, which the ring's steps do not pass yet"
     if params["has_bias"] or params["has_mask"]:
         return "bias and mask tensors would have to travel with their K/V shards, which the ring does not do yet"
     if layout == "zigzag" and not (params["causal"] and params["window_left"] < 0):

@@ -418,3 +418,19 @@ def test_merge_partials_equals_attention_over_the_union_and_has_finite_gradients
     assert not np.asarray(out).any() and np.isneginf(np.asarray(lse)).all()
     grads = jax.grad(lambda a, b: jnp.sum(_ring.merge_partials(a, empty, b, empty)[0]), argnums=(0, 1))(out, out)
     assert all(np.isfinite(np.asarray(g)).all() for g in grads)
+
+
+def test_alibi_over_a_sequence_sharded_mesh_is_gathered_and_correct():
+    """ALiBi's distances are global positions, which the ring's steps do not carry: gathered, warned, and equal to
+    one device's result."""
+    n = 4
+    devices = _devices("cpu", n)
+    spec = NamedSharding(jax.make_mesh((n,), ("seq",), devices=devices), P(None, "seq"))
+    q, k, v = _inputs(devices, seq_q=64, seq_k=64)
+    slopes = 2.0 ** -jnp.arange(1, q.shape[2] + 1, dtype=jnp.float32)
+    alibi = functools.partial(jax_flash.attention, causal=True, alibi_slopes=slopes)
+    expected = _one_device(devices, alibi, q, k, v)
+    _sharding._warned.clear()
+    with pytest.warns(UserWarning, match="ALiBi slopes measure distances between global positions"):
+        out = jax.jit(alibi)(*(jax.device_put(x, spec) for x in (q, k, v)))
+    _close(out, expected, devices)
