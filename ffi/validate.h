@@ -166,9 +166,9 @@ inline void set_segments(AttentionParams& p, const ffi::AnyBuffer& q_segment_ids
 // (batch or 1, heads_q or 1, 1, 1).
 inline std::optional<ffi::Error> check_tensor_buffers(const ffi::AnyBuffer& q, int64_t seq_k, const ffi::AnyBuffer& bias,
                                                       const ffi::AnyBuffer& mask, bool alibi) {
+  const auto qd = q.dimensions();
   if (alibi) {
     const auto d = bias.dimensions();
-    const auto qd = q.dimensions();
     if (bias.element_type() != ffi::DataType::F32 || d.size() != 4 || (d[0] != qd[0] && d[0] != 1) ||
         (d[1] != qd[2] && d[1] != 1) || d[2] != 1 || d[3] != 1) {
       return invalid("alibi: the ALiBi slopes must be float32 of shape (batch or 1, heads_q or 1, 1, 1) with "
@@ -176,7 +176,6 @@ inline std::optional<ffi::Error> check_tensor_buffers(const ffi::AnyBuffer& q, i
                      dims_string(d));
     }
   }
-  const auto qd = q.dimensions();
   const int64_t full[4] = {qd[0], qd[2], qd[1], seq_k};
   for (const auto& [buffer, name, type] : {std::tuple{&bias, "bias", ffi::DataType::F32},
                                            std::tuple{&mask, "mask", ffi::DataType::PRED}}) {

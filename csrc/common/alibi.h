@@ -12,9 +12,15 @@
 
 namespace jax_flash {
 
-// The slope of (batch, query head): bias[b * s0 + h * s1] (s0 = 0 for slopes shared by the batch).
+// The slope of (batch, query head): bias[b * s0 + h * s1] (s0 = 0 for slopes shared by the batch); read-only
+// cached on the GPU.
 JAX_FLASH_HOST_DEVICE float alibi_slope(const AttentionParams& p, int64_t batch, int64_t head) {
-  return p.bias[batch * p.bias_strides[0] + head * p.bias_strides[1]];
+  const float* slope = p.bias + batch * p.bias_strides[0] + head * p.bias_strides[1];
+#ifdef __CUDA_ARCH__
+  return __ldg(slope);
+#else
+  return *slope;
+#endif
 }
 
 // Query row `row`'s diagonal key, row + kv_len - q_len, as a float: the kernels take |diagonal - key| per score as

@@ -4,6 +4,7 @@
 
 #include <cstdint>
 
+#include "common/alibi.h"
 #include "common/params.h"
 #include "common/visibility.h"
 
@@ -22,7 +23,7 @@ struct AlibiTerm {
   __device__ __forceinline__ AlibiTerm(const AttentionParams& p, int64_t batch, int64_t head, int q_first,
                                        int k_first, BatchLengths len) {
     if (p.bias != nullptr && p.alibi) {
-      factor = -kLog2e * __ldg(p.bias + batch * p.bias_strides[0] + head * p.bias_strides[1]);
+      factor = -kLog2e * alibi_slope(p, batch, head);
       distance0 = static_cast<float>(q_first + len.kv_len - len.q_len - k_first);
     }
   }

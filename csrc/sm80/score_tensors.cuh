@@ -141,7 +141,7 @@ struct ScoreTensors {
   __device__ __forceinline__ void apply_alibi(float (&acc_s)[T::kMTiles][T::kSTiles][4], int col0) const {
     const float inv_scale = 1.0f / p.scale, key0 = static_cast<float>(col0);
     for_each_row([&](int m, int h, int position, int64_t head) {
-      const float neg_slope = -__ldg(p.bias + t.batch * p.bias_strides[0] + head * p.bias_strides[1]) * inv_scale;
+      const float neg_slope = -alibi_slope(p, t.batch, head) * inv_scale;
       const float distance0 = alibi_diagonal(position, t.len) - key0;  // to key col0
 #pragma unroll
       for (int n = 0; n < T::kSTiles; ++n)

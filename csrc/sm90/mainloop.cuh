@@ -328,7 +328,7 @@ struct Mainloop {
   // keys col0 + 8n + c: two FP32 operations per score (the distance an FADD from a float key index, then an FFMA).
   template <int kKeys>
   __device__ __forceinline__ void apply_alibi(float (&scores)[1][kKeys / 8][4], int row, int col0) const {
-    const float neg_slope = -__ldg(p.bias + tile.batch * p.bias_strides[0] + tile.head * p.bias_strides[1]) / p.scale;
+    const float neg_slope = -alibi_slope(p, tile.batch, tile.head) / p.scale;
     const float key0 = static_cast<float>(col0);
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
