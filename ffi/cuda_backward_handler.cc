@@ -7,6 +7,7 @@
 #include <optional>
 #include <string>
 
+#include "common/mask_blocks.h"
 #include "common/registry.h"
 #include "ffi/attention_attrs.h"
 #include "ffi/cuda_device.h"
@@ -15,6 +16,33 @@
 
 namespace jax_flash {
 namespace {
+
+// Scratch for the block-skipping pre-passes of a call with segment ids or a mask tensor (common/params.h:
+// kv_block_segments and q_block_segments, mask_blocks and mask_partial), sized for tiles of kBackwardBlockMin.
+ffi::Error allocate_backward_blocks(ffi::ScratchAllocator& scratch, AttentionParams& p) {
+  constexpr int kMin = kBackwardBlockMin;
+  const int64_t key_blocks = (int64_t{p.seqlen_k} + kMin - 1) / kMin;
+  const int64_t q_blocks = (int64_t{p.seqlen_q} + kMin - 1) / kMin;
+  const int64_t mask_bytes = p.mask != nullptr ? MaskBlockShape::of(p, kMin, kMin).bytes() : 0;
+  const int64_t segments = p.q_segment_ids != nullptr ? p.batch : 0;
+  const int64_t bytes[4] = {segments * key_blocks * 2 * 4, segments * q_blocks * 4 * 4, mask_bytes, mask_bytes};
+  void* taken[4] = {};
+  for (int i = 0; i < 4; ++i) {
+    if (bytes[i] == 0) continue;
+    std::optional<void*> block = scratch.Allocate(static_cast<size_t>(bytes[i]), kScratchAlignment);
+    if (!block.has_value()) {
+      return ffi::Error(ffi::ErrorCode::kResourceExhausted,
+                        "jax_flash: could not allocate " + std::to_string(bytes[i]) +
+                            " bytes of scratch memory for the backward's block skipping (segment ids / mask tiles)");
+    }
+    taken[i] = *block;
+  }
+  p.kv_block_segments = static_cast<int*>(taken[0]);
+  p.q_block_segments = static_cast<int*>(taken[1]);
+  p.mask_blocks = static_cast<uint8_t*>(taken[2]);
+  p.mask_partial = static_cast<uint8_t*>(taken[3]);
+  return ffi::Error::Success();
+}
 
 ffi::Error attention_bwd_cuda_impl(cudaStream_t stream, ffi::ScratchAllocator scratch, ffi::AnyBuffer q,
                                    ffi::AnyBuffer k, ffi::AnyBuffer v, ffi::AnyBuffer out, ffi::AnyBuffer lse,
@@ -85,6 +113,7 @@ ffi::Error attention_bwd_cuda_impl(cudaStream_t stream, ffi::ScratchAllocator sc
                       "jax_flash: could not allocate " + std::to_string(rows * (head_dim + 1) * 4) +
                           " bytes of scratch memory for the backward (dQ's float32 accumulator and a float per row)");
   }
+  if (ffi::Error err = allocate_backward_blocks(scratch, params.p); err.failure()) return err;
   params.dq_accum = static_cast<float*>(*dq_accum);
   params.delta = static_cast<float*>(*delta);
   if (attrs.deterministic) {  // one turn counter per 64 query rows of each (batch, head)

@@ -5,9 +5,11 @@ given the equivalent dense mask, and on a GPU against Pallas's Triton attention 
 
     python -m jax_flash.benchmark --suite packed                    # bf16, D = 128, 16 heads, means 512 / 2048 / 4096
     python -m jax_flash.benchmark --suite packed --packed-means 512 --dtypes bf16,fp16
+    python -m jax_flash.benchmark --suite packed --pass backward    # their backward (forward + backward - forward)
 
-TFLOP/s count the visible (query, key) pairs only, 4 * heads * head_dim per pair, so a packed row that skips the
-blocks between documents scores as the unpacked batch does. The ratio packed / unpacked is the target's (at least
+TFLOP/s count the visible (query, key) pairs only, 4 * heads * head_dim per pair (2.5x that for the backward, 3.5x
+for --pass both), so a packed row that skips the blocks between documents scores as the unpacked batch does. The
+backward leaves out XLA's dense-mask attention (its (T, T) probabilities per head would be kept for the gradient). The ratio packed / unpacked is the target's (at least
 0.85 at the mean document length). Each implementation is timed interleaved as chained calls in one jitted function
 (jax_flash.timing).
 """
@@ -41,7 +43,7 @@ def visible_pairs(ids: np.ndarray) -> int:
     return int((lengths * (lengths + 1) // 2).sum())
 
 
-def _implementations(ids: np.ndarray, mean: int, on_gpu: bool):
+def _implementations(ids: np.ndarray, mean: int, on_gpu: bool, pass_: str = "forward"):
     tokens = ids.shape[0]
     seg = jnp.asarray(ids)[None]
     mask = (seg[:, :, None] == seg[:, None, :]) & jnp.tril(jnp.ones((tokens, tokens), bool))[None]
@@ -65,12 +67,14 @@ def _implementations(ids: np.ndarray, mean: int, on_gpu: bool):
         else:
             impls["pallas"] = lambda q, k, v: pallas_attention.mha(q, k, v, seg, sm_scale=q.shape[-1] ** -0.5,
                                                                    causal=True)
-    impls["xla"] = lambda q, k, v: jax.nn.dot_product_attention(q, k, v, mask=mask[:, None], implementation="xla")
+    if pass_ == "forward":
+        impls["xla"] = lambda q, k, v: jax.nn.dot_product_attention(q, k, v, mask=mask[:, None],
+                                                                    implementation="xla")
     return impls
 
 
 def run(args) -> list[dict]:
-    from jax_flash.benchmark import DTYPES, _device_name
+    from jax_flash.benchmark import _PASS_FLOPS, DTYPES, _device_name, _pass_ms, _with_backward
 
     on_gpu = jax.default_backend() == "gpu"
     tokens = args.packed_tokens or (16384 if on_gpu else 4096)
@@ -85,20 +89,27 @@ def run(args) -> list[dict]:
                        for key in keys)
             print(f"[{dtype_name} mean {mean}] {int(ids[-1]) + 1} documents in {tokens} tokens", file=sys.stderr,
                   flush=True)
-            impls = _implementations(ids, mean, on_gpu)
-            times, failures = time_interleaved_ms(impls, q, k, v, iters=args.iters, reps=args.reps,
+            impls = _implementations(ids, mean, on_gpu, args.pass_)
+            timed = dict(impls) if args.pass_ != "both" else {}
+            if args.pass_ != "forward":
+                timed.update({f"{name}+bwd": _with_backward(fn) for name, fn in impls.items()})
+            times, failures = time_interleaved_ms(timed, q, k, v, iters=args.iters, reps=args.reps,
                                                   min_rep_ms=args.min_rep_ms)
             docs = tokens // mean
             unpacked_pairs = docs * mean * (mean + 1) // 2
             results = {}
-            for name, ms in times.items():
+            for name in impls:
+                ms = _pass_ms(args.pass_, times.get(name), times.get(f"{name}+bwd"))
+                if ms is None or ms <= 0:
+                    continue
                 counted = unpacked_pairs if name == "unpacked" else pairs
-                results[name] = {"ms": ms, "tflops": 4 * heads * head_dim * counted / ms / 1e9}
+                flops = 4 * heads * head_dim * counted * _PASS_FLOPS[args.pass_]
+                results[name] = {"ms": ms, "tflops": flops / ms / 1e9}
             for name, error in failures.items():
                 print(f"#   {name} failed: {type(error).__name__}: {str(error)[:200]}", file=sys.stderr)
             rows.append({"dtype": dtype_name, "head_dim": head_dim, "heads": heads, "tokens": tokens, "mean": mean,
-                         "documents": int(ids[-1]) + 1, "visible_pairs": pairs, "device": _device_name(jax.devices()[0]),
-                         "results": results})
+                         "documents": int(ids[-1]) + 1, "visible_pairs": pairs, "pass": args.pass_,
+                         "device": _device_name(jax.devices()[0]), "results": results})
     return rows
 
 
@@ -107,8 +118,9 @@ def print_table(rows: list[dict]) -> None:
     for row in rows:
         names += [n for n in row["results"] if n not in names]
     unit, scale = ("TFLOP/s", 1.0) if jax.default_backend() == "gpu" else ("GFLOP/s", 1e3)
-    print(f"\nPacked causal rows on {rows[0]['device'] if rows else '?'} ({datetime.date.today()}): {unit} over visible "
-          f"pairs; packed / unpacked in brackets (target >= 0.85)")
+    pass_ = rows[0].get("pass", "forward") if rows else "forward"
+    print(f"\nPacked causal rows on {rows[0]['device'] if rows else '?'} ({datetime.date.today()}), {pass_}: {unit} over "
+          f"visible pairs; packed / unpacked in brackets (target >= 0.85)")
     print(" | ".join(["dtype", "D x H", "tokens", "mean", "documents"] + names))
     for row in rows:
         unpacked = row["results"].get("unpacked", {}).get("tflops")

@@ -125,6 +125,31 @@ def test_gradients_with_bias_and_mask(device, shape):
 
 
 @pytest.mark.parametrize("head_dim", [64, 128, 256])
+@pytest.mark.parametrize("case", ["cells", "cells_segments", "dense_causal"])
+def test_gradients_skip_tiles_of_zeros(device, head_dim, case):
+    """The GPU backward skips the tiles whose mask or segment ids hide every score and tests no score of the tiles
+    that hide none (common/backward_blocks.cuh): gradients against the reference's for masks constant on 64 x 64
+    cells (whole backward tiles of zeros, of ones and mixed; broadcast over heads, or over the batch with causal and
+    segment ids), and a dense causal mask."""
+    seq_q, seq_k = 520, 600
+    q, k, v = random_qkv(head_dim + 1, B, seq_q, seq_k, HQ, HK, head_dim, _dtype(device), device)
+    if case == "dense_causal":
+        kwargs = dict(mask=jnp.tril(jnp.ones((seq_q, seq_k), bool), k=seq_k - seq_q)[None, None])
+    elif case == "cells":
+        kwargs = dict(mask=_block_sparse_mask((B, 1, seq_q, seq_k), seed=head_dim, cell=64, p=0.5))
+    else:
+        ids = jnp.cumsum(jax.random.bernoulli(jax.random.PRNGKey(4), 0.006, (B, seq_k)).astype(jnp.int32), axis=1)
+        kwargs = dict(mask=_block_sparse_mask((1, HQ, seq_q, seq_k), seed=head_dim, cell=64, p=0.7), causal=True,
+                      q_segment_ids=ids[:, seq_k - seq_q:], kv_segment_ids=ids)
+    weights = jax.random.normal(jax.random.PRNGKey(9), q.shape, jnp.float32)
+
+    def loss(attention, q, k, v, **kw):
+        return (attention(q, k, v, **kwargs, **kw).astype(jnp.float32) * weights).sum()
+
+    assert_grads_close(loss, (q, k, v), ("dq", "dk", "dv"))
+
+
+@pytest.mark.parametrize("head_dim", [64, 128, 256])
 @pytest.mark.parametrize("tensors", ["bias_mask", "alibi_segments"])
 def test_tensor_gradients_on_each_backward_tile(device, head_dim, tensors):
     """Odd lengths, GQA and causal on each head dim's backward tile (on Hopper the sm90 family's at 64 and 128):

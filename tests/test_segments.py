@@ -105,6 +105,21 @@ def test_segment_gradients(device, feature):
     assert_grads_close(q, k, v, **kwargs)
 
 
+@pytest.mark.parametrize("head_dim", [64, 128, 256])
+@pytest.mark.parametrize("layout", ["sorted_causal", "shuffled_documents"])
+def test_segment_gradients_skip_blocks(device, head_dim, layout):
+    """Rows long enough that the GPU backward skips the tiles between documents (common/backward_blocks.cuh) and runs
+    no per-score test inside one: gradients against the reference's, for documents in order (causal) and for
+    documents whose ids are out of order (each tile's id range then meets other documents' too)."""
+    seq = 700
+    q, k, v = random_qkv(head_dim, 2, seq, seq, 4, 2, head_dim, _dtype(device), device)
+    if layout == "sorted_causal":
+        kwargs = dict(causal=True, **_both(packed_ids(6, 2, seq, 150)))
+    else:  # documents of 100 tokens numbered 3, 0, 5, 1, 6, 2, 4
+        kwargs = _both(jnp.broadcast_to(jnp.array([3, 0, 5, 1, 6, 2, 4], jnp.int32).repeat(100), (2, seq)))
+    assert_grads_close(q, k, v, **kwargs)
+
+
 def test_new_ids_do_not_recompile_and_vmap(device):
     q, k, v = random_qkv(4, 3, 64, 64, 2, 2, 64, _dtype(device), device)
     traces = []

@@ -175,10 +175,11 @@ def render_packed(results: dict) -> str:
     names = [n for n in ("packed", "unpacked", "cudnn", "xla", "pallas") if any(n in r["results"] for r in rows)]
     head = ["dtype", "tokens", "mean document", "documents"] + names
     first = rows[0]
+    dense = " / ".join(n for n, shown in (("cuDNN", "cudnn" in names), ("XLA", "xla" in names)) if shown)
     lines = [f"**{results['device']}**, {results['date']}, jax {results['jax']}, packed causal rows, {first['heads']} "
-             f"heads, D = {first['head_dim']}: TFLOP/s over visible pairs of documents packed by segment ids, the "
-             f"same documents unpacked, " + ("" if "pallas" in names else "and ") +
-             "cuDNN / XLA given the equivalent dense mask" +
+             f"heads, D = {first['head_dim']}, {first.get('pass', 'forward')}: TFLOP/s over visible pairs of "
+             f"documents packed by segment ids, the same documents unpacked, " +
+             ("" if "pallas" in names else "and ") + f"{dense} given the equivalent dense mask" +
              (", and Pallas's Triton attention given the segment ids" if "pallas" in names else "") +
              "; packed / unpacked in brackets.", "", "| " + " | ".join(head) + " |", "| " + " | ".join("---" for _ in head) + " |"]
     for r in rows:

@@ -14,6 +14,7 @@
 #include <cstdint>
 #include <string>
 
+#include "common/backward_blocks.cuh"
 #include "common/backward_params.h"
 #include "common/backward_prepost.cuh"
 #include "common/launch_util.h"
@@ -40,11 +41,17 @@ std::string launch_backward_kernel(const BackwardParams& bp, int64_t num_blocks,
   return {};
 }
 
-// Calls with segment ids, bias / mask tensors or ALiBi slopes: the family's tensor variant, with atomic dQ only.
+// Calls with segment ids, bias / mask tensors or ALiBi slopes: the block-skipping pre-passes at the family's tiles,
+// then its tensor variant, with atomic dQ only.
 template <class T, class Kernels, class... Extra>
 std::string launch_tensor_backward(const BackwardParams& bp, int64_t num_blocks, bool softcap, cudaStream_t stream,
                                    const Extra&... extra) {
   if (bp.dq_turns != nullptr) return "deterministic=True with segment ids or bias / mask tensors has no GPU kernel";
+  static_assert(T::kBlockQ % kBackwardBlockMin == 0 && T::kBlockKV % kBackwardBlockMin == 0,
+                "the block-skipping scratch is sized for tiles of at least kBackwardBlockMin rows and keys");
+  if (std::string failure = launch_backward_blocks(bp.p, T::kBlockQ, T::kBlockKV, stream); !failure.empty()) {
+    return failure;
+  }
   return softcap ? launch_backward_kernel<T, Kernels, true, true, false, true>(bp, num_blocks, stream, extra...)
                  : launch_backward_kernel<T, Kernels, true, false, false, true>(bp, num_blocks, stream, extra...);
 }

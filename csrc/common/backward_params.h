@@ -35,4 +35,9 @@ struct BackwardParams {
 
 inline constexpr int kDQTurnRows = 64;  // dq_turns holds one counter per 64 query rows (the smallest block_q)
 
+// The block-skipping scratch of a backward with segment ids or a mask tensor (common/backward_blocks.cuh) is sized
+// for tiles of kBackwardBlockMin query rows and keys, at least as many tiles as either family's backward makes (64 or
+// 128 query rows, 64 or 128 keys).
+inline constexpr int kBackwardBlockMin = 64;
+
 }  // namespace jax_flash

@@ -32,14 +32,16 @@ struct AlibiTerm {
 
 // Query `row` and key `key` of (batch, query head), both clamped inside the tensors (a row or key past them is
 // hidden by the caller's own mask): adds the bias tensor's entry (ALiBi: the caller's AlibiTerm) to `exponent`, in
-// log2 units, and returns whether the mask or the segment ids hide the key.
+// log2 units, and returns whether the mask or the segment ids hide the key (read only with `test_hidden`: the tile
+// mixes visible and hidden scores, common/backward_blocks.cuh).
 __device__ __forceinline__ bool apply_backward_tensors(const AttentionParams& p, int64_t batch, int64_t head,
-                                                       int64_t row, int64_t key, float& exponent) {
+                                                       int64_t row, int64_t key, bool test_hidden, float& exponent) {
   if (p.bias != nullptr && !p.alibi) {
     exponent += kLog2e * __ldg(p.bias + batch * p.bias_strides[0] + head * p.bias_strides[1] +
                                row * p.bias_strides[2] + key * p.bias_strides[3]);
   }
   bool hidden = false;
+  if (!test_hidden) return hidden;
   if (p.mask != nullptr) {
     hidden = __ldg(p.mask + batch * p.mask_strides[0] + head * p.mask_strides[1] + row * p.mask_strides[2] +
                    key * p.mask_strides[3]) == 0;

@@ -13,6 +13,7 @@
 #include <cmath>
 #include <cstdint>
 
+#include "common/backward_blocks.cuh"
 #include "common/backward_params.h"
 #include "common/backward_rows.cuh"
 #include "common/backward_tensors.cuh"
@@ -25,7 +26,8 @@
 namespace jax_flash::sm80 {
 
 // kMask: some score may be hidden (window, lengths, or a partial last key block); kSoftcap: s = cap tanh(q.k scale
-// / cap); kTensors (with kMask): segment ids, bias or mask tensors (common/params.h), read per score from global memory.
+// / cap); kTensors (with kMask): segment ids, bias or mask tensors or ALiBi slopes (common/params.h), per score, on
+// the tiles that can hold a visible score (common/backward_blocks.cuh).
 template <class T, bool kMask, bool kSoftcap, bool kDeterministic, bool kTensors = false>
 __global__ void __launch_bounds__(T::kNumThreads, 1) attention_bwd_kernel(const __grid_constant__ BackwardParams bp) {
   using Element = typename T::Element;
@@ -57,19 +59,22 @@ __global__ void __launch_bounds__(T::kNumThreads, 1) attention_bwd_kernel(const 
   const int q_blocks = qb.end - qb.begin;
   // item i: query head kv_head * group + i / q_blocks, query block qb.begin + i % q_blocks
   const int num_items = q_blocks * group;
+  // Tensor calls visit the items whose tile can hold a visible score (common/backward_blocks.cuh); others, all.
+  [[maybe_unused]] BackwardItems<T::kBlockQ, T::kBlockKV> items;
+  if constexpr (kTensors) items = BackwardItems<T::kBlockQ, T::kBlockKV>(p, batch, kv_head, kv_block, qb);
+  const int first_item = kTensors ? items.following(p, -1, lane) : 0;
 
   const Element* gK = static_cast<const Element*>(p.k) + batch * p.k_batch_stride + kv_head * p.k_head_stride;
   const Element* gV = static_cast<const Element*>(p.v) + batch * p.v_batch_stride + kv_head * p.v_head_stride;
-  if (num_items > 0) {
+  if (first_item < num_items) {
     copy_tile_to_smem<typename T::RowTile, T::kBlockKV>(sK, gK + kv0 * p.k_seq_stride, p.k_seq_stride,
                                                         len.kv_len - kv0, tid);
     copy_tile_to_smem<typename T::RowTile, T::kBlockKV>(sV, gV + kv0 * p.v_seq_stride, p.v_seq_stride,
                                                         len.kv_len - kv0, tid);
   }
-  // Q, dO, lse and delta of item i into buffer i % 2 (Q and dO by cp.async; the row stats by plain loads, seen after
+  // Q, dO, lse and delta of item i into buffer buf (Q and dO by cp.async; the row stats by plain loads, seen after
   // the __syncthreads that precedes their use).
-  auto load_item = [&](int i) {
-    const int buf = i % 2;
+  auto load_item = [&](int i, int buf) {
     const int64_t head = kv_head * group + i / q_blocks;
     const int q0 = (qb.begin + i % q_blocks) * T::kBlockQ;
     const int64_t q_offset = batch * p.q_batch_stride + head * p.q_head_stride + q0 * p.q_seq_stride;
@@ -81,7 +86,7 @@ __global__ void __launch_bounds__(T::kNumThreads, 1) attention_bwd_kernel(const 
                                                        p.q_seq_stride, p.seqlen_q - q0, tid);
     load_row_stats<T::kBlockQ>(bp, batch, head, q0, len, sLse2 + buf * T::kBlockQ, sDelta + buf * T::kBlockQ, tid);
   };
-  if (num_items > 0) load_item(0);
+  if (first_item < num_items) load_item(first_item, 0);
   cp_async_commit();
 
   float acc_dk[KG::kMTiles][KG::kNTiles][4], acc_dv[KG::kMTiles][KG::kNTiles][4];
@@ -99,9 +104,12 @@ __global__ void __launch_bounds__(T::kNumThreads, 1) attention_bwd_kernel(const 
   const int hi_off = p.window_right >= kUnbounded ? kUnbounded : diag + p.window_right;
   const float cap_slope = p.softcap * p.softcap_scale;  // ds/d(q.k) = cap_slope (1 - tanh^2) with a softcap
 
-  for (int i = 0; i < num_items; ++i) {
-    const int buf = i % 2;
-    if (i + 1 < num_items) load_item(i + 1);
+  // i: the item; n: its place in the walk, by which buffers alternate (i itself where every item is visited)
+  for (int i = first_item, n = 0; i < num_items; ++n) {
+    const int buf = (kTensors ? n : i) % 2;
+    [[maybe_unused]] const bool test_hidden = !kTensors || items.per_score(i);
+    const int next_item = kTensors ? items.following(p, i, lane) : i + 1;
+    if (next_item < num_items) load_item(next_item, ((kTensors ? n : i) + 1) % 2);
     cp_async_commit();
     cp_async_wait<1>();  // item i (and K, V) have landed
     __syncthreads();
@@ -145,7 +153,8 @@ __global__ void __launch_bounds__(T::kNumThreads, 1) attention_bwd_kernel(const 
             bool hidden = false;
             if constexpr (kTensors) {  // s += bias; hidden where the mask is 0 or the segment ids differ
               const int64_t key = min(kv0 + r, p.seqlen_k - 1), row = min(q0 + c, p.seqlen_q - 1);
-              hidden = apply_backward_tensors(p, batch, kv_head * group + i / q_blocks, row, key, exponent);
+              hidden =
+                  apply_backward_tensors(p, batch, kv_head * group + i / q_blocks, row, key, test_hidden, exponent);
               if (p.alibi) exponent += alibi.at(n * kMmaN + e % 2 - m * kMmaM - 8 * (e / 2));  // (c - r, as above)
             }
             float prob = hidden ? 0.0f : exp2_approx(exponent);
@@ -207,6 +216,7 @@ __global__ void __launch_bounds__(T::kNumThreads, 1) attention_bwd_kernel(const 
     }
     if constexpr (kDeterministic) dq_pass_turn(turn, tid);
     __syncthreads();  // every warp is done with this item's buffers, P^T and dS^T before they are refilled
+    i = kTensors ? next_item : i + 1;  // (without tensors: recomputed, not kept across the item)
   }
   cp_async_wait<0>();
 

@@ -18,6 +18,7 @@
 #include <cmath>
 #include <cstdint>
 
+#include "common/backward_blocks.cuh"
 #include "common/backward_params.h"
 #include "common/backward_rows.cuh"
 #include "common/backward_tensors.cuh"
@@ -185,19 +186,24 @@ __global__ void __launch_bounds__(T::kNumThreads, 1)
   const int group = p.q_heads_per_kv_head;
   const int q_blocks = qb.end - qb.begin;
   const int num_items = q_blocks * group;
+  // Tensor calls visit the items whose tile can hold a visible score (common/backward_blocks.cuh); others, all.
+  [[maybe_unused]] BackwardItems<kBlockQ, kBlockKV> items;
+  if constexpr (kTensors) items = BackwardItems<kBlockQ, kBlockKV>(p, batch, kv_head, kv_block, qb);
+  const int first_item = kTensors ? items.following(p, -1, lane) : 0;
 
   const Element* gK = static_cast<const Element*>(p.k) + batch * p.k_batch_stride + kv_head * p.k_head_stride;
   const Element* gV = static_cast<const Element*>(p.v) + batch * p.v_batch_stride + kv_head * p.v_head_stride;
-  if (num_items > 0) {
+  if (first_item < num_items) {
     copy_panels<Element, kBlockKV, kD, T::kNumThreads>(sK, gK + kv0 * p.k_seq_stride, p.k_seq_stride,
                                                        len.kv_len - kv0, tid);
     copy_panels<Element, kBlockKV, kD, T::kNumThreads>(sV, gV + kv0 * p.v_seq_stride, p.v_seq_stride,
                                                        len.kv_len - kv0, tid);
   }
-  // Item i's Q and dO tiles go out as cp.async; its row statistics are returned, for store_row_stats into buffer
-  // i % 2 once the item before has been computed (their loads' latency passes meanwhile).
-  auto load_item = [&](int i) {
-    const int buf = i % 2;
+  // Item i's Q and dO tiles go out as cp.async into buffer place % 2 (place: its place in the walk); its row
+  // statistics are returned, for store_row_stats into that buffer once the item before has been computed (their
+  // loads' latency passes meanwhile).
+  auto load_item = [&](int i, int place) {
+    const int buf = place % 2;
     const int64_t head = kv_head * group + i / q_blocks;
     const int q0 = (qb.begin + i % q_blocks) * kBlockQ;
     const int64_t q_offset = batch * p.q_batch_stride + head * p.q_head_stride + q0 * p.q_seq_stride;
@@ -209,7 +215,7 @@ __global__ void __launch_bounds__(T::kNumThreads, 1)
                                                       p.q_seq_stride, p.seqlen_q - q0, tid);
     return fetch_row_stats<kBlockQ>(bp, batch, head, q0, len, tid);
   };
-  if (num_items > 0) store_row_stats<kBlockQ>(load_item(0), sLse2, sDelta, tid);
+  if (first_item < num_items) store_row_stats<kBlockQ>(load_item(first_item, 0), sLse2, sDelta, tid);
   cp_async_commit();
 
   // Descriptors (ptx.cuh smem_descriptor): K-major operands step 32 bytes per k16 inside a panel and a panel per 4
@@ -239,9 +245,12 @@ __global__ void __launch_bounds__(T::kNumThreads, 1)
   // with a softcap (its slope needs the score), and at head dim 64, whose 128-row items otherwise spill ~175 bytes.
   constexpr bool kDSWithP = kSoftcap || kD == 64;
 
-  for (int i = 0; i < num_items; ++i) {
-    const int buf = i % 2;
-    // This item's dQ stage held item i - 2's share: its reduce has read it (the barrier below tells the warpgroup).
+  // i: the item; n: its place in the walk, by which buffers alternate (i itself where every item is visited)
+  for (int i = first_item, n = 0; i < num_items; ++n) {
+    const int buf = (kTensors ? n : i) % 2;
+    [[maybe_unused]] const bool test_hidden = !kTensors || items.per_score(i);
+    // This item's dQ stage held the share of the item before last: its reduce has read it (the barrier below tells
+    // the warpgroup).
     if (!kDeterministic && tid % 128 == 0) bulk_wait_group_read<1>();
     cp_async_wait<0>();  // item i (and K, V) have landed
     fence_proxy_async_smem();  // cp.async wrote through the generic proxy; wgmma reads through the async one
@@ -268,10 +277,11 @@ __global__ void __launch_bounds__(T::kNumThreads, 1)
       }
       wgmma_commit();
     }
-    // The next item's loads go out behind this one's first products. Its buffers held item i - 1, which every thread
-    // finished before it passed the barrier above (so did its reads of dS^T).
+    // The next item's loads go out behind this one's first products. Its buffers held the item before's, which every
+    // thread finished before it passed the barrier above (so did its reads of dS^T).
     RowStats next_stats{};
-    if (i + 1 < num_items) next_stats = load_item(i + 1);
+    const int next_item = kTensors ? items.following(p, i, lane) : i + 1;
+    if (next_item < num_items) next_stats = load_item(next_item, (kTensors ? n : i) + 1);
     cp_async_commit();
     wgmma_wait<1>();
     fence_registers(acc_s);
@@ -298,7 +308,7 @@ __global__ void __launch_bounds__(T::kNumThreads, 1)
       bool hidden = false;
       if constexpr (kTensors) {  // s += bias; hidden where the mask is 0 or the segment ids differ
         const int64_t key = min(kv0 + r, p.seqlen_k - 1), row = min(q0 + c, p.seqlen_q - 1);
-        hidden = apply_backward_tensors(p, batch, kv_head * group + i / q_blocks, row, key, exponent);
+        hidden = apply_backward_tensors(p, batch, kv_head * group + i / q_blocks, row, key, test_hidden, exponent);
         if (p.alibi) exponent += alibi.at(8 * (e / 4) + e % 2 - 8 * ((e / 2) % 2));  // (c - r beyond the first's)
       }
       float prob = hidden ? 0.0f : exp2_approx(exponent);
@@ -364,15 +374,19 @@ __global__ void __launch_bounds__(T::kNumThreads, 1)
     if constexpr (kDeterministic) {
       add_dq_in_turn<T>(bp, len, acc_dq, batch, head, q0, q_rows, kv_block, wg, tid);
     } else {
-      reduce_dq_through_stage<T>(&tma_dq, acc_dq, sdQ_ptr + ((i % 2) * 2 + wg) * T::kDQStageBytes, batch, head, q0,
+      reduce_dq_through_stage<T>(&tma_dq, acc_dq, sdQ_ptr + (buf * 2 + wg) * T::kDQStageBytes, batch, head, q0,
                                  q_rows, wg, tid);
     }
     wgmma_wait<0>();
     fence_registers(acc_dk);
     fence_registers(*reinterpret_cast<uint32_t(*)[kBlockQ / 4]>(&rdS[0][0]));
-    // (buffer (i + 1) % 2 held item i - 1's, which every thread finished before this item's first barrier)
-    const int next = (i + 1) % 2;
-    if (i + 1 < num_items) store_row_stats<kBlockQ>(next_stats, sLse2 + next * kBlockQ, sDelta + next * kBlockQ, tid);
+    // (buffer next_buf held the item before's, which every thread finished before this item's first barrier)
+    const int next_buf = ((kTensors ? n : i) + 1) % 2;
+    const int after = kTensors ? next_item : i + 1;  // (without tensors: recomputed, not kept across the item)
+    if (after < num_items) {
+      store_row_stats<kBlockQ>(next_stats, sLse2 + next_buf * kBlockQ, sDelta + next_buf * kBlockQ, tid);
+    }
+    i = after;
   }
   cp_async_wait<0>();
   if (!kDeterministic && tid % 128 == 0) bulk_wait_group0();  // the stages stay until the reduces are done
