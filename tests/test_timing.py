@@ -229,6 +229,19 @@ def test_packed_suite_counts_visible_pairs(tmp_path, capsys):
     assert "Packed causal rows on" in capsys.readouterr().out
 
 
+def test_packed_suite_times_the_backward(tmp_path):
+    """--pass backward: each implementation's backward (forward + backward - forward) over 2.5x the visible pairs'
+    FLOPs, without XLA's dense-mask attention."""
+    path = tmp_path / "packed.json"
+    dtype = "bf16" if jax.default_backend() == "gpu" else "fp32"
+    assert benchmark.main(["--suite", "packed", "--pass", "backward", "--dtypes", dtype, "--packed-tokens", "256",
+                           "--packed-means", "64", "--iters", "1", "--reps", "1", "--min-rep-ms", "0",
+                           "--json", str(path)]) == 0
+    (row,) = json.loads(path.read_text())["rows"]
+    assert row["pass"] == "backward" and "xla" not in row["results"]
+    assert {"packed", "unpacked"} <= set(row["results"]) and all(r["ms"] > 0 for r in row["results"].values())
+
+
 def test_tensors_suite_times_alibi_slopes_beside_the_bias_they_stand_for(tmp_path):
     """The ALiBi rows compute one result: the (1, N, T, S) bias tensor and the slopes it is built from."""
     from jax_flash import benchmark_tensors
