@@ -125,16 +125,18 @@ def test_gradients_with_bias_and_mask(device, shape):
 
 
 @pytest.mark.parametrize("head_dim", [64, 128, 256])
-@pytest.mark.parametrize("case", ["cells", "cells_segments", "dense_causal"])
+@pytest.mark.parametrize("case", ["cells", "cells_segments", "dense_causal", "padding"])
 def test_gradients_skip_tiles_of_zeros(device, head_dim, case):
     """The GPU backward skips the tiles whose mask or segment ids hide every score and tests no score of the tiles
     that hide none (common/backward_blocks.cuh): gradients against the reference's for masks constant on 64 x 64
     cells (whole backward tiles of zeros, of ones and mixed; broadcast over heads, or over the batch with causal and
-    segment ids), and a dense causal mask."""
+    segment ids), a dense causal mask, and a (B, 1, 1, Sk) padding mask (broadcast over heads and queries)."""
     seq_q, seq_k = 520, 600
     q, k, v = random_qkv(head_dim + 1, B, seq_q, seq_k, HQ, HK, head_dim, _dtype(device), device)
     if case == "dense_causal":
         kwargs = dict(mask=jnp.tril(jnp.ones((seq_q, seq_k), bool), k=seq_k - seq_q)[None, None])
+    elif case == "padding":
+        kwargs = dict(mask=(jnp.arange(seq_k)[None, :] < jnp.array([[seq_k], [333]]))[:, None, None, :])
     elif case == "cells":
         kwargs = dict(mask=_block_sparse_mask((B, 1, seq_q, seq_k), seed=head_dim, cell=64, p=0.5))
     else:
