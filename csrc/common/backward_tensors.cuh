@@ -53,4 +53,19 @@ __device__ __forceinline__ bool apply_backward_tensors(const AttentionParams& p,
   return hidden;
 }
 
+// One work item of a backward thread block (query head, query block against its key block), as its score loop
+// needs it: the kernels compile that loop with and without the per-score reads below and pick one per item.
+struct ScoreItem {
+  int64_t batch, head;
+  int kv0, q0, lo_off, hi_off;  // first key and query; visible key - query offsets [lo_off, hi_off]
+  bool whole;        // no score of the tile is hidden by the window, the lengths or the last key block's end
+  bool test_hidden;  // the mask and segment ids need the per-score test (common/backward_blocks.cuh)
+};
+
+// Whether an item's scores need apply_backward_tensors: its tile mixes visible and hidden scores, or a bias tensor
+// (not ALiBi's slopes) adds to every score.
+__device__ __forceinline__ bool item_reads_tensors(const AttentionParams& p, bool test_hidden) {
+  return test_hidden || (p.bias != nullptr && !p.alibi);
+}
+
 }  // namespace jax_flash

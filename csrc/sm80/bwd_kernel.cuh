@@ -25,6 +25,63 @@
 
 namespace jax_flash::sm80 {
 
+// P^T and dS^T of one item into shared memory (sP, sdS: (kBlockKV, kBlockQ) score tiles) from this warp's S^T and
+// dP^T accumulators; element e of tile (m, n): key row s_row0 + 16m + lane/4 + 8(e/2), query column s_col0 + 8n +
+// 2(lane%4) + e%2. kReads: the bias, mask and segment ids read per score; compiled with and without, chosen per item,
+// so the items that need none run a straight-line loop (a uniform branch per score split it into blocks of one
+// exponential each). ALiBi's term is added either way (zero without ALiBi).
+template <class T, bool kMask, bool kSoftcap, bool kTensors, bool kReads>
+__device__ __forceinline__ void item_scores(
+    const AttentionParams& p, BatchLengths len, const ScoreItem& it, const AlibiTerm& alibi, int s_row0, int s_col0,
+    int lane, float cap_slope, const float* lse2, const float* delta,
+    const float (&acc_s)[T::ScoreGrid::kMTiles][T::ScoreGrid::kNTiles][4],
+    const float (&acc_dp)[T::ScoreGrid::kMTiles][T::ScoreGrid::kNTiles][4], typename T::Element* sP,
+    typename T::Element* sdS) {
+  using Element = typename T::Element;
+  using SG = typename T::ScoreGrid;
+  using ScoreTile = typename T::ScoreTile;
+#pragma unroll
+  for (int m = 0; m < SG::kMTiles; ++m)
+#pragma unroll
+    for (int n = 0; n < SG::kNTiles; ++n) {
+      float pv[4], dsv[4];
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int r = s_row0 + m * kMmaM + lane / 4 + 8 * (e / 2);
+        const int c = s_col0 + n * kMmaN + 2 * (lane % 4) + e % 2;
+        float score = acc_s[m][n][e], slope = p.scale;
+        if constexpr (kSoftcap) {
+          const float t = tanhf(score * p.softcap_scale);
+          score = p.softcap * t;
+          slope = cap_slope * (1.0f - t * t);
+        }
+        float exponent = score * p.scale_log2 - lse2[c];
+        bool hidden = false;
+        if constexpr (kReads) {  // s += bias; hidden where the mask is 0 or the segment ids differ
+          const int64_t key = min(it.kv0 + r, p.seqlen_k - 1), row = min(it.q0 + c, p.seqlen_q - 1);
+          hidden = apply_backward_tensors(p, it.batch, it.head, row, key, it.test_hidden, exponent);
+        }
+        if constexpr (kTensors) exponent += alibi.at(n * kMmaN + e % 2 - m * kMmaM - 8 * (e / 2));  // (c - r)
+        float prob = hidden ? 0.0f : exp2_approx(exponent);
+        if (kMask && !it.whole) {
+          const int key = it.kv0 + r, row = it.q0 + c;
+          // (| rather than ||: || through the item's fields compiled to a branch per score)
+          if ((key >= len.kv_len) | (row >= len.q_len) | (key - row < it.lo_off) | (key - row > it.hi_off)) prob = 0.0f;
+        }
+        pv[e] = prob;
+        dsv[e] = prob * (acc_dp[m][n][e] - delta[c]) * slope;
+      }
+      const int r = s_row0 + m * kMmaM + lane / 4;
+      const int c = s_col0 + n * kMmaN + 2 * (lane % 4);
+      const int off0 = tile_offset<ScoreTile>(r, c / kChunkElems) + c % kChunkElems;
+      const int off1 = tile_offset<ScoreTile>(r + 8, c / kChunkElems) + c % kChunkElems;
+      *reinterpret_cast<uint32_t*>(sP + off0) = pack2<Element>(pv[0], pv[1]);
+      *reinterpret_cast<uint32_t*>(sP + off1) = pack2<Element>(pv[2], pv[3]);
+      *reinterpret_cast<uint32_t*>(sdS + off0) = pack2<Element>(dsv[0], dsv[1]);
+      *reinterpret_cast<uint32_t*>(sdS + off1) = pack2<Element>(dsv[2], dsv[3]);
+    }
+}
+
 // kMask: some score may be hidden (window, lengths, or a partial last key block); kSoftcap: s = cap tanh(q.k scale
 // / cap); kTensors (with kMask): segment ids, bias or mask tensors or ALiBi slopes (common/params.h), per score, on
 // the tiles that can hold a visible score (common/backward_blocks.cuh).
@@ -127,53 +184,21 @@ __global__ void __launch_bounds__(T::kNumThreads, 1) attention_bwd_kernel(const 
       zero_fill(acc_dp);
       smem_gemm<Element, T::kHeadDim / kMmaK>(acc_s, k_as_a, s_row0, RowMajorB<RowTile>(sQi, lane), s_col0);
       smem_gemm<Element, T::kHeadDim / kMmaK>(acc_dp, v_as_a, s_row0, RowMajorB<RowTile>(sdOi, lane), s_col0);
-      // Element e of tile (m, n): key row s_row0 + 16m + lane/4 + 8(e/2), query column s_col0 + 8n + 2(lane%4) + e%2.
       const bool whole = !kMask || (kv0 + T::kBlockKV <= len.kv_len && q0 + T::kBlockQ <= len.q_len &&
                                     kv0 + T::kBlockKV - 1 - q0 <= hi_off && kv0 - (q0 + T::kBlockQ - 1) >= lo_off);
       [[maybe_unused]] const AlibiTerm alibi =
           kTensors ? AlibiTerm(p, batch, kv_head * group + i / q_blocks, q0 + s_col0 + 2 * (lane % 4),
                                kv0 + s_row0 + lane / 4, len)
                    : AlibiTerm{};
-#pragma unroll
-      for (int m = 0; m < SG::kMTiles; ++m)
-#pragma unroll
-        for (int n = 0; n < SG::kNTiles; ++n) {
-          float pv[4], dsv[4];
-#pragma unroll
-          for (int e = 0; e < 4; ++e) {
-            const int r = s_row0 + m * kMmaM + lane / 4 + 8 * (e / 2);
-            const int c = s_col0 + n * kMmaN + 2 * (lane % 4) + e % 2;
-            float score = acc_s[m][n][e], slope = p.scale;
-            if constexpr (kSoftcap) {
-              const float t = tanhf(score * p.softcap_scale);
-              score = p.softcap * t;
-              slope = cap_slope * (1.0f - t * t);
-            }
-            float exponent = score * p.scale_log2 - lse2[c];
-            bool hidden = false;
-            if constexpr (kTensors) {  // s += bias; hidden where the mask is 0 or the segment ids differ
-              const int64_t key = min(kv0 + r, p.seqlen_k - 1), row = min(q0 + c, p.seqlen_q - 1);
-              hidden =
-                  apply_backward_tensors(p, batch, kv_head * group + i / q_blocks, row, key, test_hidden, exponent);
-              if (p.alibi) exponent += alibi.at(n * kMmaN + e % 2 - m * kMmaM - 8 * (e / 2));  // (c - r, as above)
-            }
-            float prob = hidden ? 0.0f : exp2_approx(exponent);
-            if (kMask && !whole) {
-              const int key = kv0 + r, row = q0 + c;
-              if (key >= len.kv_len || row >= len.q_len || key - row < lo_off || key - row > hi_off) prob = 0.0f;
-            }
-            pv[e] = prob;
-            dsv[e] = prob * (acc_dp[m][n][e] - delta[c]) * slope;
-          }
-          const int r = s_row0 + m * kMmaM + lane / 4;
-          const int c = s_col0 + n * kMmaN + 2 * (lane % 4);
-          const int off0 = tile_offset<ScoreTile>(r, c / kChunkElems) + c % kChunkElems;
-          const int off1 = tile_offset<ScoreTile>(r + 8, c / kChunkElems) + c % kChunkElems;
-          *reinterpret_cast<uint32_t*>(sP + off0) = pack2<Element>(pv[0], pv[1]);
-          *reinterpret_cast<uint32_t*>(sP + off1) = pack2<Element>(pv[2], pv[3]);
-          *reinterpret_cast<uint32_t*>(sdS + off0) = pack2<Element>(dsv[0], dsv[1]);
-          *reinterpret_cast<uint32_t*>(sdS + off1) = pack2<Element>(dsv[2], dsv[3]);
-        }
+      const ScoreItem item{batch, kTensors ? kv_head * group + i / q_blocks : 0, kv0, q0, lo_off, hi_off, whole,
+                           test_hidden};
+      if (kTensors && item_reads_tensors(p, test_hidden)) {
+        item_scores<T, kMask, kSoftcap, kTensors, true>(p, len, item, alibi, s_row0, s_col0, lane, cap_slope, lse2,
+                                                        delta, acc_s, acc_dp, sP, sdS);
+      } else {
+        item_scores<T, kMask, kSoftcap, kTensors, false>(p, len, item, alibi, s_row0, s_col0, lane, cap_slope, lse2,
+                                                         delta, acc_s, acc_dp, sP, sdS);
+      }
     }
     __syncthreads();  // P^T and dS^T complete
 

@@ -153,6 +153,43 @@ __device__ __forceinline__ void reduce_dq_through_stage(const CUtensorMap* tma_d
   }
 }
 
+// P^T (and dS^T with kDSWithP: dP^T holds its products) from one item's scores acc_s (this thread's part of S^T in the
+// wgmma accumulator layout). kReads: the bias, mask and segment ids read per score; compiled with and without, chosen
+// per item, so the items that need none run a straight-line loop (a uniform branch per score split it into blocks of
+// one exponential each). ALiBi's term is added either way (zero without ALiBi).
+template <class T, bool kMask, bool kSoftcap, bool kDSWithP, bool kTensors, bool kReads>
+__device__ __forceinline__ void item_scores(const AttentionParams& p, BatchLengths len, const ScoreItem& it,
+                                            const AlibiTerm& alibi, int key_row0, int lane, float cap_slope,
+                                            const float* lse2, const float* delta, float (&acc_s)[T::kBlockQ / 2],
+                                            float (&acc_dp)[T::kBlockQ / 2]) {
+#pragma unroll
+  for (int e = 0; e < T::kBlockQ / 2; ++e) {
+    const int r = key_row0 + 8 * ((e / 2) % 2);
+    const int c = 8 * (e / 4) + 2 * (lane % 4) + e % 2;
+    float score = acc_s[e], slope = p.scale;
+    if constexpr (kSoftcap) {
+      const float t = tanhf(score * p.softcap_scale);
+      score = p.softcap * t;
+      slope = cap_slope * (1.0f - t * t);
+    }
+    float exponent = score * p.scale_log2 - lse2[c];
+    bool hidden = false;
+    if constexpr (kReads) {  // s += bias; hidden where the mask is 0 or the segment ids differ
+      const int64_t key = min(it.kv0 + r, p.seqlen_k - 1), row = min(it.q0 + c, p.seqlen_q - 1);
+      hidden = apply_backward_tensors(p, it.batch, it.head, row, key, it.test_hidden, exponent);
+    }
+    if constexpr (kTensors) exponent += alibi.at(8 * (e / 4) + e % 2 - 8 * ((e / 2) % 2));  // (c - r past the first)
+    float prob = hidden ? 0.0f : exp2_approx(exponent);
+    if (kMask && !it.whole) {
+      const int key = it.kv0 + r, row = it.q0 + c;
+      // (| rather than ||: || through the item's fields compiled to a branch per score)
+      if ((key >= len.kv_len) | (row >= len.q_len) | (key - row < it.lo_off) | (key - row > it.hi_off)) prob = 0.0f;
+    }
+    acc_s[e] = prob;
+    if constexpr (kDSWithP) acc_dp[e] = prob * (acc_dp[e] - delta[c]) * slope;
+  }
+}
+
 // kMask: some score may be hidden (window, lengths, or a partial last key block); kSoftcap: s = cap tanh(q.k scale
 // / cap); kTensors (with kMask): segment ids, bias or mask tensors or ALiBi slopes, per score
 // (common/backward_tensors.cuh).
@@ -294,30 +331,14 @@ __global__ void __launch_bounds__(T::kNumThreads, 1)
     [[maybe_unused]] const AlibiTerm alibi =
         kTensors ? AlibiTerm(p, batch, kv_head * group + i / q_blocks, q0 + 2 * (lane % 4), kv0 + key_row0, len)
                  : AlibiTerm{};
-#pragma unroll
-    for (int e = 0; e < kBlockQ / 2; ++e) {
-      const int r = key_row0 + 8 * ((e / 2) % 2);
-      const int c = 8 * (e / 4) + 2 * (lane % 4) + e % 2;
-      float score = acc_s[e], slope = p.scale;
-      if constexpr (kSoftcap) {
-        const float t = tanhf(score * p.softcap_scale);
-        score = p.softcap * t;
-        slope = cap_slope * (1.0f - t * t);
-      }
-      float exponent = score * p.scale_log2 - lse2[c];
-      bool hidden = false;
-      if constexpr (kTensors) {  // s += bias; hidden where the mask is 0 or the segment ids differ
-        const int64_t key = min(kv0 + r, p.seqlen_k - 1), row = min(q0 + c, p.seqlen_q - 1);
-        hidden = apply_backward_tensors(p, batch, kv_head * group + i / q_blocks, row, key, test_hidden, exponent);
-        if (p.alibi) exponent += alibi.at(8 * (e / 4) + e % 2 - 8 * ((e / 2) % 2));  // (c - r beyond the first's)
-      }
-      float prob = hidden ? 0.0f : exp2_approx(exponent);
-      if (kMask && !whole) {
-        const int key = kv0 + r, row = q0 + c;
-        if (key >= len.kv_len || row >= len.q_len || key - row < lo_off || key - row > hi_off) prob = 0.0f;
-      }
-      acc_s[e] = prob;
-      if constexpr (kDSWithP) acc_dp[e] = prob * (acc_dp[e] - delta[c]) * slope;
+    const ScoreItem item{batch, kTensors ? kv_head * group + i / q_blocks : 0, kv0, q0, lo_off, hi_off, whole,
+                         test_hidden};
+    if (kTensors && item_reads_tensors(p, test_hidden)) {
+      item_scores<T, kMask, kSoftcap, kDSWithP, kTensors, true>(p, len, item, alibi, key_row0, lane, cap_slope, lse2,
+                                                                   delta, acc_s, acc_dp);
+    } else {
+      item_scores<T, kMask, kSoftcap, kDSWithP, kTensors, false>(p, len, item, alibi, key_row0, lane, cap_slope, lse2,
+                                                                   delta, acc_s, acc_dp);
     }
     uint32_t rP[kBlockQ / 16][4], rdS[kBlockQ / 16][4];
 #pragma unroll
