@@ -142,6 +142,7 @@ __global__ void __launch_bounds__(T::kNumThreads, 1) attention_bwd_kernel(const 
                                                        static_cast<const Element*>(bp.t.d_out) + q_offset,
                                                        p.q_seq_stride, p.seqlen_q - q0, tid);
     load_row_stats<T::kBlockQ>(bp, batch, head, q0, len, sLse2 + buf * T::kBlockQ, sDelta + buf * T::kBlockQ, tid);
+    if constexpr (kTensors) prefetch_bias_tile<T::kBlockQ, T::kBlockKV, T::kNumThreads>(p, batch, head, q0, kv0, tid);
   };
   if (first_item < num_items) load_item(first_item, 0);
   cp_async_commit();

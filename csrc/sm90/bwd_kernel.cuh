@@ -250,6 +250,7 @@ __global__ void __launch_bounds__(T::kNumThreads, 1)
     copy_panels<Element, kBlockQ, kD, T::kNumThreads>(sdO + buf * T::kQBytes,
                                                       static_cast<const Element*>(bp.t.d_out) + q_offset,
                                                       p.q_seq_stride, p.seqlen_q - q0, tid);
+    if constexpr (kTensors) prefetch_bias_tile<kBlockQ, kBlockKV, T::kNumThreads>(p, batch, head, q0, kv0, tid);
     return fetch_row_stats<kBlockQ>(bp, batch, head, q0, len, tid);
   };
   if (first_item < num_items) store_row_stats<kBlockQ>(load_item(first_item, 0), sLse2, sDelta, tid);
