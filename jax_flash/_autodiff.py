@@ -134,7 +134,31 @@ def _bias_gradient(q, k, v, out, lse, ct_out, ct_lse, q_lengths, kv_lengths, q_s
                    mask, params):
     """d(loss)/d(bias) = dS = P o (dO V^T - D), D = rowsum(dO o O) - dlse, summed over the bias's broadcast
     dimensions: by XLA, O(Sq x Sk) per (batch, head). ALiBi slopes: dS o -|i + kv_len - q_len - j| summed the same
-    way (the bias is slope times that)."""
+    way (the bias is slope times that). A bias shared by the batch is summed one batch row at a time, so its
+    (Hq, Sq, Sk) intermediates exist for one row at once rather than for all B."""
+    operands = (q, k, v, out, lse, ct_out, ct_lse, q_lengths, kv_lengths, q_segment_ids, kv_segment_ids)
+    batch = q.shape[0]
+    if bias.shape[0] != 1 or batch <= 1:
+        return _bias_gradient_rows(*operands, bias, mask, params).astype(bias.dtype)
+
+    def add_row(b, total):
+        row = [_batch_row(x, b, batch) for x in (*operands, mask)]
+        return total + _bias_gradient_rows(*row[:-1], bias, row[-1], params)
+
+    total = jax.lax.fori_loop(0, batch, add_row, jnp.zeros(bias.shape, jnp.float32))
+    return total.astype(bias.dtype)
+
+
+def _batch_row(x, b, batch):
+    """Row b of an operand whose leading dimension is the batch (kept as a dimension of 1); others as they are."""
+    if x is None or x.ndim == 0 or x.shape[0] != batch:
+        return x
+    return jax.lax.dynamic_slice_in_dim(x, b, 1, axis=0)
+
+
+def _bias_gradient_rows(q, k, v, out, lse, ct_out, ct_lse, q_lengths, kv_lengths, q_segment_ids, kv_segment_ids,
+                        bias, mask, params):
+    """_bias_gradient over the batch rows given, float32."""
     f32 = jnp.float32
     group = q.shape[2] // k.shape[2] if k.shape[2] else 1
     visible = _visible(q, k, q_lengths, kv_lengths, q_segment_ids, kv_segment_ids, mask, params)
@@ -149,7 +173,7 @@ def _bias_gradient(q, k, v, out, lse, ct_out, ct_lse, q_lengths, kv_lengths, q_s
     if params["alibi"]:
         ds = ds * _bias_of(jnp.ones_like(bias), s.shape, q_lengths, kv_lengths, params)
     axes = tuple(i for i, n in enumerate(bias.shape) if n == 1 and ds.shape[i] != 1)
-    return jnp.sum(ds, axis=axes, keepdims=True).astype(bias.dtype)
+    return jnp.sum(ds, axis=axes, keepdims=True)
 
 
 def _lin_transpose(cts, q_dot, k_dot, v_dot, bias_dot, q, k, v, out, lse, q_lengths, kv_lengths, page_table,

@@ -6,6 +6,7 @@ shipped sm90 config is checked on Hopper."""
 from __future__ import annotations
 
 import dataclasses
+import functools
 
 import jax
 import jax.numpy as jnp
@@ -14,6 +15,7 @@ import pytest
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 import jax_flash
+from jax_flash.reference import attention_reference
 from conftest import assert_flash_close, assert_grads_close, attention_calls, random_qkv
 from test_decode import SM90_CASES, SM90_IDS, paged_cache, requires_hopper
 
@@ -122,6 +124,39 @@ def test_gradients_with_bias_and_mask(device, shape):
         return (out.astype(jnp.float32) * weights).sum() + jnp.where(jnp.isfinite(lse), lse, 0).sum()
 
     assert_grads_close(loss, (q, k, v, bias), ("dq", "dk", "dv", "dbias"))
+
+
+def _shapes_in(jaxpr):
+    """Every value's shape in a jaxpr and the jaxprs nested in its equations (loop bodies, jitted calls)."""
+    shapes = set()
+    for eqn in jaxpr.eqns:
+        shapes.update(tuple(getattr(var.aval, "shape", ())) for var in eqn.outvars)
+        for param in eqn.params.values():
+            for sub in param if isinstance(param, (tuple, list)) else (param,):
+                sub = getattr(sub, "jaxpr", sub)
+                if hasattr(sub, "eqns"):
+                    shapes |= _shapes_in(sub)
+    return shapes
+
+
+def test_a_shared_bias_gradient_holds_one_batch_row_of_scores():
+    """The gradient of a bias shared by the batch (1, N, T, S) is summed one batch row at a time: no (B, N, T, S)
+    value in the gradient's program, and the same gradient as the reference's."""
+    batch, seq_q, seq_k = 3, 40, 56
+    cpu = jax.devices("cpu")[0]  # (float32: the CPU path)
+    q, k, v = random_qkv(5, batch, seq_q, seq_k, HQ, HK, D, jnp.float32, cpu)
+    bias = jax.device_put(_bias((1, HQ, seq_q, seq_k)), cpu)
+    weights = jax.device_put(jax.random.normal(jax.random.PRNGKey(9), q.shape, jnp.float32), cpu)
+
+    def loss(attention, q, k, v, b):
+        return (attention(q, k, v, bias=b, causal=True).astype(jnp.float32) * weights).sum()
+
+    grad = jax.grad(functools.partial(loss, jax_flash.attention), argnums=3)
+    shapes = _shapes_in(jax.make_jaxpr(grad)(q, k, v, bias).jaxpr)
+    assert (1, HQ, seq_q, seq_k) in shapes
+    assert (batch, HQ, seq_q, seq_k) not in shapes
+    expected = jax.grad(functools.partial(loss, attention_reference), argnums=3)(q, k, v, bias)
+    np.testing.assert_allclose(grad(q, k, v, bias), expected, atol=1e-5, rtol=1e-4)
 
 
 @pytest.mark.parametrize("head_dim", [64, 128, 256])
