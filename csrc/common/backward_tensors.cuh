@@ -2,9 +2,11 @@
 // ALiBi slopes (common/params.h), read from global memory (L1 / L2) or, for ALiBi, computed, one score at a time.
 #pragma once
 
+#include <cmath>
 #include <cstdint>
 
 #include "common/alibi.h"
+#include "common/fragment_ops.cuh"
 #include "common/params.h"
 #include "common/visibility.h"
 
@@ -88,6 +90,37 @@ struct ScoreItem {
 // (not ALiBi's slopes) adds to every score.
 __device__ __forceinline__ bool item_reads_tensors(const AttentionParams& p, bool test_hidden) {
   return test_hidden || (p.bias != nullptr && !p.alibi);
+}
+
+// One score of an item's P^T recomputation, both families: key row r and query column c of the item's tile (its
+// own layout's), acc the raw q.k, lse2 the item's rows' lse in log2 units (by column), alibi_d the score's c - r
+// beyond the thread's first score's (AlibiTerm::at; kTensors). Returns P = exp2(s log2(e) + bias - lse2), 0 where
+// hidden (ALiBi's term zero without ALiBi); slope: ds/d(q.k).
+template <bool kMask, bool kSoftcap, bool kTensors, bool kReads>
+__device__ __forceinline__ float item_probability(const AttentionParams& p, BatchLengths len, const ScoreItem& it,
+                                                  int r, int c, float acc, const float* lse2, const AlibiTerm& alibi,
+                                                  int alibi_d, float cap_slope, float& slope) {
+  float score = acc;
+  slope = p.scale;
+  if constexpr (kSoftcap) {
+    const float t = tanhf(score * p.softcap_scale);
+    score = p.softcap * t;
+    slope = cap_slope * (1.0f - t * t);
+  }
+  float exponent = score * p.scale_log2 - lse2[c];
+  bool hidden = false;
+  if constexpr (kReads) {  // s += bias; hidden where the mask is 0 or the segment ids differ
+    const int64_t key = min(it.kv0 + r, p.seqlen_k - 1), row = min(it.q0 + c, p.seqlen_q - 1);
+    hidden = apply_backward_tensors(p, it.batch, it.head, row, key, it.test_hidden, exponent);
+  }
+  if constexpr (kTensors) exponent += alibi.at(alibi_d);
+  float prob = hidden ? 0.0f : exp2_approx(exponent);
+  if (kMask && !it.whole) {
+    const int key = it.kv0 + r, row = it.q0 + c;
+    // (| rather than ||: || through the item's fields compiled to a branch per score)
+    if ((key >= len.kv_len) | (row >= len.q_len) | (key - row < it.lo_off) | (key - row > it.hi_off)) prob = 0.0f;
+  }
+  return prob;
 }
 
 }  // namespace jax_flash

@@ -166,25 +166,9 @@ __device__ __forceinline__ void item_scores(const AttentionParams& p, BatchLengt
   for (int e = 0; e < T::kBlockQ / 2; ++e) {
     const int r = key_row0 + 8 * ((e / 2) % 2);
     const int c = 8 * (e / 4) + 2 * (lane % 4) + e % 2;
-    float score = acc_s[e], slope = p.scale;
-    if constexpr (kSoftcap) {
-      const float t = tanhf(score * p.softcap_scale);
-      score = p.softcap * t;
-      slope = cap_slope * (1.0f - t * t);
-    }
-    float exponent = score * p.scale_log2 - lse2[c];
-    bool hidden = false;
-    if constexpr (kReads) {  // s += bias; hidden where the mask is 0 or the segment ids differ
-      const int64_t key = min(it.kv0 + r, p.seqlen_k - 1), row = min(it.q0 + c, p.seqlen_q - 1);
-      hidden = apply_backward_tensors(p, it.batch, it.head, row, key, it.test_hidden, exponent);
-    }
-    if constexpr (kTensors) exponent += alibi.at(8 * (e / 4) + e % 2 - 8 * ((e / 2) % 2));  // (c - r past the first)
-    float prob = hidden ? 0.0f : exp2_approx(exponent);
-    if (kMask && !it.whole) {
-      const int key = it.kv0 + r, row = it.q0 + c;
-      // (| rather than ||: || through the item's fields compiled to a branch per score)
-      if ((key >= len.kv_len) | (row >= len.q_len) | (key - row < it.lo_off) | (key - row > it.hi_off)) prob = 0.0f;
-    }
+    float slope;
+    const float prob = item_probability<kMask, kSoftcap, kTensors, kReads>(
+        p, len, it, r, c, acc_s[e], lse2, alibi, 8 * (e / 4) + e % 2 - 8 * ((e / 2) % 2), cap_slope, slope);
     acc_s[e] = prob;
     if constexpr (kDSWithP) acc_dp[e] = prob * (acc_dp[e] - delta[c]) * slope;
   }
