@@ -134,19 +134,23 @@ def _bias_gradient(q, k, v, out, lse, ct_out, ct_lse, q_lengths, kv_lengths, q_s
                    mask, params):
     """d(loss)/d(bias) = dS = P o (dO V^T - D), D = rowsum(dO o O) - dlse, summed over the bias's broadcast
     dimensions: by XLA, O(Sq x Sk) per (batch, head). ALiBi slopes: dS o -|i + kv_len - q_len - j| summed the same
-    way (the bias is slope times that). A bias shared by the batch is summed one batch row at a time, so its
-    (Hq, Sq, Sk) intermediates exist for one row at once rather than for all B."""
+    way (the bias is slope times that). Computed one batch row at a time, so the (Hq, Sq, Sk) intermediates exist
+    for one row at once rather than for all B: a bias shared by the batch sums the rows' gradients, a bias of the
+    whole batch takes each row's."""
     operands = (q, k, v, out, lse, ct_out, ct_lse, q_lengths, kv_lengths, q_segment_ids, kv_segment_ids)
     batch = q.shape[0]
-    if bias.shape[0] != 1 or batch <= 1:
+    if batch <= 1:
         return _bias_gradient_rows(*operands, bias, mask, params).astype(bias.dtype)
 
-    def add_row(b, total):
-        row = [_batch_row(x, b, batch) for x in (*operands, mask)]
-        return total + _bias_gradient_rows(*row[:-1], bias, row[-1], params)
+    def add_row(b, grad):
+        row = [_batch_row(x, b, batch) for x in (*operands, bias, mask)]
+        row_grad = _bias_gradient_rows(*row, params)
+        if bias.shape[0] == 1:
+            return grad + row_grad
+        return jax.lax.dynamic_update_slice_in_dim(grad, row_grad, b, axis=0)
 
-    total = jax.lax.fori_loop(0, batch, add_row, jnp.zeros(bias.shape, jnp.float32))
-    return total.astype(bias.dtype)
+    grad = jax.lax.fori_loop(0, batch, add_row, jnp.zeros(bias.shape, jnp.float32))
+    return grad.astype(bias.dtype)
 
 
 def _batch_row(x, b, batch):

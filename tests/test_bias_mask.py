@@ -139,21 +139,26 @@ def _shapes_in(jaxpr):
     return shapes
 
 
-def test_a_shared_bias_gradient_holds_one_batch_row_of_scores():
-    """The gradient of a bias shared by the batch (1, N, T, S) is summed one batch row at a time: no (B, N, T, S)
-    value in the gradient's program, and the same gradient as the reference's."""
+@pytest.mark.parametrize("shape", ["heads", "keys", "slopes"])
+def test_the_bias_gradient_holds_one_batch_row_of_scores(shape):
+    """The bias's gradient is computed one batch row at a time, for a (1, N, T, S) bias shared by the batch (summed),
+    a (B, 1, 1, S) one (row by row) and ALiBi slopes: no (B, N, T, S) value in the gradient's program, and the same
+    gradient as the reference's."""
     batch, seq_q, seq_k = 3, 40, 56
     cpu = jax.devices("cpu")[0]  # (float32: the CPU path)
     q, k, v = random_qkv(5, batch, seq_q, seq_k, HQ, HK, D, jnp.float32, cpu)
-    bias = jax.device_put(_bias((1, HQ, seq_q, seq_k)), cpu)
+    bias_shape = {"heads": (1, HQ, seq_q, seq_k), "keys": (batch, 1, 1, seq_k), "slopes": (batch, HQ)}[shape]
+    slopes = jnp.tile(2.0 ** -jnp.arange(1.0, HQ + 1.0), (batch, 1))
+    bias = jax.device_put(slopes if shape == "slopes" else _bias(bias_shape), cpu)
+    name = "alibi_slopes" if shape == "slopes" else "bias"
     weights = jax.device_put(jax.random.normal(jax.random.PRNGKey(9), q.shape, jnp.float32), cpu)
 
     def loss(attention, q, k, v, b):
-        return (attention(q, k, v, bias=b, causal=True).astype(jnp.float32) * weights).sum()
+        return (attention(q, k, v, causal=True, **{name: b}).astype(jnp.float32) * weights).sum()
 
     grad = jax.grad(functools.partial(loss, jax_flash.attention), argnums=3)
     shapes = _shapes_in(jax.make_jaxpr(grad)(q, k, v, bias).jaxpr)
-    assert (1, HQ, seq_q, seq_k) in shapes
+    assert (1, HQ, seq_q, seq_k) in shapes  # (one row's scores)
     assert (batch, HQ, seq_q, seq_k) not in shapes
     expected = jax.grad(functools.partial(loss, attention_reference), argnums=3)(q, k, v, bias)
     np.testing.assert_allclose(grad(q, k, v, bias), expected, atol=1e-5, rtol=1e-4)
