@@ -139,7 +139,7 @@ def _bias_gradient(q, k, v, out, lse, ct_out, ct_lse, q_lengths, kv_lengths, q_s
     whole batch takes each row's."""
     operands = (q, k, v, out, lse, ct_out, ct_lse, q_lengths, kv_lengths, q_segment_ids, kv_segment_ids)
     batch = q.shape[0]
-    if batch <= 1:
+    if not isinstance(batch, int) or batch <= 1:  # (a symbolic batch: all rows at once)
         return _bias_gradient_rows(*operands, bias, mask, params).astype(bias.dtype)
 
     def add_row(b, grad):
@@ -239,13 +239,27 @@ def _lower_bwd_cpu(ctx, *args, cfg, **params):
 def _reference_backward(q, k, v, out, lse, d_out, d_lse, q_lengths, kv_lengths, q_segment_ids, kv_segment_ids,
                         bias, mask, *, params):
     """(dq, dk, dv) by differentiating the plain jnp forward: the GPU's path for deterministic=True with segment ids or
-    bias / mask tensors (the deterministic kernels do not take them)."""
-    def forward(q, k, v):
-        return _reference_forward(q, k, v, q_lengths, kv_lengths, None, q_segment_ids, kv_segment_ids, bias, mask,
-                                  params=params)
+    bias / mask tensors (the deterministic kernels do not take them). One batch row at a time (each row's gradients
+    depend on its own inputs only), so the dense (heads, Sq, Sk) scores exist for one row at once."""
+    operands = (q, k, v, out, lse, d_out, d_lse, q_lengths, kv_lengths, q_segment_ids, kv_segment_ids, bias, mask)
 
-    _, pullback = jax.vjp(forward, q, k, v)
-    return pullback((d_out, d_lse))
+    def row_grads(q, k, v, out, lse, d_out, d_lse, q_lengths, kv_lengths, q_segment_ids, kv_segment_ids, bias, mask):
+        def forward(q, k, v):
+            return _reference_forward(q, k, v, q_lengths, kv_lengths, None, q_segment_ids, kv_segment_ids, bias,
+                                      mask, params=params)
+
+        _, pullback = jax.vjp(forward, q, k, v)
+        return pullback((d_out, d_lse))
+
+    batch = q.shape[0]
+    if not isinstance(batch, int) or batch <= 1:  # (a symbolic batch: all rows at once)
+        return row_grads(*operands)
+
+    def add_row(b, grads):
+        row = row_grads(*(_batch_row(x, b, batch) for x in operands))
+        return tuple(jax.lax.dynamic_update_slice_in_dim(g, r, b, axis=0) for g, r in zip(grads, row))
+
+    return jax.lax.fori_loop(0, batch, add_row, (jnp.zeros_like(q), jnp.zeros_like(k), jnp.zeros_like(v)))
 
 
 def _lower_bwd_cuda(ctx, *args, cfg, **params):

@@ -164,6 +164,56 @@ def test_the_bias_gradient_holds_one_batch_row_of_scores(shape):
     np.testing.assert_allclose(grad(q, k, v, bias), expected, atol=1e-5, rtol=1e-4)
 
 
+def test_bias_gradient_exports_with_a_symbolic_batch():
+    """With a symbolic batch the bias's gradient takes all rows at once (its loop needs a number of rows): jax.export
+    of the gradient, run at two batch sizes."""
+    cpu = jax.devices("cpu")[0]
+    (b,) = jax.export.symbolic_shape("b")
+    q_spec = jax.ShapeDtypeStruct((b, 24, 4, 16), jnp.float32)
+    kv_spec = jax.ShapeDtypeStruct((b, 24, 2, 16), jnp.float32)
+    bias_spec = jax.ShapeDtypeStruct((1, 4, 24, 24), jnp.float32)
+
+    def loss(q, k, v, b):
+        return jax_flash.attention(q, k, v, bias=b, causal=True).sum()
+
+    grad = jax.jit(jax.grad(loss, argnums=3))
+    checks = [jax.export.DisabledSafetyCheck.custom_call(name)
+              for name in ("jax_flash_attention", "jax_flash_attention_bwd")]
+    exported = jax.export.export(grad, disabled_checks=checks, platforms=["cpu"])(q_spec, kv_spec, kv_spec, bias_spec)
+    bias = jax.device_put(_bias((1, 4, 24, 24)), cpu)
+    for batch in (1, 3):
+        q, k, v = random_qkv(batch, batch, 24, 24, 4, 2, 16, jnp.float32, cpu)
+        np.testing.assert_allclose(np.asarray(exported.call(q, k, v, bias)), np.asarray(grad(q, k, v, bias)),
+                                   rtol=1e-5, atol=1e-5)
+
+
+def test_xla_backward_one_batch_row_at_a_time():
+    """The GPU's XLA backward (deterministic=True with tensors), computed row by row, equals the gradient of the
+    reference for a bias shared by the batch, a per-row mask and segment ids (run here on the CPU)."""
+    from jax_flash._autodiff import _reference_backward
+    from jax_flash._primitive import no_lengths
+
+    cpu = jax.devices("cpu")[0]
+    with jax.default_device(cpu):
+        batch, seq = 3, 40
+        q, k, v = random_qkv(11, batch, seq, seq, HQ, HK, D, jnp.float32)
+        bias = _bias((1, HQ, seq, seq))
+        mask = _mask((batch, 1, 1, seq), p=0.8)
+        ids = jnp.cumsum(jax.random.bernoulli(jax.random.PRNGKey(3), 0.1, (batch, seq)).astype(jnp.int32), axis=1)
+        kwargs = dict(causal=True, bias=bias, mask=mask, q_segment_ids=ids, kv_segment_ids=ids)
+        (out, lse), pullback = jax.vjp(lambda q, k, v: attention_reference(q, k, v, return_lse=True, **kwargs),
+                                       q, k, v)
+        d_out = jax.random.normal(jax.random.PRNGKey(4), out.shape, jnp.float32)
+        d_lse = jnp.zeros_like(lse)
+        params = dict(softmax_scale=D ** -0.5, causal=True, window_left=-1, window_right=0, softcap=0.0,
+                      has_q_lengths=False, has_kv_lengths=False, paged=False, segments=True, has_bias=True,
+                      has_mask=True, alibi=False)
+        grads = _reference_backward(q, k, v, out, lse, d_out, d_lse, no_lengths(), no_lengths(), ids, ids, bias,
+                                    mask, params=params)
+        for got, want in zip(grads, pullback((d_out, d_lse))):
+            np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=1e-5, atol=1e-5)
+
+
 @pytest.mark.parametrize("head_dim", [64, 128, 256])
 @pytest.mark.parametrize("case", ["cells", "cells_segments", "dense_causal", "padding"])
 def test_gradients_skip_tiles_of_zeros(device, head_dim, case):
