@@ -134,35 +134,8 @@ def _bias_gradient(q, k, v, out, lse, ct_out, ct_lse, q_lengths, kv_lengths, q_s
                    mask, params):
     """d(loss)/d(bias) = dS = P o (dO V^T - D), D = rowsum(dO o O) - dlse, summed over the bias's broadcast
     dimensions: by XLA, O(Sq x Sk) per (batch, head). ALiBi slopes: dS o -|i + kv_len - q_len - j| summed the same
-    way (the bias is slope times that). Computed one batch row at a time, so the (Hq, Sq, Sk) intermediates exist
-    for one row at once rather than for all B: a bias shared by the batch sums the rows' gradients, a bias of the
-    whole batch takes each row's."""
-    operands = (q, k, v, out, lse, ct_out, ct_lse, q_lengths, kv_lengths, q_segment_ids, kv_segment_ids)
-    batch = q.shape[0]
-    if not isinstance(batch, int) or batch <= 1:  # (a symbolic batch: all rows at once)
-        return _bias_gradient_rows(*operands, bias, mask, params).astype(bias.dtype)
-
-    def add_row(b, grad):
-        row = [_batch_row(x, b, batch) for x in (*operands, bias, mask)]
-        row_grad = _bias_gradient_rows(*row, params)
-        if bias.shape[0] == 1:
-            return grad + row_grad
-        return jax.lax.dynamic_update_slice_in_dim(grad, row_grad, b, axis=0)
-
-    grad = jax.lax.fori_loop(0, batch, add_row, jnp.zeros(bias.shape, jnp.float32))
-    return grad.astype(bias.dtype)
-
-
-def _batch_row(x, b, batch):
-    """Row b of an operand whose leading dimension is the batch (kept as a dimension of 1); others as they are."""
-    if x is None or x.ndim == 0 or x.shape[0] != batch:
-        return x
-    return jax.lax.dynamic_slice_in_dim(x, b, 1, axis=0)
-
-
-def _bias_gradient_rows(q, k, v, out, lse, ct_out, ct_lse, q_lengths, kv_lengths, q_segment_ids, kv_segment_ids,
-                        bias, mask, params):
-    """_bias_gradient over the batch rows given, float32."""
+    way (the bias is slope times that). All rows at once, in plain ops that GSPMD partitions as q is (a loop over the
+    batch rows made it gather the batch-sharded q, out and lse onto every device)."""
     f32 = jnp.float32
     group = q.shape[2] // k.shape[2] if k.shape[2] else 1
     visible = _visible(q, k, q_lengths, kv_lengths, q_segment_ids, kv_segment_ids, mask, params)
@@ -177,7 +150,7 @@ def _bias_gradient_rows(q, k, v, out, lse, ct_out, ct_lse, q_lengths, kv_lengths
     if params["alibi"]:
         ds = ds * _bias_of(jnp.ones_like(bias), s.shape, q_lengths, kv_lengths, params)
     axes = tuple(i for i, n in enumerate(bias.shape) if n == 1 and ds.shape[i] != 1)
-    return jnp.sum(ds, axis=axes, keepdims=True)
+    return jnp.sum(ds, axis=axes, keepdims=True).astype(bias.dtype)
 
 
 def _lin_transpose(cts, q_dot, k_dot, v_dot, bias_dot, q, k, v, out, lse, q_lengths, kv_lengths, page_table,
@@ -236,11 +209,19 @@ def _lower_bwd_cpu(ctx, *args, cfg, **params):
     return jax.ffi.ffi_lowering(native.BACKWARD_TARGET_NAME)(ctx, *args, **_bwd_attrs(cfg, params))
 
 
+def _batch_row(x, b, batch):
+    """Row b of an operand whose leading dimension is the batch (kept as a dimension of 1); others as they are."""
+    if x is None or x.ndim == 0 or x.shape[0] != batch:
+        return x
+    return jax.lax.dynamic_slice_in_dim(x, b, 1, axis=0)
+
+
 def _reference_backward(q, k, v, out, lse, d_out, d_lse, q_lengths, kv_lengths, q_segment_ids, kv_segment_ids,
                         bias, mask, *, params):
     """(dq, dk, dv) by differentiating the plain jnp forward: the GPU's path for deterministic=True with segment ids or
     bias / mask tensors (the deterministic kernels do not take them). One batch row at a time (each row's gradients
-    depend on its own inputs only), so the dense (heads, Sq, Sk) scores exist for one row at once."""
+    depend on its own inputs only), so the dense (heads, Sq, Sk) scores exist for one row at once; it runs in the
+    partitioned backward's lowering, on each device's own rows."""
     operands = (q, k, v, out, lse, d_out, d_lse, q_lengths, kv_lengths, q_segment_ids, kv_segment_ids, bias, mask)
 
     def row_grads(q, k, v, out, lse, d_out, d_lse, q_lengths, kv_lengths, q_segment_ids, kv_segment_ids, bias, mask):

@@ -69,7 +69,7 @@ def attention(q, k, v, cfg: KernelConfig | None = None, *, causal: bool = False,
         scaled, soft-capped scores; a False (zero) mask entry hides the key, on top of every other mask. Broadcast
         dimensions are never materialised; key tiles the mask hides entirely are skipped (the CPU path and the sm80
         family; on Hopper the sm90 family skips the key blocks outside the first to last with a visible entry). The
-        bias gets a gradient (computed by XLA one batch row at a time, O(Sq x Sk) per head).
+        bias gets a gradient (computed by XLA, O(Sq x Sk) per batch row and head).
       alibi_slopes: float (heads_q,) or (batch, heads_q) (traced): ALiBi, FlashAttention's alibi_slopes. Adds
         -alibi_slopes[b, h] * |i + kv_len - q_len - j| to the scaled, soft-capped scores: zero on the diagonal that
         causal uses (bottom-right, with the lengths), falling linearly with the distance on both sides. The kernels
