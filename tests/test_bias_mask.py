@@ -110,9 +110,11 @@ def test_masks_with_tiles_of_zeros(device, shape, head_dim):
         np.testing.assert_allclose(lse[seen], ref_lse[seen], atol=2e-2, rtol=1e-3)
 
 
+@pytest.mark.parametrize("deterministic", [False, True])
 @pytest.mark.parametrize("shape", ["full", "heads", "keys"])
-def test_gradients_with_bias_and_mask(device, shape):
-    """Gradients to q, k, v and the bias (summed over its broadcast dimensions) against the reference's."""
+def test_gradients_with_bias_and_mask(device, shape, deterministic):
+    """Gradients to q, k, v and the bias (summed over its broadcast dimensions) against the reference's; with
+    deterministic=True a GPU computes them in XLA, one batch row at a time."""
     dtype = _dtype(device)
     q, k, v = random_qkv(8, B, 64, 64, HQ, HK, D, dtype, device)
     bias = _bias(SHAPES[shape][:2] + (64, 64) if shape != "keys" else (B, 1, 1, 64))
@@ -120,6 +122,8 @@ def test_gradients_with_bias_and_mask(device, shape):
     weights = jax.random.normal(jax.random.PRNGKey(9), q.shape, jnp.float32)
 
     def loss(attention, q, k, v, b, **kw):
+        if attention is jax_flash.attention:
+            kw = dict(kw, deterministic=deterministic)
         out, lse = attention(q, k, v, bias=b, mask=mask, causal=True, return_lse=True, **kw)
         return (out.astype(jnp.float32) * weights).sum() + jnp.where(jnp.isfinite(lse), lse, 0).sum()
 
