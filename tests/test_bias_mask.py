@@ -97,6 +97,8 @@ def test_masks_with_tiles_of_zeros(device, shape, head_dim):
     mask_shape = {"full": (B, HQ, seq_q, seq_k), "heads": (1, HQ, seq_q, seq_k), "rows": (B, 1, seq_q, seq_k),
                   "decode": (B, HQ, seq_q, seq_k), "decode_shared": (B, 1, seq_q, seq_k)}[shape]
     mask = _block_sparse_mask(mask_shape, seed=head_dim)
+    if shape == "decode_shared":  # (one row of cells for all heads: its last keys kept, which the last segment sees)
+        mask = mask.at[..., -32:].set(True)
     q, k, v = random_qkv(8, B, seq_q, seq_k, HQ, HK, head_dim, _dtype(device), device)
     ids = jnp.cumsum(jax.random.bernoulli(jax.random.PRNGKey(9), 0.01, (B, seq_k)).astype(jnp.int32), axis=1)
     for kwargs in (dict(mask=mask), dict(mask=mask, causal=True, kv_lengths=jnp.array([seq_k, 333], jnp.int32),
