@@ -87,15 +87,18 @@ def _block_sparse_mask(shape, seed, cell=16, p=0.3):
     return jnp.repeat(jnp.repeat(cells, cell, axis=2), cell, axis=3)[:, :, :shape[2], :shape[3]]
 
 
-@pytest.mark.parametrize("shape", ["full", "heads", "rows", "decode"])
+@pytest.mark.parametrize("shape", ["full", "heads", "rows", "decode", "decode_shared"])
 @pytest.mark.parametrize("head_dim", [64, 128])
 def test_masks_with_tiles_of_zeros(device, shape, head_dim):
     """Masks whose tiles are all zeros (the GPU kernels skip those key blocks: common/mask_blocks.cuh) give the
-    reference result and lse, alone and under causal, kv_lengths and segment ids, including rows that see no key."""
-    seq_q, seq_k = (8, 600) if shape == "decode" else (520, 600)
+    reference result and lse, alone and under causal, kv_lengths and segment ids, including rows that see no key.
+    decode_shared: a mask shared by the heads on a decode-sized call, whose packed GQA tiles skip its tiles too."""
+    seq_q, seq_k = (8, 600) if shape.startswith("decode") else (520, 600)
     mask_shape = {"full": (B, HQ, seq_q, seq_k), "heads": (1, HQ, seq_q, seq_k), "rows": (B, 1, seq_q, seq_k),
-                  "decode": (B, HQ, seq_q, seq_k)}[shape]
+                  "decode": (B, HQ, seq_q, seq_k), "decode_shared": (B, 1, seq_q, seq_k)}[shape]
     mask = _block_sparse_mask(mask_shape, seed=head_dim)
+    if shape == "decode_shared":  # (one row of cells for all heads: its last keys kept, which the last segment sees)
+        mask = mask.at[..., -32:].set(True)
     q, k, v = random_qkv(8, B, seq_q, seq_k, HQ, HK, head_dim, _dtype(device), device)
     ids = jnp.cumsum(jax.random.bernoulli(jax.random.PRNGKey(9), 0.01, (B, seq_k)).astype(jnp.int32), axis=1)
     for kwargs in (dict(mask=mask), dict(mask=mask, causal=True, kv_lengths=jnp.array([seq_k, 333], jnp.int32),
@@ -106,7 +109,7 @@ def test_masks_with_tiles_of_zeros(device, shape, head_dim):
         lse, ref_lse = np.asarray(lse), np.asarray(ref_lse)
         assert (np.isneginf(lse) == np.isneginf(ref_lse)).all()
         seen = np.isfinite(ref_lse)
-        assert seen.any() and (shape == "decode" or not seen.all())  # (some rows see no key)
+        assert seen.any() and (shape.startswith("decode") or not seen.all())  # (some rows see no key)
         np.testing.assert_allclose(lse[seen], ref_lse[seen], atol=2e-2, rtol=1e-3)
 
 

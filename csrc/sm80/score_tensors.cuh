@@ -67,15 +67,22 @@ struct ScoreTensors {
   }
 
   // The key blocks of [begin, end) the tile visits: with segment ids and their pre-pass, those whose kv id range
-  // meets the range of the tile's valid rows; with the mask pre-pass (a tile of one query head), those whose mask
-  // tile holds a nonzero entry (each warp computes it whole, so every warp walks the same blocks).
+  // meets the range of the tile's valid rows; with the mask pre-pass, those whose mask tile holds a nonzero entry
+  // (each warp computes it whole, so every warp walks the same blocks). The pre-pass flags tiles of kBlockQ query
+  // positions of one head; a packed tile (pack heads x its positions) uses them where the mask is shared by the heads
+  // and its positions lie in one such tile (a superset of its rows: a flag can only keep a block, never drop one).
   __device__ __forceinline__ VisibleBlocks visible_blocks(int begin, int end, int lane) const {
     VisibleBlocks blocks{nullptr, 0, 0, end};
-    if (p.mask_blocks != nullptr && t.pack == 1) {
-      const MaskBlockShape shape = MaskBlockShape::of(p, T::kBlockQ, T::kBlockKV);
-      blocks.mask_flags = p.mask_blocks + shape.row(p.mask_strides[0] != 0 ? t.batch : 0,
-                                                    p.mask_strides[1] != 0 ? t.head0 : 0,
-                                                    p.mask_strides[2] != 0 ? t.row0 / T::kBlockQ : 0);
+    if (p.mask_blocks != nullptr) {
+      const int q_block = t.pack == 1 ? t.row0 / T::kBlockQ : t.row0 / t.pack / T::kBlockQ;
+      const bool one_tile =
+          t.pack == 1 || (p.mask_strides[1] == 0 && (t.row0 + max(t.q_rows, 1) - 1) / t.pack / T::kBlockQ == q_block);
+      if (one_tile) {
+        const MaskBlockShape shape = MaskBlockShape::of(p, T::kBlockQ, T::kBlockKV);
+        blocks.mask_flags = p.mask_blocks + shape.row(p.mask_strides[0] != 0 ? t.batch : 0,
+                                                      p.mask_strides[1] != 0 ? t.head0 : 0,
+                                                      p.mask_strides[2] != 0 ? q_block : 0);
+      }
     }
     const bool segments = p.kv_block_segments != nullptr && p.q_segment_ids != nullptr;
     if (!segments && blocks.mask_flags == nullptr) return blocks;
