@@ -176,6 +176,7 @@ def _lower_cuda(ctx, *args, cfg, **params):
                       seq_k=seq_k if isinstance(seq_k, int) else 0,
                       group=q_aval.shape[2] // heads_k if heads_k else 1,
                       tensors=has_bias_or_mask(params), segments=params["segments"],
+                      alibi=params["alibi"] and not params["has_mask"],
                       kv_bytes=2 * batch * seq_k * heads_k * head_dim * q_aval.dtype.itemsize
                       if isinstance(batch, int) and isinstance(seq_k, int) else 0)
     cfg = resolve_gpu_config(cfg, q_aval.dtype, q_aval.shape[3], tuned, right_bounded, shape)

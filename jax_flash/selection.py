@@ -63,6 +63,10 @@ SM90_BY_SHAPE: dict[tuple[int, bool], tuple[tuple[int, KernelConfig], ...]] = {
 # 251-255 against 187-188, causal mask 397-428 against 350-398, padding mask 493-524 against 447-501). Head dim 256
 # keeps pingpong (masks 1-2% faster with it, the bias equal).
 SM90_TENSOR_CONFIGS: dict[int, KernelConfig] = {64: SM90_CONFIGS[64][0], 128: SM90_CONFIGS[128][1]}
+# sm_90 with ALiBi slopes alone (computed per score, nothing read), where it differs from SM90_TENSOR_CONFIGS: head
+# dim 64 on the three-consumer tile, which SM90_BY_SHAPE runs without them (H100, bf16, 16 heads, 4 x 4096 tokens:
+# 367 against 333 TFLOP/s on the two-consumer tile).
+SM90_ALIBI_CONFIGS: dict[int, KernelConfig] = {64: SM90_CONFIGS[64][2]}
 # sm_90, head dim 64 without a right bound, 193-256 query rows (ViT-B/16 at 224 px: 197 tokens): the 128-row tile
 # (two query tiles either way, the 192-row tile's second holding at most 64 rows). H100, bf16, 12 heads, batch 64 /
 # 256: 152 / 178 TFLOP/s against 136 / 160 on the 192-row tile (cuDNN 160 / 181); from 385 rows the 192-row tile
@@ -80,6 +84,7 @@ class CallShape:
     group: int = 1
     tensors: bool = False  # a bias or mask tensor
     segments: bool = False  # segment ids
+    alibi: bool = False  # the bias operand holds ALiBi slopes and no mask tensor comes with them: no per-score reads
     kv_bytes: int = 0  # K and V bytes the call reads (logical, paged or not); 0: not known (symbolic shapes)
 
 
@@ -164,12 +169,15 @@ def sm90_packed_config(arch: int, dtype: str, head_dim: int, shape: CallShape, c
 
 
 def default_gpu_config(arch: int, dtype: str, head_dim: int, compiled: list[KernelConfig], right_bounded: bool = False,
-                       seq_k: int = 0, tensors: bool = False, seq_q: int | None = None) -> KernelConfig | None:
+                       seq_k: int = 0, tensors: bool = False, seq_q: int | None = None,
+                       alibi: bool = False) -> KernelConfig | None:
     """The config cfg=None runs on a GPU of compute capability `arch` (e.g. 90); None when nothing is compiled.
     `compiled` holds only configs this GPU can run (the caller drops the sm90 family below sm_90); `tensors`: the call
-    has a bias or mask tensor; seq_q: its query rows (None: symbolic)."""
-    if arch == 90 and tensors and SM90_TENSOR_CONFIGS.get(head_dim) in compiled:
-        return SM90_TENSOR_CONFIGS[head_dim]
+    has a bias or mask tensor (`alibi`: ALiBi slopes alone); seq_q: its query rows (None: symbolic)."""
+    if arch == 90 and tensors:
+        for table in (SM90_ALIBI_CONFIGS if alibi else {}, SM90_TENSOR_CONFIGS):
+            if table.get(head_dim) in compiled:
+                return table[head_dim]
     short = seq_q is not None and SM90_SHORT_ROWS[0] <= seq_q <= SM90_SHORT_ROWS[1] and not right_bounded
     if arch == 90 and head_dim == 64 and short and SM90_CONFIGS[64][0] in compiled:
         return SM90_CONFIGS[64][0]
@@ -224,7 +232,7 @@ def resolve_gpu_config(cfg: KernelConfig | None, dtype, head_dim: int, tuned: Ke
             cfg = tuned
         else:
             cfg = default_gpu_config(arch, dtype_name, head_dim, compiled, right_bounded, shape.seq_k, shape.tensors,
-                                     shape.seq_q)
+                                     shape.seq_q, shape.alibi)
     elif cfg.kernel() not in compiled:
         listing = "\n  ".join(repr(c) for c in compiled)
         raise ValueError(f"cfg={cfg!r} is not compiled into this build for {dtype_name} head_dim={head_dim}. "

@@ -372,7 +372,8 @@ def test_sm90_bias_and_mask(head_dim, cfg, shape):
 
 def test_tensor_routing():
     """cfg=None on a GPU (jax_flash/selection.py): bias / mask tensors take the default path on sm_90 (the sm90
-    family, unpacked) and the sm80 family's tuned tile below it; decode-sized calls keep the decode tiles."""
+    family, unpacked; ALiBi slopes alone at head dim 64 the three-consumer tile) and the sm80 family's tuned tile
+    below it; decode-sized calls keep the decode tiles."""
     from jax_flash import config, selection
 
     compiled = list(config.TUNED_CONFIGS[128]) + list(config.DECODE_CONFIGS[128]) + list(config.SM90_CONFIGS[128])
@@ -384,5 +385,11 @@ def test_tensor_routing():
                                         True) == config.SM90_CONFIGS[64][0]
     no_pingpong = selection.default_gpu_config(90, "bfloat16", 128, compiled, False, 1024, True)
     assert no_pingpong == config.SM90_CONFIGS[128][1] and not no_pingpong.pingpong
+    for right_bounded in (False, True):  # ALiBi slopes alone: head dim 64 on the three-consumer tile
+        alibi = selection.default_gpu_config(90, "bfloat16", 64, list(config.SM90_CONFIGS[64]), right_bounded, 1024,
+                                             True, 1024, alibi=True)
+        assert alibi == config.SM90_CONFIGS[64][2] and alibi.consumer_warpgroups == 3
+        assert selection.default_gpu_config(90, "bfloat16", 128, compiled, right_bounded, 1024, True, 1024,
+                                            alibi=True) == config.SM90_CONFIGS[128][1]
     decode = dataclasses.replace(shape, seq_q=1, group=1)
     assert selection.decode_gpu_config(128, decode, compiled, 90).kernel() in config.DECODE_CONFIGS[128]
