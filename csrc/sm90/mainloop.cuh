@@ -93,6 +93,15 @@ struct Mainloop {
   int st_row;               // this lane's fragment row (fragments.cuh)
   uint32_t st_base;         // ... in this consumer's P (V::kPSmem)
   int lo_off, hi_off;       // key j is visible to row i when i + lo_off <= j <= i + hi_off, j < kv_len
+  // Segment ids (V::kSplitPaged with p.q_block_segments): the tile's (min, max) q id and this lane's two rows' ids,
+  // read once per tile, and the (min, max) kv id of the next key block, read before its S = Q K^T is waited for so
+  // the load's latency hides under the product (read after it, per block, it sat on the softmax's path)
+  struct Segments {
+    int q_min, q_max, row_id0, row_id1;
+    int2 block_ids;
+  };
+  struct NoSegments {};
+  [[no_unique_address]] std::conditional_t<V::kSplitPaged, Segments, NoSegments> seg;
   int my_end;               // this consumer's key blocks end here (V::kTrimTail), else the tile's
   bool half_last;           // V::kHalfLast: its last key block is computed at half width
   // FP8: the tile's (batch, kv head) factors folded in: scale x q_descale x k_descale (and x log2(e)), v_descale
@@ -202,30 +211,45 @@ struct Mainloop {
                                                                   tile.q_rows_valid, warp_row0, lane, lo_off, hi_off,
                                                                   tile.len.kv_len);
       }
-      if (V::kSplitPaged && p.q_block_segments != nullptr) mask_segments<kKeys>(scores, j);
+      if constexpr (V::kSplitPaged) {
+        if (has_segments()) mask_segments<kKeys>(scores, j);
+      }
       if constexpr (V::kTensors) apply_tensors<kKeys>(scores, j);
     }
     return softmax.template update_max<kKeys / 8>(acc_s, scale_log2(), max_growth, alpha);
   }
+  __device__ __forceinline__ bool has_segments() const { return V::kSplitPaged && p.q_block_segments != nullptr; }
+  __device__ __forceinline__ void begin_segments() {  // (begin_tile)
+    if constexpr (V::kSplitPaged) {
+      if (!has_segments()) return;
+      const int64_t q_block = int64_t{tile.batch} * p.num_q_blocks + tile.row0 / T::kBlockQ;
+      const int4 tile_ids = reinterpret_cast<const int4*>(p.q_block_segments)[q_block];
+      seg.q_min = tile_ids.z;
+      seg.q_max = tile_ids.w;
+      const int* q_ids = p.q_segment_ids + tile.batch * p.q_segment_stride;
+      const int row = tile.row0 + warp_row0 + lane / 4;
+      seg.row_id0 = row < p.seqlen_q ? __ldg(q_ids + row) : 0;  // (rows past seqlen_q are never stored)
+      seg.row_id1 = row + 8 < p.seqlen_q ? __ldg(q_ids + row + 8) : 0;
+    }
+  }
+  __device__ __forceinline__ void prefetch_segments(int j) {  // before S_j is waited for
+    if constexpr (V::kSplitPaged) {
+      if (!has_segments()) return;
+      const int key_blocks = (p.seqlen_k + T::kBlockKV - 1) / T::kBlockKV;
+      seg.block_ids = reinterpret_cast<const int2*>(p.kv_block_segments)[int64_t{tile.batch} * key_blocks + j];
+    }
+  }
   // Segment ids: hides each score of key block j whose key's kv id differs from its row's q id, unless every query
   // row of the tile and every key of the block carry one id (the pre-passes' ranges, common/segment_blocks.cuh:
-  // inside a document of sorted ids, most blocks). The ids come from global memory (L1): a lane's two rows', which
-  // decide a block of one id whole (a tile across a document boundary, over one document's keys); only a block
-  // across a boundary takes the lane's 2 x kKeys / 8 columns, compared into one bit per score in a loop of 4 loads
-  // in flight (all of them at once, fully unrolled, the variant spilled 270 more bytes; 8 at once, 60), the bits
-  // then applied.
+  // inside a document of sorted ids, most blocks). A lane's two rows' ids decide a block of one id whole (a tile
+  // across a document boundary, over one document's keys); only a block across a boundary takes the lane's
+  // 2 x kKeys / 8 columns, compared into one bit per score in a loop of 4 loads in flight (all of them at once, fully
+  // unrolled, the variant spilled 270 more bytes; 8 at once, 60), the bits then applied.
   template <int kKeys>
   __device__ __forceinline__ void mask_segments(float (&scores)[1][kKeys / 8][4], int j) {
-    const int key_blocks = (p.seqlen_k + T::kBlockKV - 1) / T::kBlockKV;
-    const int64_t q_block = int64_t{tile.batch} * p.num_q_blocks + tile.row0 / T::kBlockQ;
-    const int4 tile_ids = reinterpret_cast<const int4*>(p.q_block_segments)[q_block];
-    const int2 block_ids =
-        reinterpret_cast<const int2*>(p.kv_block_segments)[int64_t{tile.batch} * key_blocks + j];
-    if (tile_ids.z == tile_ids.w && block_ids.x == tile_ids.z && block_ids.y == tile_ids.z) return;
-    const int* q_ids = p.q_segment_ids + tile.batch * p.q_segment_stride;
-    const int row = tile.row0 + warp_row0 + lane / 4;
-    const int row_id0 = row < p.seqlen_q ? __ldg(q_ids + row) : 0;  // (rows past seqlen_q are never stored)
-    const int row_id1 = row + 8 < p.seqlen_q ? __ldg(q_ids + row + 8) : 0;
+    const int2 block_ids = seg.block_ids;
+    if (seg.q_min == seg.q_max && block_ids.x == seg.q_min && block_ids.y == seg.q_min) return;
+    const int row_id0 = seg.row_id0, row_id1 = seg.row_id1;
     if (block_ids.x == block_ids.y) {  // every key of the block carries one id: a row sees all of it or none
 #pragma unroll
       for (int n = 0; n < kKeys / 8; ++n)
@@ -476,6 +500,7 @@ struct Mainloop {
   __device__ __forceinline__ void begin_tile(const ConsumerTile& t, int n) {
     tile = t;
     tile_number = n;
+    begin_segments();
 #pragma unroll
     for (int n = 0; n < T::kOTiles; ++n)
 #pragma unroll
@@ -534,6 +559,7 @@ struct Mainloop {
   // other's exponentials.
   __device__ __forceinline__ void run_without_overlap() {
     for (int j = tile.block_begin; j < my_end; ++j, ++it) {
+      prefetch_segments(j);
       mbarrier_wait(s.k_full(P::stage_of(it)), P::parity_of(it));
       issue_s(P::stage_of(it));
       wgmma_wait<0>();
@@ -581,6 +607,7 @@ struct Mainloop {
   // Prologue: S of the first block and its softmax (O is still zero: no rescale).
   template <int kKeys>
   __device__ __forceinline__ void prologue(int first_j, int last_j) {
+    prefetch_segments(first_j);
     mbarrier_wait(s.k_full(P::stage_of(it)), P::parity_of(it));
     trace(kTraceKReady, first_j);
     turns.wait();
@@ -608,6 +635,7 @@ struct Mainloop {
   // block computed.
   template <int kPrevKeys>
   __device__ __forceinline__ void step(int j, int last_j, bool& kv_ready) {
+    prefetch_segments(j);
     if (!kv_ready) {
       mbarrier_wait(s.k_full(P::stage_of(it)), P::parity_of(it));
       mbarrier_wait(s.v_full(P::stage_of(it - 1)), P::parity_of(it - 1));
