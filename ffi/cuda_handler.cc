@@ -15,6 +15,7 @@
 #include "common/mask_blocks.h"
 #include "common/registry.h"
 #include "common/split_plan.h"
+#include "sm90/segment_tiles.h"
 
 namespace jax_flash {
 namespace {
@@ -135,15 +136,18 @@ ffi::Error attention_cuda_impl(cudaStream_t stream, ffi::ScratchAllocator scratc
                                                                 " bytes of scratch memory for the segment id ranges");
     }
     params.kv_block_segments = static_cast<int*>(*ranges);
-    if (key.family == 90) {  // ... and the sm90 pre-pass's key blocks per query block (params.h, q_block_segments)
-      const size_t q_bytes = 4 * sizeof(int) * params.batch * ((params.seqlen_q + key.block_q - 1) / key.block_q);
-      std::optional<void*> q_ranges = q_bytes > 0 ? scratch.Allocate(q_bytes, kScratchAlignment) : std::nullopt;
-      if (q_bytes > 0 && !q_ranges.has_value()) {
+    if (key.family == 90 && params.seqlen_q > 0) {  // ... and the sm90 forward's tiles per row (sm90/segment_tiles.cuh)
+      params.segment_tile_slots = sm90::segment_tile_slots(params.seqlen_q, key.block_q);
+      const size_t tile_bytes = sizeof(sm90::SegmentTile) * params.batch * params.segment_tile_slots;
+      std::optional<void*> tiles = scratch.Allocate(tile_bytes, kScratchAlignment);
+      std::optional<void*> count = scratch.Allocate(sizeof(int), kScratchAlignment);
+      if (!tiles.has_value() || !count.has_value()) {
         return ffi::Error(ffi::ErrorCode::kResourceExhausted,
-                          "jax_flash: could not allocate " + std::to_string(q_bytes) +
-                              " bytes of scratch memory for the segment id ranges of the query blocks");
+                          "jax_flash: could not allocate " + std::to_string(tile_bytes + sizeof(int)) +
+                              " bytes of scratch memory for the segment id tiles");
       }
-      params.q_block_segments = q_bytes > 0 ? static_cast<int*>(*q_ranges) : nullptr;
+      params.segment_tiles = static_cast<int*>(*tiles);
+      params.segment_tile_count = static_cast<int*>(*count);
     }
   }
   if (params.mask != nullptr && params.pack_gqa == 1) {  // the mask pre-pass's flag per (query block, key block)

@@ -264,6 +264,30 @@ def test_sm90_segments(head_dim, cfg, layout):
         jax_flash.attention(q, k, v, dataclasses.replace(cfg, pack_gqa=True), **_both(ids))
 
 
+@requires_hopper
+@pytest.mark.parametrize("head_dim,cfg", SM90_CASES, ids=SM90_IDS)
+def test_sm90_document_tiles(head_dim, cfg):
+    """Every shipped sm90 config with rows of sorted ids, equal for queries and keys, which run document tiles
+    (csrc/sm90/segment_tiles.cuh: tiles and key blocks that start at a document's first token, rows stored up to
+    the document's end), beside rows that run query-block tiles in the same call (unsorted ids; documents of 4
+    tokens, whose tiles would not fit the slots): causal, non-causal, a window and softcap, against the reference
+    (out and lse)."""
+    gpu = jax.devices("gpu")[0]
+    seq = 900  # (not a multiple of any block)
+    q, k, v = random_qkv(head_dim + 1, 3, seq, seq, 4, 2, head_dim, jnp.bfloat16, gpu)
+    ids = jnp.concatenate([packed_ids(head_dim, 1, seq, 170), LAYOUTS["unsorted"](1, seq),
+                           (jnp.arange(seq, dtype=jnp.int32) // 4)[None]])
+    for kwargs in (dict(causal=True), dict(causal=False), dict(causal=True, window=(300, -1), softcap=20.0)):
+        kwargs = dict(kwargs, **_both(ids))
+        out, lse = jax_flash.attention(q, k, v, cfg, return_lse=True, **kwargs)
+        assert_flash_close(out, q, k, v, **kwargs)
+        _, ref_lse = jax_flash.attention_reference(q, k, v, return_lse=True, **kwargs)
+        ref_lse = np.asarray(ref_lse)
+        np.testing.assert_array_equal(np.isneginf(np.asarray(lse)), np.isneginf(ref_lse))
+        finite = np.isfinite(ref_lse)
+        np.testing.assert_allclose(np.asarray(lse)[finite], ref_lse[finite], atol=2e-2, rtol=0)
+
+
 def test_segment_routing():
     """cfg=None on a GPU (jax_flash/selection.py): segment ids take the default path on sm_90 (the sm90 family) and
     the sm80 family's tuned tile below it."""

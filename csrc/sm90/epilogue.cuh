@@ -114,6 +114,29 @@ struct Epilogue {
     }
   }
 
+  // A tile whose rows end inside this consumer's 64 while the rows after them lie in the tensor (a document tile,
+  // segment_tiles.cuh: the next document's rows, another tile's): its rows are stored from the registers, each quad
+  // 4 bytes per n8 tile, where one TMA box would overwrite those. (Other tiles end at a multiple of 64 rows or at
+  // the tensor's end, where the TMA unit clips the box.)
+  __device__ __forceinline__ static bool stores_rows(const AttentionParams& p, const ConsumerTile& t, int consumer) {
+    return V::kSplitPaged && !V::kTensors && p.segment_tiles != nullptr && t.q_rows < 64 * consumer + 64 &&
+           t.row0 + t.q_rows < p.seqlen_q;  // (tensor calls run query-block tiles: may_run_document_tiles)
+  }
+  template <class Mainloop>
+  __device__ __forceinline__ static void store_rows(Mainloop& m, const ConsumerTile& t) {
+    const AttentionParams& p = m.p;
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const int row = m.warp_row0 + m.lane / 4 + 8 * h;
+      if (row >= t.q_rows) continue;
+      Element* o = tile_o(p, t) + row * p.o_seq_stride + 2 * (m.lane % 4);
+#pragma unroll
+      for (int n = 0; n < T::kOTiles; ++n) {
+        *reinterpret_cast<uint32_t*>(o + 8 * n) = pack2<Element>(m.acc_o[0][n][2 * h], m.acc_o[0][n][2 * h + 1]);
+      }
+    }
+  }
+
   // O / l and lse of the mainloop's rows, then O stored. `m`: the consumer's Mainloop after the tile's key blocks.
   template <class Mainloop>
   __device__ __forceinline__ static void store(Mainloop& m, const ConsumerTile& t, int split, SmemView<T> s,
@@ -158,6 +181,14 @@ struct Epilogue {
       for (int n = 0; n < T::kOTiles; ++n)
 #pragma unroll
         for (int e = 0; e < 4; ++e) m.acc_o[0][n][e] *= m.fp8_v_descale;
+    }
+    if (stores_rows(p, t, consumer)) {
+      store_rows(m, t);
+      if constexpr (T::kOInQ) {  // (the Q buffer released as after a TMA store, which this replaces)
+        sync_consumer(consumer);
+        if (wg_tid == 0) mbarrier_arrive(s.q_empty(m.qb));
+      }
+      return;
     }
     // O -> this consumer's 64 rows of the staging buffer (swizzled like Q) by stmatrix, then one TMA store per
     // 64-column panel by thread 0 of the consumer; the TMA unit clips rows past the tensor. That thread first waits

@@ -12,10 +12,10 @@
 
 #include "common/launch_util.h"
 #include "common/mask_blocks.cuh"
-#include "common/segment_blocks.cuh"
 #include "common/split_combine.cuh"
 #include "sm90/api.h"
 #include "sm90/kernel.cuh"
+#include "sm90/segment_tiles.cuh"
 #include "sm90/split_tail.cuh"
 #include "sm90/tensor_map.h"
 #include "sm90/tile_scheduler.cuh"
@@ -32,7 +32,9 @@ std::string launch_sm90(AttentionParams p, const CUtensorMap& map_q, const CUten
   // key range, so the blocks draw them from a counter, heaviest first (a static stride left some SMs all the heavy
   // ones: causal 16384 keys fell from 631 to 416 TFLOP/s).
   const int64_t units = p.pack_gqa > 1 ? p.heads_k : p.heads_q;  // query heads, or kv heads when packed
-  const int64_t num_tiles = static_cast<int64_t>(p.num_q_blocks) * units * p.batch * p.num_splits;
+  // (with segment ids: every slot of a row, an upper bound; the producer reads the pre-pass's count)
+  const int unit_tiles = p.segment_tiles != nullptr ? p.segment_tile_slots : p.num_q_blocks;
+  const int64_t num_tiles = static_cast<int64_t>(unit_tiles) * units * p.batch * p.num_splits;
   if (T::kTileIndex32 && num_tiles > INT_MAX) {
     return "sm90 kernel with " + std::to_string(T::kConsumers) + " consumer warpgroups: " + std::to_string(num_tiles) +
            " tiles (batch x head units x query blocks x key ranges) exceed its 32-bit tile index (at most " +
@@ -94,6 +96,9 @@ std::string run_attention_sm90(const AttentionParams& params, cudaStream_t strea
   }
   const bool segments = p.q_segment_ids != nullptr;
   if (segments && packed) return "the sm90 family does not pack GQA with segment ids; use pack_gqa=False";
+  if (segments && p.seqlen_q > 0 && p.seqlen_k > 0 && (p.segment_tiles == nullptr || p.kv_block_segments == nullptr)) {
+    return "the sm90 family's segment ids need scratch memory for their tiles (segment_tiles, kv_block_segments)";
+  }
   const bool tensors = p.bias != nullptr || p.mask != nullptr;
   if (tensors && packed) return "the sm90 family does not pack GQA with bias / mask tensors; use pack_gqa=False";
   p.num_q_blocks = static_cast<int>((int64_t{p.seqlen_q} * p.pack_gqa + T::kBlockQ - 1) / T::kBlockQ);
@@ -128,9 +133,8 @@ std::string run_attention_sm90(const AttentionParams& params, cudaStream_t strea
                                        p.o_batch_stride, p.o_seq_stride, p.o_head_stride, 64);
   }
   if (!failure.empty()) return failure;
-  // Segment ids: each key block's (min, max) kv id, then each query block's key blocks to visit (segment_blocks.cuh)
-  if (std::string pre = launch_kv_block_segments(p, T::kBlockKV, stream); !pre.empty()) return pre;
-  if (std::string pre = launch_q_block_segments(p, T::kBlockQ, T::kBlockKV, stream); !pre.empty()) return pre;
+  // Segment ids: each key block's (min, max) kv id and each row's tiles (segment_tiles.cuh)
+  if (std::string pre = launch_segment_tiles(p, T::kBlockQ, T::kBlockKV, stream); !pre.empty()) return pre;
   // Mask tensor: each mask tile's flags and each query block's key blocks with a visible entry (mask_blocks.cuh)
   if (std::string pre = launch_mask_blocks(p, T::kBlockQ, T::kBlockKV, stream); !pre.empty()) return pre;
   p.batch_inner = tensors_shared_by_batch(p);  // (common/params.h; tile_scheduler.cuh)
@@ -141,7 +145,7 @@ std::string run_attention_sm90(const AttentionParams& params, cudaStream_t strea
     return softcap ? launch_sm90<T, true, true, true, true>(p, map_q, map_k, map_v, map_o, stream)
                    : launch_sm90<T, true, false, true, true>(p, map_q, map_k, map_v, map_o, stream);
   }
-  if (p.num_splits > 1 || paged || packed || p.q_block_segments != nullptr) {
+  if (p.num_splits > 1 || paged || packed || segments) {
     return softcap ? launch_sm90<T, true, true, true>(p, map_q, map_k, map_v, map_o, stream)
                    : launch_sm90<T, true, false, true>(p, map_q, map_k, map_v, map_o, stream);
   }

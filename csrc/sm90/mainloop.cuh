@@ -93,9 +93,11 @@ struct Mainloop {
   int st_row;               // this lane's fragment row (fragments.cuh)
   uint32_t st_base;         // ... in this consumer's P (V::kPSmem)
   int lo_off, hi_off;       // key j is visible to row i when i + lo_off <= j <= i + hi_off, j < kv_len
-  // Segment ids (V::kSplitPaged with p.q_block_segments): the tile's (min, max) q id and this lane's two rows' ids,
+  // Segment ids (V::kSplitPaged with p.segment_tiles): the tile's (min, max) q id and this lane's two rows' ids,
   // read once per tile, and the (min, max) kv id of the next key block, read before its S = Q K^T is waited for so
-  // the load's latency hides under the product (read after it, per block, it sat on the softmax's path)
+  // the load's latency hides under the product (read after it, per block, it sat on the softmax's path). A document
+  // tile's keys are all its rows' document's: no test, marked q_min > q_max (a flag of its own took a register
+  // through the key loop, and the tensor variants spilled in it).
   struct Segments {
     int q_min, q_max, row_id0, row_id1;
     int2 block_ids;
@@ -218,14 +220,19 @@ struct Mainloop {
     }
     return softmax.template update_max<kKeys / 8>(acc_s, scale_log2(), max_growth, alpha);
   }
-  __device__ __forceinline__ bool has_segments() const { return V::kSplitPaged && p.q_block_segments != nullptr; }
+  __device__ __forceinline__ bool has_segments() const { return V::kSplitPaged && p.segment_tiles != nullptr; }
   __device__ __forceinline__ void begin_segments() {  // (begin_tile)
     if constexpr (V::kSplitPaged) {
       if (!has_segments()) return;
-      const int64_t q_block = int64_t{tile.batch} * p.num_q_blocks + tile.row0 / T::kBlockQ;
-      const int4 tile_ids = reinterpret_cast<const int4*>(p.q_block_segments)[q_block];
-      seg.q_min = tile_ids.z;
-      seg.q_max = tile_ids.w;
+      // a row runs document tiles or query-block tiles only (segment_tiles.cuh): its first slot's doc_start says
+      // which; a query-block tile is slot row0 / kBlockQ, whose first 16 bytes hold its ids' range
+      const int4* row_tiles =
+          reinterpret_cast<const int4*>(p.segment_tiles) + 2 * int64_t{tile.batch} * p.segment_tile_slots;
+      const int4 first_tile = row_tiles[1];  // (row0, rows, doc_start, doc_end) of the row's first tile
+      const int4 tile_ids = row_tiles[2 * (tile.row0 / T::kBlockQ)];
+      const bool document = first_tile.z >= 0;
+      seg.q_min = document ? 1 : tile_ids.z;
+      seg.q_max = document ? 0 : tile_ids.w;
       const int* q_ids = p.q_segment_ids + tile.batch * p.q_segment_stride;
       const int row = tile.row0 + warp_row0 + lane / 4;
       seg.row_id0 = row < p.seqlen_q ? __ldg(q_ids + row) : 0;  // (rows past seqlen_q are never stored)
@@ -234,7 +241,7 @@ struct Mainloop {
   }
   __device__ __forceinline__ void prefetch_segments(int j) {  // before S_j is waited for
     if constexpr (V::kSplitPaged) {
-      if (!has_segments()) return;
+      if (!has_segments() || seg.q_min > seg.q_max) return;  // (a document tile)
       const int key_blocks = (p.seqlen_k + T::kBlockKV - 1) / T::kBlockKV;
       seg.block_ids = reinterpret_cast<const int2*>(p.kv_block_segments)[int64_t{tile.batch} * key_blocks + j];
     }
@@ -247,6 +254,7 @@ struct Mainloop {
   // unrolled, the variant spilled 270 more bytes; 8 at once, 60), the bits then applied.
   template <int kKeys>
   __device__ __forceinline__ void mask_segments(float (&scores)[1][kKeys / 8][4], int j) {
+    if (seg.q_min > seg.q_max) return;  // a document tile
     const int2 block_ids = seg.block_ids;
     if (seg.q_min == seg.q_max && block_ids.x == seg.q_min && block_ids.y == seg.q_min) return;
     const int row_id0 = seg.row_id0, row_id1 = seg.row_id1;

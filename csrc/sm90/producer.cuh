@@ -52,6 +52,7 @@ struct Producer {
   // computed once; only the paged variants read them.
   const int box_rows = V::kSplitPaged ? page_box_rows<T>(p.page_size) : 0;
   const int page_shift = V::kSplitPaged ? log2_if_power_of_two(p.page_size) : -1;
+  int key_shift = 0;  // (kSplitPaged) the current tile's, tile_work's: a document tile's blocks start key_shift early
 
   // A paged key block's first box: its page's index in the table row and its first key's row in that page, and the
   // ids of the block's first kIdBatch boxes. The producer is one thread, and each step below is a dependent chain
@@ -97,10 +98,11 @@ struct Producer {
   // pool does too). The TMA unit counts a box's bytes toward the barrier whether or not they were inside the tensor.
   __device__ __forceinline__ void load_block(char* dst, const CUtensorMap& map, uint64_t* bar, const TileWork& w,
                                              int j, PagedBlock& block) {
-    if (p.page_table == nullptr) {
+    if (p.page_table == nullptr) {  // (a document tile's blocks start at its document's first key: key_shift)
+      const int key0 = j * T::kBlockKV - key_shift;
 #pragma unroll
       for (int panel = 0; panel < T::kPanels; ++panel) {
-        tma_load_4d(dst + panel * T::kKVPanelBytes, &map, bar, panel * 64, j * T::kBlockKV, w.kv_head, w.batch);
+        tma_load_4d(dst + panel * T::kKVPanelBytes, &map, bar, panel * 64, key0, w.kv_head, w.batch);
       }
       return;
     }
@@ -199,6 +201,12 @@ struct Producer {
     // (32-bit tile arithmetic where it suffices: the 64-bit divisions of tile_work spilled a 32-register producer)
     using TileIndex = std::conditional_t<T::kTileIndex32, int, int64_t>;
     TileIndex next = blockIdx.x;
+    // Segment ids: the rows' tiles (segment_tiles.cuh), as many per head unit as the row with the most
+    if constexpr (V::kSplitPaged) {
+      if (p.segment_tiles != nullptr) {  // (segment ids: no packed GQA)
+        num_tiles = int64_t{*p.segment_tile_count} * p.heads_q * p.batch * p.num_splits;
+      }
+    }
     TileSlot* const sched = s.sched();
     SplitState* const split = s.split();
     if constexpr (V::kSplit) begin_split_share(p, *split);
@@ -211,7 +219,7 @@ struct Producer {
       if (more) {
         sched[slot].work =
             tile_work<T, TileIndex, V::kSplitPaged, V::kTensors>(p, whole ? next : p.split_whole_tiles + split->tile,
-                                                                 key_range);
+                                                                 key_range, key_shift);
       }
       if (V::kSplit && more) take_split_piece(p, *split, sched[slot].work, whole, n);
       if (V::kSplitPaged && more) s.tile_split()[n & 3] = key_range;

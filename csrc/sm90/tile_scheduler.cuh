@@ -23,6 +23,7 @@
 #include "common/params.h"
 #include "common/split_plan.h"
 #include "common/visibility.h"
+#include "sm90/segment_tiles.cuh"
 
 namespace jax_flash::sm90 {
 
@@ -43,10 +44,13 @@ struct TileSlot {
 
 // Index: the tile numbers' type, int64_t, or int where the launcher has checked that they fit (T::kTileIndex32).
 // kSplit: the kernel variant splits key ranges, packs GQA and takes segment ids (p.num_splits > 1,
-// p.pack_gqa > 1 and p.q_block_segments only there); kTensors: and bias / mask tensors (p.mask_ranges and
-// p.batch_inner); `split`: the tile's range (0 unsplit).
+// p.pack_gqa > 1 and p.segment_tiles only there); kTensors: and bias / mask tensors (p.mask_ranges and
+// p.batch_inner); `split`: the tile's range (0 unsplit). key_shift (kSplit): a document tile's
+// (kBlockKV - doc_start % kBlockKV) % kBlockKV, else 0: its key block j holds keys [j kBlockKV - key_shift,
+// (j + 1) kBlockKV - key_shift), so the document's first key starts one (sm90/segment_tiles.cuh). (Not a TileWork
+// field: the other variants keep their tile slots.)
 template <class T, class Index, bool kSplit, bool kTensors = false>
-__device__ __forceinline__ TileWork tile_work(const AttentionParams& p, Index tile, int& split) {
+__device__ __forceinline__ TileWork tile_work(const AttentionParams& p, Index tile, int& split, int& key_shift) {
   TileWork w;
   int q_block;
   Index batch_head;
@@ -54,18 +58,21 @@ __device__ __forceinline__ TileWork tile_work(const AttentionParams& p, Index ti
   const int pack_shift = kSplit ? __ffs(pack) - 1 : 0;  // (a power of two: the launcher checks)
   // head units: query heads, or kv heads when packed (read at each use: the other variants keep their instructions)
   auto units = [&] { return kSplit && pack > 1 ? p.heads_k : p.heads_q; };
+  // tiles per head unit: the query blocks, or with segment ids the slots of the row with the most tiles (read at
+  // each use: held in a register it spilled the 32-register producers)
+  auto unit_tiles = [&] { return kSplit && p.segment_tiles != nullptr ? *p.segment_tile_count : p.num_q_blocks; };
   if (p.window_right < kUnbounded || (kTensors && p.mask != nullptr)) {  // (a mask: causal-like, last heaviest)
     const Index batch_heads = static_cast<Index>(p.batch) * (kSplit ? p.num_splits : 1) * units();
-    const Index section_tiles = static_cast<Index>(p.section_heads) * p.num_q_blocks;
+    const Index section_tiles = static_cast<Index>(p.section_heads) * unit_tiles();
     const Index section = tile / section_tiles;
     const Index first = section * p.section_heads;
     const Index heads_here = min(static_cast<Index>(p.section_heads), batch_heads - first);
     const Index r = tile - section * section_tiles;
-    q_block = p.num_q_blocks - 1 - static_cast<int>(r / heads_here);
+    q_block = unit_tiles() - 1 - static_cast<int>(r / heads_here);
     batch_head = first + r % heads_here;
   } else {
-    q_block = static_cast<int>(tile % p.num_q_blocks);
-    batch_head = tile / p.num_q_blocks;
+    q_block = static_cast<int>(tile % unit_tiles());
+    batch_head = tile / unit_tiles();
   }
   // (batch, key range) pairs, ranges innermost, in 32 bits: 64-bit divisions here spilled the 40-register producer
   int batch_split;
@@ -96,11 +103,27 @@ __device__ __forceinline__ TileWork tile_work(const AttentionParams& p, Index ti
                                             (w.row0 + w.q_rows_valid + pack - 1) >> pack_shift);
   w.block_begin = keys.begin / T::kBlockKV;
   w.block_end = (keys.end + T::kBlockKV - 1) / T::kBlockKV;
-  if (kSplit && p.q_block_segments != nullptr) {  // segment ids: the key blocks whose ids can meet the tile's
-    const int4 segments =
-        reinterpret_cast<const int4*>(p.q_block_segments)[static_cast<int64_t>(w.batch) * p.num_q_blocks + q_block];
-    w.block_begin = max(w.block_begin, segments.x);
-    w.block_end = max(w.block_begin, min(w.block_end, segments.y));
+  if (kSplit) key_shift = 0;
+  if (kSplit && p.segment_tiles != nullptr) {  // segment ids: the row's tile in slot q_block (segment_tiles.cuh)
+    const SegmentTile e = reinterpret_cast<const SegmentTile*>(
+        p.segment_tiles)[static_cast<int64_t>(w.batch) * p.segment_tile_slots + q_block];
+    if (e.rows == 0) {  // no tile in this slot: nothing to compute or write
+      w.q_rows = w.q_rows_valid = 0;
+      w.block_end = w.block_begin;
+    } else if (e.doc_start >= 0) {  // a document's rows over its keys, the keys counted from key_shift on
+      // (document tiles run in calls without lengths: the document's end bounds both; the keys' lengths in the
+      // shifted count make the consumers' bounds, kv_len - q_len = key_shift, the same for key j + key_shift)
+      key_shift = (T::kBlockKV - e.doc_start % T::kBlockKV) % T::kBlockKV;
+      w.row0 = e.row0;
+      w.q_rows = w.q_rows_valid = e.rows;
+      w.len = BatchLengths{e.doc_end, e.doc_end + key_shift};
+      const KeySpan keys_shifted = visible_keys_of_rows(p, w.len, w.row0, w.row0 + e.rows);
+      w.block_begin = max(keys_shifted.begin, e.doc_start + key_shift) / T::kBlockKV;
+      w.block_end = max(w.block_begin, (keys_shifted.end + T::kBlockKV - 1) / T::kBlockKV);
+    } else {  // a query block: the key blocks whose ids can meet the rows'
+      w.block_begin = max(w.block_begin, e.first);
+      w.block_end = max(w.block_begin, min(w.block_end, e.end));
+    }
   }
   if (kTensors && p.mask_ranges != nullptr) {  // a mask tensor: its first to last key block with a visible entry
     const MaskBlockShape shape = MaskBlockShape::of(p, T::kBlockQ, T::kBlockKV);
@@ -139,7 +162,7 @@ void plan_tile_order(AttentionParams& p, int64_t l2_bytes) {
   // valid one would overwrite block 1's rows).
   p.q_block_shift = 0;
   if (T::kEndAlignedQueryBlocks && p.window_right < kUnbounded && p.seqlen_q >= T::kEndAlignedMinRows &&
-      p.pack_gqa == 1 && p.q_block_segments == nullptr && p.mask == nullptr) {
+      p.pack_gqa == 1 && p.segment_tiles == nullptr && p.mask == nullptr) {
     // (packed tiles start at multiples of the group; the segment and mask pre-passes take plain query blocks)
     p.q_block_shift = (p.num_q_blocks * T::kBlockQ - p.seqlen_q) / 64 * 64;
   }
