@@ -125,10 +125,10 @@ struct AttentionParams {
   // sm80 family with bias or mask tensors: nonzero orders the tiles batch before head (after the query block), so
   // the tiles that share a tensor broadcast over the batch run together and read it once through L2.
   int batch_inner;
-  // sm90 family with segment ids: per (batch, query block of the kernel's block_q rows), the key blocks
+  // GPU backward with segment ids: per (batch, query block of the backward's block_q rows), the key blocks
   // [first, end) whose (min, max) kv id range meets the block's query ids and that range (q_min, q_max), as
-  // (first, end, q_min, q_max) in 4 ints (16-byte aligned), scratch the launcher's second pre-pass fills
-  // (common/segment_blocks.cuh). nullptr: none.
+  // (first, end, q_min, q_max) in 4 ints (16-byte aligned), scratch the second pre-pass fills
+  // (common/segment_blocks.cuh). nullptr: none. (The sm90 forward's tiles: segment_tiles below.)
   int* q_block_segments;
   // sm90 family, mask tensor: per (block_q x block_kv) tile of the mask (MaskBlockShape, common/mask_blocks.h), 1
   // where it holds a zero entry (the per-score test is needed), and per (mask batch, mask head, query block) the key
@@ -151,7 +151,7 @@ struct AttentionParams {
   // document's first row or block_q rows after the previous one and ends with the document, and its key blocks start
   // at the document's first key, so no tile or key block spans two documents (FlashAttention's variable-length
   // batches). Other rows run the query blocks of block_q rows with the key blocks whose id range meets theirs.
-  // nullptr: neither (the fixed query blocks of q_block_segments, or no segment ids).
+  // nullptr: no segment ids (or not the sm90 forward).
   int* segment_tiles;
   int* segment_tile_count;
   int segment_tile_slots;
