@@ -15,20 +15,12 @@
 
 namespace jax_flash {
 
-// One warp per (batch row, key block): (min, max) of kv_segment_ids[b, kb * block_kv ... ] into
-// p.kv_block_segments[(b * key_blocks + kb) * 2 + {0, 1}]. The lanes read consecutive ids (one 128-byte line per
-// step) and meet by shuffles: a thread per block walking its 128 ids one dependent step at a time took 14 us for one
-// row of 16384 keys (H200), longer than a tenth of the attention it prepares.
-static __global__ void kv_block_segments_kernel(const AttentionParams p, int block_kv, int key_blocks) {
-  const int64_t item = (int64_t{blockIdx.x} * blockDim.x + threadIdx.x) / 32;
-  const int lane = threadIdx.x % 32;
-  if (item >= int64_t{p.batch} * key_blocks) return;  // (whole warps: blockDim.x is a multiple of 32)
-  const int64_t b = item / key_blocks;
-  const int kb = static_cast<int>(item % key_blocks);
-  const int* ids = p.kv_segment_ids + b * p.kv_segment_stride;
-  const int end = min(p.seqlen_k, (kb + 1) * block_kv);
+// (min, max) of ids[begin, end) over one warp: the lanes read consecutive ids (one 128-byte line per step, 4 steps
+// in flight) and meet by shuffles.
+__device__ __forceinline__ int2 warp_id_range(const int* ids, int begin, int end, int lane) {
   int lo = INT_MAX, hi = INT_MIN;
-  for (int j = kb * block_kv + lane; j < end; j += 32) {
+#pragma unroll 4
+  for (int j = begin + lane; j < end; j += 32) {
     const int id = __ldg(ids + j);
     lo = min(lo, id);
     hi = max(hi, id);
@@ -37,7 +29,39 @@ static __global__ void kv_block_segments_kernel(const AttentionParams p, int blo
     lo = min(lo, __shfl_xor_sync(0xffffffffu, lo, offset));
     hi = max(hi, __shfl_xor_sync(0xffffffffu, hi, offset));
   }
-  if (lane == 0) reinterpret_cast<int2*>(p.kv_block_segments)[item] = make_int2(lo, hi);
+  return make_int2(lo, hi);
+}
+
+// The first and last of a row's key blocks whose (min, max) kv id range meets [lo, hi], over one warp: (first,
+// last + 1), or (0, 0) when none does. (Plain loads: the ranges may come from the same kernel.)
+__device__ __forceinline__ int2 warp_meeting_blocks(const int2* ranges, int key_blocks, int lo, int hi, int lane) {
+  int first = INT_MAX, last = -1;
+  for (int kb = lane; kb < key_blocks; kb += 32) {
+    const int2 range = ranges[kb];
+    if (range.x <= hi && range.y >= lo) {
+      first = min(first, kb);
+      last = max(last, kb);
+    }
+  }
+  for (int offset = 16; offset > 0; offset /= 2) {
+    first = min(first, __shfl_xor_sync(0xffffffffu, first, offset));
+    last = max(last, __shfl_xor_sync(0xffffffffu, last, offset));
+  }
+  return last < 0 ? make_int2(0, 0) : make_int2(first, last + 1);
+}
+
+// One warp per (batch row, key block): (min, max) of kv_segment_ids[b, kb * block_kv ... ] into
+// p.kv_block_segments[(b * key_blocks + kb) * 2 + {0, 1}] (a thread per block walking its 128 ids one dependent step
+// at a time took 14 us for one row of 16384 keys, H200, longer than a tenth of the attention it prepares).
+static __global__ void kv_block_segments_kernel(const AttentionParams p, int block_kv, int key_blocks) {
+  const int64_t item = (int64_t{blockIdx.x} * blockDim.x + threadIdx.x) / 32;
+  const int lane = threadIdx.x % 32;
+  if (item >= int64_t{p.batch} * key_blocks) return;  // (whole warps: blockDim.x is a multiple of 32)
+  const int64_t b = item / key_blocks;
+  const int kb = static_cast<int>(item % key_blocks);
+  const int2 range = warp_id_range(p.kv_segment_ids + b * p.kv_segment_stride, kb * block_kv,
+                                   min(p.seqlen_k, (kb + 1) * block_kv), lane);
+  if (lane == 0) reinterpret_cast<int2*>(p.kv_block_segments)[item] = range;
 }
 
 __host__ __device__ inline int segment_key_blocks(const AttentionParams& p, int block_kv) {
@@ -66,35 +90,12 @@ static __global__ void q_block_segments_kernel(const AttentionParams p, int bloc
   if (item >= int64_t{p.batch} * q_blocks) return;  // (whole warps: blockDim.x is a multiple of 32)
   const int64_t b = item / q_blocks;
   const int qb = static_cast<int>(item % q_blocks);
-  const int* q_ids = p.q_segment_ids + b * p.q_segment_stride;
-  int lo = INT_MAX, hi = INT_MIN;
-  for (int i = qb * block_q + lane; i < min(p.seqlen_q, (qb + 1) * block_q); i += 32) {
-    const int id = __ldg(q_ids + i);
-    lo = min(lo, id);
-    hi = max(hi, id);
-  }
-  for (int offset = 16; offset > 0; offset /= 2) {
-    lo = min(lo, __shfl_xor_sync(0xffffffffu, lo, offset));
-    hi = max(hi, __shfl_xor_sync(0xffffffffu, hi, offset));
-  }
+  const int2 ids = warp_id_range(p.q_segment_ids + b * p.q_segment_stride, qb * block_q,
+                                 min(p.seqlen_q, (qb + 1) * block_q), lane);
   const int key_blocks = segment_key_blocks(p, block_kv);
-  const int2* ranges = reinterpret_cast<const int2*>(p.kv_block_segments) + b * key_blocks;
-  int first = INT_MAX, last = -1;
-  for (int kb = lane; kb < key_blocks; kb += 32) {
-    const int2 range = __ldg(ranges + kb);
-    if (range.x <= hi && range.y >= lo) {
-      first = min(first, kb);
-      last = max(last, kb);
-    }
-  }
-  for (int offset = 16; offset > 0; offset /= 2) {
-    first = min(first, __shfl_xor_sync(0xffffffffu, first, offset));
-    last = max(last, __shfl_xor_sync(0xffffffffu, last, offset));
-  }
-  if (lane == 0) {
-    reinterpret_cast<int4*>(p.q_block_segments)[item] = last < 0 ? make_int4(0, 0, lo, hi)
-                                                                  : make_int4(first, last + 1, lo, hi);
-  }
+  const int2 blocks = warp_meeting_blocks(reinterpret_cast<const int2*>(p.kv_block_segments) + b * key_blocks,
+                                          key_blocks, ids.x, ids.y, lane);
+  if (lane == 0) reinterpret_cast<int4*>(p.q_block_segments)[item] = make_int4(blocks.x, blocks.y, ids.x, ids.y);
 }
 
 // Launches the second pre-pass (after launch_kv_block_segments, on the same stream) when the call has scratch for it.

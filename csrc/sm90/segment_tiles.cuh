@@ -18,6 +18,7 @@
 
 #include "common/launch_util.h"
 #include "common/params.h"
+#include "common/segment_blocks.cuh"  // warp_id_range, warp_meeting_blocks
 #include "sm90/segment_tiles.h"
 
 namespace jax_flash::sm90 {
@@ -156,51 +157,17 @@ static __global__ void __launch_bounds__(segment_tiles_detail::kThreads)
     }
   }
   if (!fits || count > slots) {  // query blocks of block_q rows and their key blocks (document tiles need neither)
-    // each key block's (min, max) kv id, a warp per block.
-    for (int kb = warp; kb < key_blocks; kb += kWarps) {
-      const int end = min(p.seqlen_k, (kb + 1) * block_kv);
-      int lo = INT_MAX, hi = INT_MIN;
-#pragma unroll 4
-      for (int j = kb * block_kv + lane; j < end; j += 32) {
-        const int id = __ldg(kv_ids + j);
-        lo = min(lo, id);
-        hi = max(hi, id);
-      }
-      for (int offset = 16; offset > 0; offset /= 2) {
-        lo = min(lo, __shfl_xor_sync(0xffffffffu, lo, offset));
-        hi = max(hi, __shfl_xor_sync(0xffffffffu, hi, offset));
-      }
-      if (lane == 0) ranges[kb] = make_int2(lo, hi);
+    for (int kb = warp; kb < key_blocks; kb += kWarps) {  // each key block's (min, max) kv id, a warp per block
+      const int2 range = warp_id_range(kv_ids, kb * block_kv, min(p.seqlen_k, (kb + 1) * block_kv), lane);
+      if (lane == 0) ranges[kb] = range;
     }
     __syncthreads();  // (the ranges written: a warp per query block reads them all)
     count = (n + block_q - 1) / block_q;
     for (int qb = warp; qb < count; qb += kWarps) {
-      int lo = INT_MAX, hi = INT_MIN;
-      for (int i = qb * block_q + lane; i < min(n, (qb + 1) * block_q); i += 32) {
-        const int id = __ldg(q_ids + i);
-        lo = min(lo, id);
-        hi = max(hi, id);
-      }
-      for (int offset = 16; offset > 0; offset /= 2) {
-        lo = min(lo, __shfl_xor_sync(0xffffffffu, lo, offset));
-        hi = max(hi, __shfl_xor_sync(0xffffffffu, hi, offset));
-      }
-      int first = INT_MAX, last = -1;
-      for (int kb = lane; kb < key_blocks; kb += 32) {
-        const int2 range = ranges[kb];  // (this block's own writes, ordered by the barrier above)
-        if (range.x <= hi && range.y >= lo) {
-          first = min(first, kb);
-          last = max(last, kb);
-        }
-      }
-      for (int offset = 16; offset > 0; offset /= 2) {
-        first = min(first, __shfl_xor_sync(0xffffffffu, first, offset));
-        last = max(last, __shfl_xor_sync(0xffffffffu, last, offset));
-      }
+      const int2 ids = warp_id_range(q_ids, qb * block_q, min(n, (qb + 1) * block_q), lane);
+      const int2 blocks = warp_meeting_blocks(ranges, key_blocks, ids.x, ids.y, lane);
       if (lane == 0) {
-        const int rows = min(block_q, n - qb * block_q);
-        tiles[qb] = last < 0 ? SegmentTile{0, 0, lo, hi, qb * block_q, rows, -1, 0}
-                             : SegmentTile{first, last + 1, lo, hi, qb * block_q, rows, -1, 0};
+        tiles[qb] = SegmentTile{blocks.x, blocks.y, ids.x, ids.y, qb * block_q, min(block_q, n - qb * block_q), -1, 0};
       }
     }
   }
