@@ -138,7 +138,7 @@ ffi::Error attention_cuda_impl(cudaStream_t stream, ffi::ScratchAllocator scratc
     params.kv_block_segments = static_cast<int*>(*ranges);
     if (key.family == 90 && params.seqlen_q > 0) {  // ... and the sm90 forward's tiles per row (sm90/segment_tiles.cuh)
       params.segment_tile_slots = sm90::segment_tile_slots(params.seqlen_q, key.block_q);
-      const size_t tile_bytes = sizeof(sm90::SegmentTile) * params.batch * params.segment_tile_slots;
+      const size_t tile_bytes = sm90::segment_tile_bytes(params.batch, params.seqlen_q, key.block_q);
       std::optional<void*> tiles = scratch.Allocate(tile_bytes, kScratchAlignment);
       std::optional<void*> count = scratch.Allocate(sizeof(int), kScratchAlignment);
       if (!tiles.has_value() || !count.has_value()) {

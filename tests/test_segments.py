@@ -288,6 +288,24 @@ def test_sm90_document_tiles(head_dim, cfg):
         np.testing.assert_allclose(np.asarray(lse)[finite], ref_lse[finite], atol=2e-2, rtol=0)
 
 
+@requires_hopper
+def test_sm90_document_tiles_of_long_rows():
+    """cfg=None on Hopper over rows of 9300 tokens, ten pre-pass chunks of 1024 positions whose documents cross
+    chunk boundaries (csrc/sm90/segment_tiles.cuh): short and long documents, a document over the whole row, and a
+    row of one-token documents but the last 300 tokens (more tiles than slots: query-block tiles); causal, out and
+    lse against the reference."""
+    gpu = jax.devices("gpu")[0]
+    seq = 9300
+    q, k, v = random_qkv(7, 4, seq, seq, 2, 1, 128, jnp.bfloat16, gpu)
+    ones = jnp.minimum(jnp.arange(seq, dtype=jnp.int32), seq - 300)[None]
+    ids = jnp.concatenate([packed_ids(7, 1, seq, 90), packed_ids(8, 1, seq, 2500), jnp.zeros((1, seq), jnp.int32),
+                           ones]) + 5
+    out, lse = jax_flash.attention(q, k, v, causal=True, return_lse=True, **_both(ids))
+    assert_flash_close(out, q, k, v, causal=True, **_both(ids))
+    _, ref_lse = jax_flash.attention_reference(q, k, v, causal=True, return_lse=True, **_both(ids))
+    np.testing.assert_allclose(np.asarray(lse), np.asarray(ref_lse), atol=2e-2, rtol=0)
+
+
 def test_segment_routing():
     """cfg=None on a GPU (jax_flash/selection.py): segment ids take the default path on sm_90 (the sm90 family) and
     the sm80 family's tuned tile below it."""
@@ -297,6 +315,7 @@ def test_segment_routing():
     shape = selection.CallShape(seq_q=1024, seq_k=1024, segments=True)
     assert selection.decode_gpu_config(128, shape, compiled, 90) is None
     assert selection.decode_gpu_config(128, shape, compiled, 80).family == "sm80"
+
 
 
 @requires_hopper

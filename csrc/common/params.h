@@ -146,8 +146,8 @@ struct AttentionParams {
   // computed per score instead of loaded.
   int alibi;
   // sm90 forward with segment ids: the tiles of each batch row, (B, segment_tile_slots) SegmentTile entries
-  // (sm90/segment_tiles.cuh), and the most tiles any row uses (one int, zeroed on the stream before the pre-pass
-  // that fills both). A row of sorted ids, equal for queries and keys, runs document tiles: each starts at a
+  // (sm90/segment_tiles.cuh) followed by the pre-pass's chunk summaries (sm90/segment_tiles.h, segment_tile_bytes),
+  // and the most tiles any row uses (one int, zeroed on the stream before the pre-pass that fills both). A row of sorted ids, equal for queries and keys, runs document tiles: each starts at a
   // document's first row or block_q rows after the previous one and ends with the document, and its key blocks start
   // at the document's first key, so no tile or key block spans two documents (FlashAttention's variable-length
   // batches). Other rows run the query blocks of block_q rows with the key blocks whose id range meets theirs.
