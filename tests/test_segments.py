@@ -307,15 +307,22 @@ def test_sm90_document_tiles_of_long_rows():
 
 
 def test_segment_routing():
-    """cfg=None on a GPU (jax_flash/selection.py): segment ids take the default path on sm_90 (the sm90 family) and
-    the sm80 family's tuned tile below it."""
+    """cfg=None on a GPU (jax_flash/selection.py): segment ids take the default path on sm_90 (the sm90 family; head
+    dim 128 on the pingpong tile, causal too) and the sm80 family's tuned tile below it."""
     from jax_flash import config, selection
 
     compiled = list(config.TUNED_CONFIGS[128]) + list(config.DECODE_CONFIGS[128]) + list(config.SM90_CONFIGS[128])
     shape = selection.CallShape(seq_q=1024, seq_k=1024, segments=True)
     assert selection.decode_gpu_config(128, shape, compiled, 90) is None
     assert selection.decode_gpu_config(128, shape, compiled, 80).family == "sm80"
-
+    pingpong, plain = config.SM90_CONFIGS[128][:2]
+    assert pingpong.pingpong and not plain.pingpong
+    for right_bounded in (False, True):
+        assert selection.default_gpu_config(90, "bfloat16", 128, compiled, right_bounded, 1024, segments=True) == pingpong
+    assert selection.default_gpu_config(90, "bfloat16", 128, compiled, True, 1024) == plain
+    compiled64 = list(config.SM90_CONFIGS[64])
+    assert (selection.default_gpu_config(90, "bfloat16", 64, compiled64, True, 1024, segments=True)
+            == selection.SM90_BY_SHAPE[(64, True)][0][1])
 
 
 @requires_hopper
