@@ -92,16 +92,19 @@ def test_query_without_a_key_of_its_segment(device):
     assert_flash_close(out, q, k, v, q_segment_ids=q_ids, kv_segment_ids=kv_ids)
 
 
-@pytest.mark.parametrize("feature", ["plain", "causal_lse", "lengths_gqa"])
+@pytest.mark.parametrize("feature", ["plain", "causal_lse", "lengths_gqa", "softcap_window_d128"])
 def test_segment_gradients(device, feature):
     heads_k = 1 if feature == "lengths_gqa" else 2
-    q, k, v = random_qkv(9, 2, 120, 120, 4, heads_k, 64, _dtype(device), device)
+    head_dim = 128 if feature.endswith("d128") else 64
+    q, k, v = random_qkv(9, 2, 120, 120, 4, heads_k, head_dim, _dtype(device), device)
     ids = packed_ids(4, 2, 120, 25)
     kwargs = _both(ids)
     if feature == "causal_lse":
         kwargs.update(causal=True, lse=True)
     if feature == "lengths_gqa":
         kwargs.update(causal=True, kv_lengths=jnp.array([120, 70], jnp.int32))
+    if feature == "softcap_window_d128":
+        kwargs.update(causal=True, softcap=20.0, window=(40, -1))
     assert_grads_close(q, k, v, **kwargs)
 
 

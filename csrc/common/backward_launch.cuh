@@ -2,7 +2,8 @@
 // family's kernel in the variant the call needs, the dq conversion), with grid and shared-memory checks. The kernel
 // takes the BackwardParams and then the family's `extra` launch arguments (sm90: dQ's tensor map). Kernels<T>
 // names the family's kernel template: Kernels::template get<kMask, kSoftcap, kDeterministic>() (and
-// get<true, kSoftcap, false, true>() for segment ids, bias / mask tensors and ALiBi slopes). The deterministic
+// get<true, kSoftcap, false, BwdTensors::kSegments or kAny>() for segment ids alone, or with bias / mask tensors and
+// ALiBi slopes). The deterministic
 // variants (p.dq_turns set) are compiled with the mask only, which handles every call: they are slow anyway, and a
 // run-time switch in the one kernel cost the default 13-20% (H200).
 #pragma once
@@ -21,13 +22,13 @@
 
 namespace jax_flash {
 
-template <class T, class Kernels, bool kMask, bool kSoftcap, bool kDeterministic = false, bool kTensors = false,
-          class... Extra>
+template <class T, class Kernels, bool kMask, bool kSoftcap, bool kDeterministic = false,
+          BwdTensors kTensors = BwdTensors::kNone, class... Extra>
 std::string launch_backward_kernel(const BackwardParams& bp, int64_t num_blocks, cudaStream_t stream,
                                    const Extra&... extra) {
   auto kernel = [] {
-    if constexpr (kTensors) {
-      return Kernels::template get<kMask, kSoftcap, kDeterministic, true>();
+    if constexpr (kTensors != BwdTensors::kNone) {
+      return Kernels::template get<kMask, kSoftcap, kDeterministic, kTensors>();
     } else {
       return Kernels::template get<kMask, kSoftcap, kDeterministic>();
     }
@@ -42,7 +43,7 @@ std::string launch_backward_kernel(const BackwardParams& bp, int64_t num_blocks,
 }
 
 // Calls with segment ids, bias / mask tensors or ALiBi slopes: the block-skipping pre-passes at the family's tiles,
-// then its tensor variant, with atomic dQ only.
+// then its tensor variant (segment ids alone: the kSegments one), with atomic dQ only.
 template <class T, class Kernels, class... Extra>
 std::string launch_tensor_backward(const BackwardParams& bp, int64_t num_blocks, bool softcap, cudaStream_t stream,
                                    const Extra&... extra) {
@@ -52,8 +53,15 @@ std::string launch_tensor_backward(const BackwardParams& bp, int64_t num_blocks,
   if (std::string failure = launch_backward_blocks(bp.p, T::kBlockQ, T::kBlockKV, stream); !failure.empty()) {
     return failure;
   }
-  return softcap ? launch_backward_kernel<T, Kernels, true, true, false, true>(bp, num_blocks, stream, extra...)
-                 : launch_backward_kernel<T, Kernels, true, false, false, true>(bp, num_blocks, stream, extra...);
+  const AttentionParams& p = bp.p;
+  if (p.bias == nullptr && p.mask == nullptr) {
+    constexpr BwdTensors kSeg = BwdTensors::kSegments;
+    return softcap ? launch_backward_kernel<T, Kernels, true, true, false, kSeg>(bp, num_blocks, stream, extra...)
+                   : launch_backward_kernel<T, Kernels, true, false, false, kSeg>(bp, num_blocks, stream, extra...);
+  }
+  constexpr BwdTensors kAny = BwdTensors::kAny;
+  return softcap ? launch_backward_kernel<T, Kernels, true, true, false, kAny>(bp, num_blocks, stream, extra...)
+                 : launch_backward_kernel<T, Kernels, true, false, false, kAny>(bp, num_blocks, stream, extra...);
 }
 
 // T: the family's traits (Element, kHeadDim, kBlockKV, kNumThreads, kSmemBytes).

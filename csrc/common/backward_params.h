@@ -40,4 +40,9 @@ inline constexpr int kDQTurnRows = 64;  // dq_turns holds one counter per 64 que
 // 128 query rows, 64 or 128 keys).
 inline constexpr int kBackwardBlockMin = 64;
 
+// What a backward kernel variant tests per score beyond the lengths, window and causal mask: nothing; segment ids
+// alone (a packed row: no bias, mask tensor or ALiBi state in the kernel); or any of segment ids, bias and mask
+// tensors and ALiBi slopes.
+enum class BwdTensors : int { kNone = 0, kSegments = 1, kAny = 2 };
+
 }  // namespace jax_flash

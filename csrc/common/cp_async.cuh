@@ -20,6 +20,13 @@ __device__ __forceinline__ void cp_async_16(void* smem_dst, const void* gmem_src
   cp_async_16(smem_address(smem_dst), gmem_src, valid);
 }
 
+// 4 bytes through L1 (cp.async's smallest copy: one int32 id), zeros where !valid.
+__device__ __forceinline__ void cp_async_4(uint32_t smem_dst, const void* gmem_src, bool valid) {
+  const int src_bytes = valid ? 4 : 0;
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(smem_dst), "l"(gmem_src), "r"(src_bytes)
+               : "memory");
+}
+
 __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
 
 // Waits until at most kPending of this thread's commit groups are still in flight.

@@ -16,10 +16,13 @@
 
 namespace jax_flash::sm80 {
 
+// (segment ids alone run the variant of every tensor here: one kernel fewer per head dim, on the older GPUs)
 template <class T>
 struct BwdKernels {
-  template <bool kMask, bool kSoftcap, bool kDeterministic, bool kTensors = false>
-  static auto get() { return attention_bwd_kernel<T, kMask, kSoftcap, kDeterministic, kTensors>; }
+  template <bool kMask, bool kSoftcap, bool kDeterministic, BwdTensors kTensors = BwdTensors::kNone>
+  static auto get() {
+    return attention_bwd_kernel<T, kMask, kSoftcap, kDeterministic, kTensors != BwdTensors::kNone>;
+  }
 };
 
 template <int kDType>

@@ -56,10 +56,11 @@ struct BwdTraits {
   static constexpr int kDQRowsPerWarpgroup = 64;
   static constexpr int kDQHalfBytes = kDQRowsPerWarpgroup * 128;
   static constexpr int kDQStageBytes = 2 * kDQHalfBytes;
-  // K, V; Q and dO twice; dS^T; dQ staging (2 buffers x 2 warpgroups); float32 lse2 and delta twice; each tile a
-  // whole number of 1024-byte swizzle atoms from a base the kernel rounds up to 1024 bytes.
-  static constexpr int kSmemBytes =
-      2 * kKVBytes + 4 * kQBytes + kScoreBytes + 4 * kDQStageBytes + 4 * kBlockQ * 4 + kAlignSlack;
+  // K, V; Q and dO twice; dS^T; dQ staging (2 buffers x 2 warpgroups); float32 lse2 and delta twice; int32 segment
+  // ids of the query rows twice and of the keys (the kSegments variant); each tile a whole number of 1024-byte
+  // swizzle atoms from a base the kernel rounds up to 1024 bytes.
+  static constexpr int kSmemBytes = 2 * kKVBytes + 4 * kQBytes + kScoreBytes + 4 * kDQStageBytes + 4 * kBlockQ * 4 +
+                                    (2 * kBlockQ + kBlockKV) * 4 + kAlignSlack;
   static_assert(kHeadDim == 64 || kHeadDim == 128, "the sm90 backward covers head dims 64 and 128");
 };
 
@@ -156,30 +157,37 @@ __device__ __forceinline__ void reduce_dq_through_stage(const CUtensorMap* tma_d
 // P^T (and dS^T with kDSWithP: dP^T holds its products) from one item's scores acc_s (this thread's part of S^T in the
 // wgmma accumulator layout). kReads: the bias, mask and segment ids read per score; compiled with and without, chosen
 // per item, so the items that need none run a straight-line loop (a uniform branch per score split it into blocks of
-// one exponential each). ALiBi's term is added either way (zero without ALiBi).
-template <class T, bool kMask, bool kSoftcap, bool kDSWithP, bool kTensors, bool kReads>
+// one exponential each). kAny: ALiBi's term is added either way (zero without ALiBi). kSegments: the ids of the
+// item's query rows (seg_q, by column) and of the block's keys (seg_k, by key row), in shared memory.
+template <class T, bool kMask, bool kSoftcap, bool kDSWithP, BwdTensors kTensors, bool kReads>
 __device__ __forceinline__ void item_scores(const AttentionParams& p, BatchLengths len, const ScoreItem& it,
                                             const AlibiTerm& alibi, int key_row0, int lane, float cap_slope,
-                                            const float* lse2, const float* delta, float (&acc_s)[T::kBlockQ / 2],
-                                            float (&acc_dp)[T::kBlockQ / 2]) {
+                                            const float* lse2, const float* delta, const int* seg_q, const int* seg_k,
+                                            float (&acc_s)[T::kBlockQ / 2], float (&acc_dp)[T::kBlockQ / 2]) {
+  constexpr bool kAny = kTensors == BwdTensors::kAny, kSegments = kTensors == BwdTensors::kSegments;
 #pragma unroll
   for (int e = 0; e < T::kBlockQ / 2; ++e) {
     const int r = key_row0 + 8 * ((e / 2) % 2);
     const int c = 8 * (e / 4) + 2 * (lane % 4) + e % 2;
     float slope;
-    const float prob = item_probability<kMask, kSoftcap, kTensors, kReads>(
+    float prob = item_probability<kMask, kSoftcap, kAny, kReads && kAny>(
         p, len, it, r, c, acc_s[e], lse2, alibi, 8 * (e / 4) + e % 2 - 8 * ((e / 2) % 2), cap_slope, slope);
+    if (kSegments && kReads && seg_q[c] != seg_k[r]) prob = 0.0f;
     acc_s[e] = prob;
     if constexpr (kDSWithP) acc_dp[e] = prob * (acc_dp[e] - delta[c]) * slope;
   }
 }
 
 // kMask: some score may be hidden (window, lengths, or a partial last key block); kSoftcap: s = cap tanh(q.k scale
-// / cap); kTensors (with kMask): segment ids, bias or mask tensors or ALiBi slopes, per score
-// (common/backward_tensors.cuh).
-template <class T, bool kMask, bool kSoftcap, bool kDeterministic, bool kTensors = false>
+// / cap); kTensors (with kMask): segment ids alone, or any of segment ids, bias or mask tensors and ALiBi slopes, per
+// score (common/backward_tensors.cuh). The segment-only variant keeps no bias or ALiBi state: the tensor variant
+// spills 36 bytes (10 local loads / stores in the item loop, 2 in the masked one), and ran packed rows at 0.76-0.82x
+// the same documents unpacked (H200).
+template <class T, bool kMask, bool kSoftcap, bool kDeterministic, BwdTensors kTensors = BwdTensors::kNone>
 __global__ void __launch_bounds__(T::kNumThreads, 1)
     attention_bwd_kernel(const __grid_constant__ BackwardParams bp, const __grid_constant__ CUtensorMap tma_dq) {
+  constexpr bool kItems = kTensors != BwdTensors::kNone;  // walks the items the pre-passes leave (BackwardItems)
+  constexpr bool kAny = kTensors == BwdTensors::kAny, kSegments = kTensors == BwdTensors::kSegments;
   using Element = typename T::Element;
   constexpr int kBlockQ = T::kBlockQ, kBlockKV = T::kBlockKV, kD = T::kHeadDim;
   const AttentionParams& p = bp.p;
@@ -194,6 +202,8 @@ __global__ void __launch_bounds__(T::kNumThreads, 1)
   char* sdQ_ptr = sdS_ptr + T::kScoreBytes;  // (buffer, warpgroup) stages of T::kDQStageBytes
   float* sLse2 = reinterpret_cast<float*>(sdQ_ptr + 4 * T::kDQStageBytes);  // 2 x kBlockQ
   float* sDelta = sLse2 + 2 * kBlockQ;                                         // 2 x kBlockQ
+  int* sSegQ = reinterpret_cast<int*>(sDelta + 2 * kBlockQ);                   // 2 x kBlockQ (kSegments)
+  int* sSegK = sSegQ + 2 * kBlockQ;                                            // kBlockKV (kSegments)
 
   const int tid = threadIdx.x, wg = tid / 128, warp = (tid / 32) % 4, lane = tid % 32;
   const int num_kv_blocks = (p.seqlen_k + kBlockKV - 1) / kBlockKV;
@@ -209,8 +219,8 @@ __global__ void __launch_bounds__(T::kNumThreads, 1)
   const int num_items = q_blocks * group;
   // Tensor calls visit the items whose tile can hold a visible score (common/backward_blocks.cuh); others, all.
   [[maybe_unused]] BackwardItems<kBlockQ, kBlockKV> items;
-  if constexpr (kTensors) items = BackwardItems<kBlockQ, kBlockKV>(p, batch, kv_head, kv_block, qb);
-  const int first_item = kTensors ? items.following(p, -1, lane) : 0;
+  if constexpr (kItems) items = BackwardItems<kBlockQ, kBlockKV>(p, batch, kv_head, kv_block, qb);
+  const int first_item = kItems ? items.following(p, -1, lane) : 0;
 
   const Element* gK = static_cast<const Element*>(p.k) + batch * p.k_batch_stride + kv_head * p.k_head_stride;
   const Element* gV = static_cast<const Element*>(p.v) + batch * p.v_batch_stride + kv_head * p.v_head_stride;
@@ -219,6 +229,13 @@ __global__ void __launch_bounds__(T::kNumThreads, 1)
                                                        len.kv_len - kv0, tid);
     copy_panels<Element, kBlockKV, kD, T::kNumThreads>(sV, gV + kv0 * p.v_seq_stride, p.v_seq_stride,
                                                        len.kv_len - kv0, tid);
+    if constexpr (kSegments) {
+      if (tid < kBlockKV) {
+        const int key = kv0 + tid;  // (keys past seqlen_k: zeros, hidden by the lengths' mask)
+        cp_async_4(smem_address(sSegK + tid),
+                   p.kv_segment_ids + batch * p.kv_segment_stride + min(key, p.seqlen_k - 1), key < p.seqlen_k);
+      }
+    }
   }
   // Item i's Q and dO tiles go out as cp.async into buffer place % 2 (place: its place in the walk); its row
   // statistics are returned, for store_row_stats into that buffer once the item before has been computed (their
@@ -234,7 +251,14 @@ __global__ void __launch_bounds__(T::kNumThreads, 1)
     copy_panels<Element, kBlockQ, kD, T::kNumThreads>(sdO + buf * T::kQBytes,
                                                       static_cast<const Element*>(bp.t.d_out) + q_offset,
                                                       p.q_seq_stride, p.seqlen_q - q0, tid);
-    if constexpr (kTensors) prefetch_bias_tile<kBlockQ, kBlockKV, T::kNumThreads>(p, batch, head, q0, kv0, tid);
+    if constexpr (kAny) prefetch_bias_tile<kBlockQ, kBlockKV, T::kNumThreads>(p, batch, head, q0, kv0, tid);
+    if constexpr (kSegments) {
+      if (tid < kBlockQ) {
+        const int row = q0 + tid;
+        cp_async_4(smem_address(sSegQ + buf * kBlockQ + tid),
+                   p.q_segment_ids + batch * p.q_segment_stride + min(row, p.seqlen_q - 1), row < p.seqlen_q);
+      }
+    }
     return fetch_row_stats<kBlockQ>(bp, batch, head, q0, len, tid);
   };
   if (first_item < num_items) store_row_stats<kBlockQ>(load_item(first_item, 0), sLse2, sDelta, tid);
@@ -269,8 +293,8 @@ __global__ void __launch_bounds__(T::kNumThreads, 1)
 
   // i: the item; n: its place in the walk, by which buffers alternate (i itself where every item is visited)
   for (int i = first_item, n = 0; i < num_items; ++n) {
-    const int buf = (kTensors ? n : i) % 2;
-    [[maybe_unused]] const bool test_hidden = !kTensors || items.per_score(i);
+    const int buf = (kItems ? n : i) % 2;
+    [[maybe_unused]] const bool test_hidden = !kItems || items.per_score(i);
     // This item's dQ stage held the share of the item before last: its reduce has read it (the barrier below tells
     // the warpgroup).
     if (!kDeterministic && tid % 128 == 0) bulk_wait_group_read<1>();
@@ -302,8 +326,8 @@ __global__ void __launch_bounds__(T::kNumThreads, 1)
     // The next item's loads go out behind this one's first products. Its buffers held the item before's, which every
     // thread finished before it passed the barrier above (so did its reads of dS^T).
     RowStats next_stats{};
-    const int next_item = kTensors ? items.following(p, i, lane) : i + 1;
-    if (next_item < num_items) next_stats = load_item(next_item, (kTensors ? n : i) + 1);
+    const int next_item = kItems ? items.following(p, i, lane) : i + 1;
+    if (next_item < num_items) next_stats = load_item(next_item, (kItems ? n : i) + 1);
     cp_async_commit();
     wgmma_wait<1>();
     fence_registers(acc_s);
@@ -314,16 +338,17 @@ __global__ void __launch_bounds__(T::kNumThreads, 1)
     const bool whole = !kMask || (kv0 + kBlockKV <= len.kv_len && q0 + kBlockQ <= len.q_len &&
                                   kv0 + kBlockKV - 1 - q0 <= hi_off && kv0 - (q0 + kBlockQ - 1) >= lo_off);
     [[maybe_unused]] const AlibiTerm alibi =
-        kTensors ? AlibiTerm(p, batch, kv_head * group + i / q_blocks, q0 + 2 * (lane % 4), kv0 + key_row0, len)
-                 : AlibiTerm{};
-    const ScoreItem item{batch, kTensors ? kv_head * group + i / q_blocks : 0, kv0, q0, lo_off, hi_off, whole,
+        kAny ? AlibiTerm(p, batch, kv_head * group + i / q_blocks, q0 + 2 * (lane % 4), kv0 + key_row0, len)
+             : AlibiTerm{};
+    const ScoreItem item{batch, kAny ? kv_head * group + i / q_blocks : 0, kv0, q0, lo_off, hi_off, whole,
                          test_hidden};
-    if (kTensors && item_reads_tensors(p, test_hidden)) {
+    const int* seg_q = sSegQ + buf * kBlockQ;
+    if (kAny ? item_reads_tensors(p, test_hidden) : kSegments && test_hidden) {
       item_scores<T, kMask, kSoftcap, kDSWithP, kTensors, true>(p, len, item, alibi, key_row0, lane, cap_slope, lse2,
-                                                                   delta, acc_s, acc_dp);
+                                                                 delta, seg_q, sSegK, acc_s, acc_dp);
     } else {
       item_scores<T, kMask, kSoftcap, kDSWithP, kTensors, false>(p, len, item, alibi, key_row0, lane, cap_slope, lse2,
-                                                                   delta, acc_s, acc_dp);
+                                                                  delta, seg_q, sSegK, acc_s, acc_dp);
     }
     uint32_t rP[kBlockQ / 16][4], rdS[kBlockQ / 16][4];
 #pragma unroll
@@ -387,8 +412,8 @@ __global__ void __launch_bounds__(T::kNumThreads, 1)
     fence_registers(acc_dk);
     fence_registers(*reinterpret_cast<uint32_t(*)[kBlockQ / 4]>(&rdS[0][0]));
     // (buffer next_buf held the item before's, which every thread finished before this item's first barrier)
-    const int next_buf = ((kTensors ? n : i) + 1) % 2;
-    const int after = kTensors ? next_item : i + 1;  // (without tensors: recomputed, not kept across the item)
+    const int next_buf = ((kItems ? n : i) + 1) % 2;
+    const int after = kItems ? next_item : i + 1;  // (without tensors: recomputed, not kept across the item)
     if (after < num_items) {
       store_row_stats<kBlockQ>(next_stats, sLse2 + next_buf * kBlockQ, sDelta + next_buf * kBlockQ, tid);
     }

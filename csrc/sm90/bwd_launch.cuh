@@ -18,7 +18,7 @@ namespace jax_flash::sm90 {
 
 template <class T>
 struct BwdKernels {
-  template <bool kMask, bool kSoftcap, bool kDeterministic, bool kTensors = false>
+  template <bool kMask, bool kSoftcap, bool kDeterministic, BwdTensors kTensors = BwdTensors::kNone>
   static auto get() { return attention_bwd_kernel<T, kMask, kSoftcap, kDeterministic, kTensors>; }
 };
 
