@@ -158,7 +158,8 @@ __device__ __forceinline__ void reduce_dq_through_stage(const CUtensorMap* tma_d
 // wgmma accumulator layout). kReads: the bias, mask and segment ids read per score; compiled with and without, chosen
 // per item, so the items that need none run a straight-line loop (a uniform branch per score split it into blocks of
 // one exponential each). kAny: ALiBi's term is added either way (zero without ALiBi). kSegments: the ids of the
-// item's query rows (seg_q, by column) and of the block's keys (seg_k, by key row), in shared memory.
+// item's query rows (seg_q, by column) and of the block's keys (seg_k, by key row), in shared memory, compared on
+// every item (see the kernel).
 template <class T, bool kMask, bool kSoftcap, bool kDSWithP, BwdTensors kTensors, bool kReads>
 __device__ __forceinline__ void item_scores(const AttentionParams& p, BatchLengths len, const ScoreItem& it,
                                             const AlibiTerm& alibi, int key_row0, int lane, float cap_slope,
@@ -180,9 +181,11 @@ __device__ __forceinline__ void item_scores(const AttentionParams& p, BatchLengt
 
 // kMask: some score may be hidden (window, lengths, or a partial last key block); kSoftcap: s = cap tanh(q.k scale
 // / cap); kTensors (with kMask): segment ids alone, or any of segment ids, bias or mask tensors and ALiBi slopes, per
-// score (common/backward_tensors.cuh). The segment-only variant keeps no bias or ALiBi state: the tensor variant
-// spills 36 bytes (10 local loads / stores in the item loop, 2 in the masked one), and ran packed rows at 0.76-0.82x
-// the same documents unpacked (H200).
+// score (common/backward_tensors.cuh). The segment-only variant keeps no bias or ALiBi state and compares the ids
+// on every item, one code path (ids read from shared memory, a compare and select per score): the tensor variant spills
+// 36 bytes at head dim 128 (128 at 64) and ran packed rows at 0.76-0.82x the same documents unpacked (H200); with
+// its items split into tested and untested paths as the tensor variant does, 0.87-1.07x; one path, 1.01-1.15x
+// (H100, mean document 512-4096).
 template <class T, bool kMask, bool kSoftcap, bool kDeterministic, BwdTensors kTensors = BwdTensors::kNone>
 __global__ void __launch_bounds__(T::kNumThreads, 1)
     attention_bwd_kernel(const __grid_constant__ BackwardParams bp, const __grid_constant__ CUtensorMap tma_dq) {
@@ -343,7 +346,7 @@ __global__ void __launch_bounds__(T::kNumThreads, 1)
     const ScoreItem item{batch, kAny ? kv_head * group + i / q_blocks : 0, kv0, q0, lo_off, hi_off, whole,
                          test_hidden};
     const int* seg_q = sSegQ + buf * kBlockQ;
-    if (kAny ? item_reads_tensors(p, test_hidden) : kSegments && test_hidden) {
+    if (kAny ? item_reads_tensors(p, test_hidden) : kSegments) {
       item_scores<T, kMask, kSoftcap, kDSWithP, kTensors, true>(p, len, item, alibi, key_row0, lane, cap_slope, lse2,
                                                                  delta, seg_q, sSegK, acc_s, acc_dp);
     } else {
