@@ -16,7 +16,7 @@
 
 namespace jax_flash::sm80 {
 
-// (segment ids alone run the variant of every tensor here: one kernel fewer per head dim, on the older GPUs)
+// (segment ids alone run the tensor variant here; the sm90 family has one of its own for them)
 template <class T>
 struct BwdKernels {
   template <bool kMask, bool kSoftcap, bool kDeterministic, BwdTensors kTensors = BwdTensors::kNone>
