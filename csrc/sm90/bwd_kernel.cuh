@@ -5,9 +5,10 @@
 //   dV, dK (64 x D) += P^T dO, dS^T Q                  wgmma, A (P^T, dS^T) from registers, B MN-major
 //   dQ (64 x 64) = dS K                                wgmma, A (dS^T in shared memory) and B MN-major;
 //                                                      warpgroup w: query rows 64w.. (kBlockQ = 128) or D columns 64w..
-// Tiles are 128-byte-swizzled panels of 64 columns (what the descriptors expect), filled by cp.async from all threads.
-// One barrier opens an item (its tiles have landed; every thread is done with the item before) and one lets dQ read
-// both halves of dS^T. The next item's Q, dO, lse and delta loads go out behind this item's first products; S^T's
+// Tiles are 128-byte-swizzled panels of 64 columns (what the descriptors expect): K and V filled by cp.async from all
+// threads, each item's Q and dO by TMA boxes that thread 0 issues onto the buffer's mbarrier. One barrier opens an
+// item (every thread is done with the item before; then its Q / dO mbarrier) and one lets dQ read both halves of
+// dS^T. The next item's Q, dO, lse and delta loads go out behind this item's first products; S^T's
 // exponentials run beside dP^T's wgmma and dS^T's arithmetic beside dV's (head dim 128 without a softcap; elsewhere
 // dS^T is computed in the exponentials' loop, after dP^T), and dQ's reduce-add beside dK's products. dQ reaches
 // dq_accum through shared memory and TMA reduce-adds (float2 atomics in the deterministic variant, which takes
@@ -58,9 +59,9 @@ struct BwdTraits {
   static constexpr int kDQStageBytes = 2 * kDQHalfBytes;
   // K, V; Q and dO twice; dS^T; dQ staging (2 buffers x 2 warpgroups); float32 lse2 and delta twice; int32 segment
   // ids of the query rows twice and of the keys (the kSegments variant); each tile a whole number of 1024-byte
-  // swizzle atoms from a base the kernel rounds up to 1024 bytes.
+  // swizzle atoms from a base the kernel rounds up to 1024 bytes; the two Q / dO buffers' mbarriers.
   static constexpr int kSmemBytes = 2 * kKVBytes + 4 * kQBytes + kScoreBytes + 4 * kDQStageBytes + 4 * kBlockQ * 4 +
-                                    (2 * kBlockQ + kBlockKV) * 4 + kAlignSlack;
+                                    (2 * kBlockQ + kBlockKV) * 4 + 2 * 8 + kAlignSlack;
   static_assert(kHeadDim == 64 || kHeadDim == 128, "the sm90 backward covers head dims 64 and 128");
 };
 
@@ -182,13 +183,14 @@ __device__ __forceinline__ void item_scores(const AttentionParams& p, BatchLengt
 // kMask: some score may be hidden (window, lengths, or a partial last key block); kSoftcap: s = cap tanh(q.k scale
 // / cap); kTensors (with kMask): segment ids alone, or any of segment ids, bias or mask tensors and ALiBi slopes, per
 // score (common/backward_tensors.cuh). The segment-only variant keeps no bias or ALiBi state and compares the ids
-// on every item, one code path (ids read from shared memory, a compare and select per score): the tensor variant spills
-// 36 bytes at head dim 128 (128 at 64) and ran packed rows at 0.76-0.82x the same documents unpacked (H200); with
-// its items split into tested and untested paths as the tensor variant does, 0.87-1.07x; one path, 1.01-1.15x
-// (H100, mean document 512-4096).
+// on every item in one code path (ids read from shared memory, a compare and select per score). With Q / dO by
+// cp.async, the tensor variant (36 bytes of spill at head dim 128) ran packed rows at 0.76-0.82x the same documents
+// unpacked (H200); this variant with its items split into tested and untested paths as the tensor variant's are,
+// 0.87-1.07x; with one path, 1.01-1.15x (H100, mean document 512-4096).
 template <class T, bool kMask, bool kSoftcap, bool kDeterministic, BwdTensors kTensors = BwdTensors::kNone>
 __global__ void __launch_bounds__(T::kNumThreads, 1)
-    attention_bwd_kernel(const __grid_constant__ BackwardParams bp, const __grid_constant__ CUtensorMap tma_dq) {
+    attention_bwd_kernel(const __grid_constant__ BackwardParams bp, const __grid_constant__ CUtensorMap tma_dq,
+                         const __grid_constant__ CUtensorMap tma_q, const __grid_constant__ CUtensorMap tma_do) {
   constexpr bool kItems = kTensors != BwdTensors::kNone;  // walks the items the pre-passes leave (BackwardItems)
   constexpr bool kAny = kTensors == BwdTensors::kAny, kSegments = kTensors == BwdTensors::kSegments;
   using Element = typename T::Element;
@@ -207,6 +209,7 @@ __global__ void __launch_bounds__(T::kNumThreads, 1)
   float* sDelta = sLse2 + 2 * kBlockQ;                                         // 2 x kBlockQ
   int* sSegQ = reinterpret_cast<int*>(sDelta + 2 * kBlockQ);                   // 2 x kBlockQ (kSegments)
   int* sSegK = sSegQ + 2 * kBlockQ;                                            // kBlockKV (kSegments)
+  uint64_t* q_full = reinterpret_cast<uint64_t*>(sSegK + kBlockKV);            // 2: buffer b's Q and dO landed
 
   const int tid = threadIdx.x, wg = tid / 128, warp = (tid / 32) % 4, lane = tid % 32;
   const int num_kv_blocks = (p.seqlen_k + kBlockKV - 1) / kBlockKV;
@@ -240,20 +243,29 @@ __global__ void __launch_bounds__(T::kNumThreads, 1)
       }
     }
   }
-  // Item i's Q and dO tiles go out as cp.async into buffer place % 2 (place: its place in the walk); its row
-  // statistics are returned, for store_row_stats into that buffer once the item before has been computed (their
-  // loads' latency passes meanwhile).
+  if (tid == 0) {
+    mbarrier_init(&q_full[0], 1);
+    mbarrier_init(&q_full[1], 1);
+    fence_barrier_init();
+  }
+  // Item i's Q and dO tiles go out as TMA boxes into buffer place % 2 (place: its place in the walk; rows past
+  // seqlen_q read as zeros), completing on the buffer's mbarrier; its row statistics are returned, for
+  // store_row_stats into that buffer once the item before has been computed (their loads' latency passes meanwhile).
   auto load_item = [&](int i, int place) {
     const int buf = place % 2;
     const int64_t head = kv_head * group + i / q_blocks;
     const int q0 = (qb.begin + i % q_blocks) * kBlockQ;
-    const int64_t q_offset = batch * p.q_batch_stride + head * p.q_head_stride + q0 * p.q_seq_stride;
-    copy_panels<Element, kBlockQ, kD, T::kNumThreads>(sQ + buf * T::kQBytes,
-                                                      static_cast<const Element*>(p.q) + q_offset, p.q_seq_stride,
-                                                      p.seqlen_q - q0, tid);
-    copy_panels<Element, kBlockQ, kD, T::kNumThreads>(sdO + buf * T::kQBytes,
-                                                      static_cast<const Element*>(bp.t.d_out) + q_offset,
-                                                      p.q_seq_stride, p.seqlen_q - q0, tid);
+    if (tid == 0) {
+      mbarrier_arrive_expect_tx(&q_full[buf], 2 * T::kQBytes);
+#pragma unroll
+      for (int panel = 0; panel < T::kPanels; ++panel) {
+        const uint32_t offset = buf * T::kQBytes + panel * T::kQPanelBytes;
+        tma_load_4d(smem + (sQ - sK) + offset, &tma_q, &q_full[buf], panel * 64, q0, static_cast<int>(head),
+                    static_cast<int>(batch));
+        tma_load_4d(smem + (sdO - sK) + offset, &tma_do, &q_full[buf], panel * 64, q0, static_cast<int>(head),
+                    static_cast<int>(batch));
+      }
+    }
     if constexpr (kAny) prefetch_bias_tile<kBlockQ, kBlockKV, T::kNumThreads>(p, batch, head, q0, kv0, tid);
     if constexpr (kSegments) {
       if (tid < kBlockQ) {
@@ -301,9 +313,10 @@ __global__ void __launch_bounds__(T::kNumThreads, 1)
     // This item's dQ stage held the share of the item before last: its reduce has read it (the barrier below tells
     // the warpgroup).
     if (!kDeterministic && tid % 128 == 0) bulk_wait_group_read<1>();
-    cp_async_wait<0>();  // item i (and K, V) have landed
+    cp_async_wait<0>();  // K, V (and the item's segment ids) have landed
     fence_proxy_async_smem();  // cp.async wrote through the generic proxy; wgmma reads through the async one
     __syncthreads();
+    mbarrier_wait(&q_full[buf], ((kItems ? n : i) / 2) % 2);  // the item's Q and dO
     const int q0 = (qb.begin + i % q_blocks) * kBlockQ;
     const uint32_t sQi = sQ + buf * T::kQBytes, sdOi = sdO + buf * T::kQBytes;
     const float* lse2 = sLse2 + buf * kBlockQ;

@@ -1,5 +1,5 @@
 // run_attention_bwd_sm90: common/backward_launch.cuh's three launches around the sm90 backward kernel
-// (sm90/bwd_kernel.cuh), which also takes the tensor map its dQ reduce-adds go through.
+// (sm90/bwd_kernel.cuh), which also takes the tensor maps its dQ reduce-adds and its Q / dO loads go through.
 #pragma once
 
 #include <cuda_bf16.h>
@@ -7,6 +7,7 @@
 
 #include <string>
 #include <type_traits>
+#include <utility>
 
 #include "common/backward_launch.cuh"
 #include "common/kernel_key.h"
@@ -29,13 +30,20 @@ template <int kDType, int kHeadDim>
 std::string run_attention_bwd_sm90(const BackwardParams& bp, cudaStream_t stream) {
   using T = BwdTraits<BwdElement<kDType>, kHeadDim>;
   const AttentionParams& p = bp.p;
-  CUtensorMap dq_map{};
+  CUtensorMap dq_map{}, q_map{}, do_map{};
   if (int64_t{p.batch} * p.seqlen_q * p.heads_q > 0) {
     std::string failure = encode_dq_accum_map(&dq_map, bp.dq_accum, p.batch, p.seqlen_q, p.heads_q, kHeadDim,
                                               T::kDQRowsPerWarpgroup);
     if (!failure.empty()) return failure;
+    // Q and dO (dO laid out as q) in boxes of 64 columns x kBlockQ rows, the item tiles' panels
+    constexpr bool kBf16 = kDType == static_cast<int>(DType::kBFloat16);
+    for (auto [map, base] : {std::pair{&q_map, p.q}, std::pair{&do_map, bp.t.d_out}}) {
+      failure = encode_bshd_map(map, base, kBf16, p.batch, p.seqlen_q, p.heads_q, kHeadDim, p.q_batch_stride,
+                                p.q_seq_stride, p.q_head_stride, T::kBlockQ);
+      if (!failure.empty()) return failure;
+    }
   }
-  return run_backward<T, BwdKernels<T>>(bp, stream, dq_map);
+  return run_backward<T, BwdKernels<T>>(bp, stream, dq_map, q_map, do_map);
 }
 
 template <int kDType, int kHeadDim>
