@@ -155,6 +155,13 @@ __device__ __forceinline__ void reduce_dq_through_stage(const CUtensorMap* tma_d
   }
 }
 
+// Thread tid < kBlockQ's share of an item's rows, loaded into registers behind the item before's first products and
+// stored to shared memory after that item: its row statistics and (the kSegments variant) its query row's segment id.
+struct ItemRows {
+  RowStats stats;
+  int seg_q;
+};
+
 // P^T (and dS^T with kDSWithP: dP^T holds its products) from one item's scores acc_s (this thread's part of S^T in the
 // wgmma accumulator layout). kReads: the bias, mask and segment ids read per score; compiled with and without, chosen
 // per item, so the items that need none run a straight-line loop (a uniform branch per score split it into blocks of
@@ -249,8 +256,8 @@ __global__ void __launch_bounds__(T::kNumThreads, 1)
     fence_barrier_init();
   }
   // Item i's Q and dO tiles go out as TMA boxes into buffer place % 2 (place: its place in the walk; rows past
-  // seqlen_q read as zeros), completing on the buffer's mbarrier; its row statistics are returned, for
-  // store_row_stats into that buffer once the item before has been computed (their loads' latency passes meanwhile).
+  // seqlen_q read as zeros), completing on the buffer's mbarrier; its ItemRows are returned, for
+  // store_item_rows into that buffer once the item before has been computed (their loads' latency passes meanwhile).
   auto load_item = [&](int i, int place) {
     const int buf = place % 2;
     const int64_t head = kv_head * group + i / q_blocks;
@@ -267,17 +274,25 @@ __global__ void __launch_bounds__(T::kNumThreads, 1)
       }
     }
     if constexpr (kAny) prefetch_bias_tile<kBlockQ, kBlockKV, T::kNumThreads>(p, batch, head, q0, kv0, tid);
+    ItemRows rows{fetch_row_stats<kBlockQ>(bp, batch, head, q0, len, tid), 0};
     if constexpr (kSegments) {
-      if (tid < kBlockQ) {
-        const int row = q0 + tid;
-        cp_async_4(smem_address(sSegQ + buf * kBlockQ + tid),
-                   p.q_segment_ids + batch * p.q_segment_stride + min(row, p.seqlen_q - 1), row < p.seqlen_q);
-      }
+      const int row = q0 + tid;
+      if (tid < kBlockQ && row < p.seqlen_q) rows.seg_q = p.q_segment_ids[batch * p.q_segment_stride + row];
     }
-    return fetch_row_stats<kBlockQ>(bp, batch, head, q0, len, tid);
+    return rows;
   };
-  if (first_item < num_items) store_row_stats<kBlockQ>(load_item(first_item, 0), sLse2, sDelta, tid);
+  // Thread tid < kBlockQ's row statistics and segment id of an item into buffer buf.
+  auto store_item_rows = [&](const ItemRows& rows, int buf) {
+    store_row_stats<kBlockQ>(rows.stats, sLse2 + buf * kBlockQ, sDelta + buf * kBlockQ, tid);
+    if (kSegments && tid < kBlockQ) sSegQ[buf * kBlockQ + tid] = rows.seg_q;
+  };
+  if (first_item < num_items) store_item_rows(load_item(first_item, 0), 0);
+  // K and V (and the keys' segment ids) are the block's only cp.async copies. The loop waits for none: a
+  // cp.async.wait_group there also waits for the dQ reduce-adds the thread issued (one scoreboard counts both), and
+  // the warps issuing them held the item's opening barrier until their last reduce had read its stage.
   cp_async_commit();
+  cp_async_wait<0>();
+  fence_proxy_async_smem();  // cp.async wrote through the generic proxy; wgmma reads through the async one
 
   // Descriptors (ptx.cuh smem_descriptor): K-major operands step 32 bytes per k16 inside a panel and a panel per 4
   // steps; MN-major ones step 16 rows (2048 bytes) per k16, their 64-column panels kPanelBytes apart (LBO).
@@ -313,8 +328,6 @@ __global__ void __launch_bounds__(T::kNumThreads, 1)
     // This item's dQ stage held the share of the item before last: its reduce has read it (the barrier below tells
     // the warpgroup).
     if (!kDeterministic && tid % 128 == 0) bulk_wait_group_read<1>();
-    cp_async_wait<0>();  // K, V (and the item's segment ids) have landed
-    fence_proxy_async_smem();  // cp.async wrote through the generic proxy; wgmma reads through the async one
     __syncthreads();
     mbarrier_wait(&q_full[buf], ((kItems ? n : i) / 2) % 2);  // the item's Q and dO
     const int q0 = (qb.begin + i % q_blocks) * kBlockQ;
@@ -341,10 +354,9 @@ __global__ void __launch_bounds__(T::kNumThreads, 1)
     }
     // The next item's loads go out behind this one's first products. Its buffers held the item before's, which every
     // thread finished before it passed the barrier above (so did its reads of dS^T).
-    RowStats next_stats{};
+    ItemRows next_rows{};
     const int next_item = kItems ? items.following(p, i, lane) : i + 1;
-    if (next_item < num_items) next_stats = load_item(next_item, (kItems ? n : i) + 1);
-    cp_async_commit();
+    if (next_item < num_items) next_rows = load_item(next_item, (kItems ? n : i) + 1);
     wgmma_wait<1>();
     fence_registers(acc_s);
     if constexpr (kDSWithP) {
@@ -430,12 +442,9 @@ __global__ void __launch_bounds__(T::kNumThreads, 1)
     // (buffer next_buf held the item before's, which every thread finished before this item's first barrier)
     const int next_buf = ((kItems ? n : i) + 1) % 2;
     const int after = kItems ? next_item : i + 1;  // (without tensors: recomputed, not kept across the item)
-    if (after < num_items) {
-      store_row_stats<kBlockQ>(next_stats, sLse2 + next_buf * kBlockQ, sDelta + next_buf * kBlockQ, tid);
-    }
+    if (after < num_items) store_item_rows(next_rows, next_buf);
     i = after;
   }
-  cp_async_wait<0>();
   if (!kDeterministic && tid % 128 == 0) bulk_wait_group0();  // the stages stay until the reduces are done
 
   // ---- dK, dV: rows below seqlen_k (zeros where no row sees the key) ------------------------------------------------
