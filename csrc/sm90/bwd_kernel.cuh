@@ -289,7 +289,7 @@ __global__ void __launch_bounds__(T::kNumThreads, 1)
   if (first_item < num_items) store_item_rows(load_item(first_item, 0), 0);
   // K and V (and the keys' segment ids) are the block's only cp.async copies. The loop waits for none: a
   // cp.async.wait_group there also waits for the dQ reduce-adds the thread issued (one scoreboard counts both), and
-  // the warps issuing them held the item's opening barrier until their last reduce had read its stage.
+  // the warps issuing them held every warp at the item's opening barrier until their last reduce was done.
   cp_async_commit();
   cp_async_wait<0>();
   fence_proxy_async_smem();  // cp.async wrote through the generic proxy; wgmma reads through the async one
