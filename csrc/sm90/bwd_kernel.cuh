@@ -187,6 +187,46 @@ __device__ __forceinline__ void item_scores(const AttentionParams& p, BatchLengt
   }
 }
 
+// dS^T (acc_dp, this thread's part in the wgmma accumulator layout) packed into rdS, the A operand of dK's product,
+// and stored at (key r, query c) of the panelled dS^T tile, which dQ's product reads from shared memory.
+template <class T>
+__device__ __forceinline__ void pack_and_store_ds(const float (&acc_dp)[T::kBlockQ / 2],
+                                                  uint32_t (&rdS)[T::kBlockQ / 16][4], char* sdS_ptr, int key_row0,
+                                                  int lane) {
+#pragma unroll
+  for (int t = 0; t < T::kBlockQ / 16; ++t) {
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      rdS[t][j] = pack2<typename T::Element>(acc_dp[8 * t + 2 * j], acc_dp[8 * t + 2 * j + 1]);
+      const int r = key_row0 + 8 * (j % 2);
+      const int c = 16 * t + 8 * (j / 2) + 2 * (lane % 4);
+      const uint32_t offset =
+          (c / 64) * T::kScorePanelBytes + panel_offset<T::kBlockKV>(r, (c % 64) / 8) + (c % 8) * 2;
+      *reinterpret_cast<uint32_t*>(sdS_ptr + offset) = rdS[t][j];
+    }
+  }
+}
+
+// dK and dV of the block's keys, rows below seqlen_k (zeros where no row sees the key), from the accumulators.
+template <class T>
+__device__ __forceinline__ void store_dk_dv(const BackwardParams& bp, const float (&acc_dk)[T::kHeadDim / 2],
+                                            const float (&acc_dv)[T::kHeadDim / 2], int64_t batch, int64_t kv_head,
+                                            int kv0, int kv_rows, int key_row0, int lane) {
+  using Element = typename T::Element;
+  const AttentionParams& p = bp.p;
+  Element* gdK = static_cast<Element*>(bp.t.dk) + batch * p.k_batch_stride + kv_head * p.k_head_stride;
+  Element* gdV = static_cast<Element*>(bp.t.dv) + batch * p.v_batch_stride + kv_head * p.v_head_stride;
+#pragma unroll
+  for (int e = 0; e < T::kHeadDim / 2; e += 2) {
+    const int r = key_row0 + 8 * ((e / 2) % 2), c = 8 * (e / 4) + 2 * (lane % 4);
+    if (r < kv_rows) {
+      const int64_t key = kv0 + r;
+      *reinterpret_cast<uint32_t*>(gdK + key * p.k_seq_stride + c) = pack2<Element>(acc_dk[e], acc_dk[e + 1]);
+      *reinterpret_cast<uint32_t*>(gdV + key * p.v_seq_stride + c) = pack2<Element>(acc_dv[e], acc_dv[e + 1]);
+    }
+  }
+}
+
 // kMask: some score may be hidden (window, lengths, or a partial last key block); kSoftcap: s = cap tanh(q.k scale
 // / cap); kTensors (with kMask): segment ids alone, or any of segment ids, bias or mask tensors and ALiBi slopes, per
 // score (common/backward_tensors.cuh). The segment-only variant keeps no bias or ALiBi state and compares the ids
@@ -398,17 +438,7 @@ __global__ void __launch_bounds__(T::kNumThreads, 1)
         acc_dp[e] = acc_s[e] * (acc_dp[e] - delta[c]) * p.scale;
       }
     }
-#pragma unroll
-    for (int t = 0; t < kBlockQ / 16; ++t) {
-#pragma unroll
-      for (int j = 0; j < 4; ++j) {
-        rdS[t][j] = pack2<Element>(acc_dp[8 * t + 2 * j], acc_dp[8 * t + 2 * j + 1]);
-        const int r = key_row0 + 8 * (j % 2);
-        const int c = 16 * t + 8 * (j / 2) + 2 * (lane % 4);
-        const uint32_t offset = (c / 64) * T::kScorePanelBytes + panel_offset<kBlockKV>(r, (c % 64) / 8) + (c % 8) * 2;
-        *reinterpret_cast<uint32_t*>(sdS_ptr + offset) = rdS[t][j];
-      }
-    }
+    pack_and_store_ds<T>(acc_dp, rdS, sdS_ptr, key_row0, lane);
     fence_proxy_async_smem();  // dS^T written by this thread, read next by wgmma
     __syncthreads();           // both warpgroups' halves of dS^T are in place
 
@@ -447,18 +477,7 @@ __global__ void __launch_bounds__(T::kNumThreads, 1)
   }
   if (!kDeterministic && tid % 128 == 0) bulk_wait_group0();  // the stages stay until the reduces are done
 
-  // ---- dK, dV: rows below seqlen_k (zeros where no row sees the key) ------------------------------------------------
-  Element* gdK = static_cast<Element*>(bp.t.dk) + batch * p.k_batch_stride + kv_head * p.k_head_stride;
-  Element* gdV = static_cast<Element*>(bp.t.dv) + batch * p.v_batch_stride + kv_head * p.v_head_stride;
-#pragma unroll
-  for (int e = 0; e < kD / 2; e += 2) {
-    const int r = key_row0 + 8 * ((e / 2) % 2), c = 8 * (e / 4) + 2 * (lane % 4);
-    if (r < kv_rows) {
-      const int64_t key = kv0 + r;
-      *reinterpret_cast<uint32_t*>(gdK + key * p.k_seq_stride + c) = pack2<Element>(acc_dk[e], acc_dk[e + 1]);
-      *reinterpret_cast<uint32_t*>(gdV + key * p.v_seq_stride + c) = pack2<Element>(acc_dv[e], acc_dv[e + 1]);
-    }
-  }
+  store_dk_dv<T>(bp, acc_dk, acc_dv, batch, kv_head, kv0, kv_rows, key_row0, lane);
 }
 
 }  // namespace jax_flash::sm90
