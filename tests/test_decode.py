@@ -88,7 +88,8 @@ def test_every_split_count_gives_the_unsplit_result(device, num_splits, pack_gqa
 
 def test_split_plan():
     """The CUDA handler's plan (common/split_plan.h). Decode tiles: four resident blocks per SM, never more blocks
-    than fit at once, ranges of at least 4 key blocks (two only where each has 32 key blocks), at most MAX_SPLITS; the 128-row tiles: FA3's wave rule."""
+    than fit at once, ranges of at least 4 key blocks (32 where there are two, or tiles on half the SMs or more), at
+    most MAX_SPLITS; the 128-row tiles: FA3's wave rule."""
     from jax_flash._jax_flash import split_plan
 
     sms = 132
@@ -99,6 +100,9 @@ def test_split_plan():
     assert decode(64, 2, 256) == 4             # the masked four-warp tile: two per SM, 256 blocks, not 576
     assert decode(128, 2, 256) == 2            # two long ranges
     assert decode(128, 2, 16) == 1             # ... but not two short ones
+    assert decode(128, 3, 16) == 1             # tiles on half the SMs or more: no range under 32 key blocks
+    assert decode(128, 6, 256) == 4
+    assert decode(64, 6, 64) == 8              # fewer tiles: ranges of 8 key blocks
     assert decode(1, 3, 2048) == jax_flash.config.MAX_SPLITS  # one MQA tile: as many as allowed
     assert decode(8, 3, 256) == 49             # 396 blocks fit
     assert decode(1, 2, 512) == 128            # ranges of at least 4 key blocks
@@ -109,6 +113,7 @@ def test_split_plan():
                 n = decode(tiles, per_sm, key_blocks)
                 assert 1 <= n <= jax_flash.config.MAX_SPLITS
                 assert n == 1 or (tiles * n <= min(4, per_sm) * sms and key_blocks // n >= 4)
+                assert n == 1 or 2 * tiles < sms or key_blocks // n >= 32
     assert split_plan(8, 2 * sms, sms, 1024, False) == 29  # FA3: the smallest within 85% of the best wave
     assert split_plan(4 * 2 * sms, 2 * sms, sms, 1024, False) == 1
 

@@ -21,18 +21,21 @@ namespace jax_flash {
 // at 32 ranges (8 key blocks each, 256 blocks), 36 at 64 (512 blocks, more than fit); the masked four-warp tile (two
 // resident per SM) of 8 query rows, 8 x 16384 keys, 140 us at 4 ranges (256 blocks), 181 at 9 (576). On an H100,
 // one MQA head of 32768 keys: 15.6 us at 128 ranges of 4 key blocks, 18.3 at 64 of 8 (cuDNN 16.1).
-// Two ranges pay only where each is long (at least kDecodeMinPairRangeBlocks key blocks): the combine step costs
-// about as much as the time they save otherwise. H100, bf16, D = 128, 32 query heads: one MQA head x 128 x 1024 keys
-// on the four-warp tile (128 tiles, 16 key blocks) 32.7 us unsplit, 35.6 in two ranges (cuDNN 29.0); 8 kv heads x
-// 16 x 16384 keys, 8 rows on the four-warp tile (128 tiles) 399 us unsplit, 361 in two. (32 kv heads x 8 x 16384
-// keys on the one-warp tile: 693 us unsplit, 715 in two at D = 128 bf16, but 378 and 361 at D = 64 fp16.)
+// Two ranges, or any count on a grid whose tiles already reach half the SMs, pay only where each range is long (at
+// least kDecodeMinPairRangeBlocks key blocks): the combine step costs about as much as the time they save otherwise.
+// H100, bf16, D = 128, 32 query heads: one MQA head x 128 x 1024 keys on the four-warp tile (128 tiles, 16 key
+// blocks) 32.7 us unsplit, 35.6 in two ranges (cuDNN 29.0; fp16 D = 64, three per SM: 17.7 unsplit, 22.0 in three,
+// 27.1 in four, cuDNN 14.7); 8 kv heads x 16 x 16384 keys, 8 rows on the four-warp tile (128 tiles) 399 us
+// unsplit, 361 in two. (32 kv heads x 8 x 16384 keys on the one-warp tile: 693 us unsplit, 715 in two at D = 128
+// bf16, but 378 and 361 at D = 64 fp16.)
 inline constexpr int kDecodeBlocksPerSm = 4;
 inline constexpr int kDecodeMinRangeBlocks = 4;
 inline constexpr int kDecodeMinPairRangeBlocks = 32;
 inline int choose_decode_splits(int64_t tiles, int64_t slots, int64_t num_sms, int64_t key_blocks) {
   const int64_t target = std::min<int64_t>(kDecodeBlocksPerSm * num_sms, slots);
   if (tiles <= 0 || tiles >= target) return 1;
-  const int64_t most = std::min<int64_t>(kMaxSplits, key_blocks / kDecodeMinRangeBlocks);
+  const int64_t min_range = 2 * tiles >= num_sms ? kDecodeMinPairRangeBlocks : kDecodeMinRangeBlocks;
+  const int64_t most = std::min<int64_t>(kMaxSplits, key_blocks / min_range);
   const int64_t splits = std::max<int64_t>(1, std::min(target / tiles, most));
   if (splits == 2 && key_blocks / 2 < kDecodeMinPairRangeBlocks) return 1;
   return static_cast<int>(splits);
