@@ -7,6 +7,7 @@
 #include <cstdint>
 
 #include "common/mask_fragment.cuh"
+#include "common/page_index.h"
 #include "common/params.h"
 #include "common/visibility.h"
 #include "sm80/epilogue.cuh"
@@ -56,8 +57,9 @@ __global__ void __launch_bounds__(T::kNumThreads, kTensors ? 1 : T::kMinBlocksPe
   // j + 1 are loaded when block j's are taken, so no cp.async issue waits on the page table (a table read at the
   // block's first copy stalled the warp for a memory latency per block, with one block of K / V in flight).
   static_assert(T::kBlockKV / 8 + 1 <= kWarpSize, "a block's pages must fit one per lane");
+  const PageDivider pages(page_row != nullptr ? p.page_size : 1);
   auto fetch_page_ids = [&](int j) {  // entries of pages at or past kv_len are never read
-    const int page_index = j * T::kBlockKV / p.page_size + lane;
+    const int page_index = pages.page(j * T::kBlockKV) + lane;
     return int64_t{page_index} * p.page_size < t.len.kv_len ? page_row[page_index] : -1;
   };
   // The key blocks this tile visits, in order: [block_begin, block_end), less those whose segment ids cannot meet
@@ -86,13 +88,13 @@ __global__ void __launch_bounds__(T::kNumThreads, kTensors ? 1 : T::kMinBlocksPe
         next_lane_page = fetch_page_ids(visited.following(j, lane));
       }
       if (p.page_size % T::kBlockKV != 0) {  // pages smaller than the block (or not dividing it): row by row
-        copy_paged_rows_to_smem<T, T::kBlockKV>(sTile, g, page_stride, seq_stride, lane_page, kv0, p.page_size,
+        copy_paged_rows_to_smem<T, T::kBlockKV>(sTile, g, page_stride, seq_stride, lane_page, kv0, pages,
                                                 p.num_pages, rows_valid, tid);
         return;
       }
       const int page = __shfl_sync(0xffffffffu, lane_page, 0);  // the block lies in one page: a strided tile
       const bool page_valid = page >= 0 && page < p.num_pages;
-      rows = page_valid ? g + page * page_stride + (kv0 % p.page_size) * seq_stride : g;
+      rows = page_valid ? g + page * page_stride + pages.row(kv0) * seq_stride : g;
       rows_valid = page_valid ? rows_valid : 0;
     }
     copy_tile_to_smem<T, T::kBlockKV>(sTile, rows, seq_stride, rows_valid, tid);

@@ -4,6 +4,7 @@
 
 #include <cstdint>
 
+#include "common/page_index.h"
 #include "sm80/ptx.cuh"
 #include "sm80/traits.cuh"
 
@@ -132,14 +133,14 @@ namespace jax_flash::sm80 {
 // the page whose id lane (kv0 + r) / page_size - kv0 / page_size holds in lane_page (a page in [0, num_pages), else
 // the row is zeros, as are rows r >= rows_valid). `g` is the kv head's row 0 of page 0; pages are page_stride
 // elements apart. Each thread walks its rows by adding the row step to its offset in the page, wrapping into the
-// next page: two divisions per block instead of two per row (a division by a run-time page size is about 20
-// instructions, and the one-warp decode tile copies 32 rows per thread per block). Its copy loop is its own: written
+// next page: two divisions (or shifts: common/page_index.h) per block instead of two per row (a division by a
+// run-time page size is about 20 instructions, and the one-warp decode tile copies 32 rows per thread per block). Its copy loop is its own: written
 // as a stateful row_at for copy_rows_to_smem, the one-warp decode tile compiled to 4.5% more instructions.
 template <class T, int kRows>
 __device__ __forceinline__ void copy_paged_rows_to_smem(typename T::Element* sTile, const typename T::Element* g,
                                                         int64_t page_stride, int64_t row_stride, int lane_page,
-                                                        int kv0, int page_size, int num_pages, int rows_valid,
-                                                        int tid) {
+                                                        int kv0, const PageDivider& pages, int num_pages,
+                                                        int rows_valid, int tid) {
   using Element = typename T::Element;
   static_assert(T::kNumThreads % T::kRowChunks == 0, "threads must cover whole rows");
   constexpr int kRowsPerStep = T::kNumThreads / T::kRowChunks;
@@ -147,8 +148,8 @@ __device__ __forceinline__ void copy_paged_rows_to_smem(typename T::Element* sTi
   constexpr int kSteps = kRows / kRowsPerStep;
   const int row = tid / T::kRowChunks, chunk = tid % T::kRowChunks;
   const int first_key = kv0 + row;
-  int slot = first_key / page_size - kv0 / page_size;  // which lane holds this row's page id
-  int offset = first_key % page_size;                  // the row within its page
+  int slot = pages.page(first_key) - pages.page(kv0);  // which lane holds this row's page id
+  int offset = pages.row(first_key);                  // the row within its page
   auto dst = [&](int i) { return sTile + tile_offset<T>(row + i * kRowsPerStep, chunk); };
   auto src = [&](int i) -> const Element* {  // (every lane shuffles, valid row or not)
     const int page = __shfl_sync(0xffffffffu, lane_page, slot);
@@ -159,8 +160,8 @@ __device__ __forceinline__ void copy_paged_rows_to_smem(typename T::Element* sTi
     offset += kRowsPerStep;
 #pragma unroll
     for (int wrap = 0; wrap < (kRowsPerStep + 7) / 8; ++wrap) {
-      const bool next_page = offset >= page_size;
-      offset -= next_page ? page_size : 0;
+      const bool next_page = offset >= pages.size;
+      offset -= next_page ? pages.size : 0;
       slot += next_page ? 1 : 0;
     }
     return from;
