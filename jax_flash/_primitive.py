@@ -178,7 +178,8 @@ def _lower_cuda(ctx, *args, cfg, **params):
                       tensors=has_bias_or_mask(params), segments=params["segments"],
                       alibi=params["alibi"] and not params["has_mask"],
                       kv_bytes=2 * batch * seq_k * heads_k * head_dim * q_aval.dtype.itemsize
-                      if isinstance(batch, int) and isinstance(seq_k, int) else 0)
+                      if isinstance(batch, int) and isinstance(seq_k, int) else 0,
+                      page_size=k_aval.shape[1] if params["paged"] and isinstance(k_aval.shape[1], int) else 0)
     cfg = resolve_gpu_config(cfg, q_aval.dtype, q_aval.shape[3], tuned, right_bounded, shape)
     return jax.ffi.ffi_lowering(native.TARGET_NAME)(ctx, *args, **_attrs(cfg, params))
 

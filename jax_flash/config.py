@@ -15,7 +15,7 @@ from typing import Iterator
 GPU_DTYPES = {"float16": 0, "bfloat16": 1}
 GPU_HEAD_DIMS = (64, 128, 256)
 
-_BLOCK_Q = (16, 64, 128)
+_BLOCK_Q = (16, 32, 64, 128)
 _BLOCK_KV = (32, 64, 128)
 _NUM_WARPS = (1, 4, 8)
 _MMA_K = 16  # k extent of one mma.sync.m16n8k16 fragment
@@ -48,7 +48,9 @@ class KernelConfig:
     """Tuning knobs of the FlashAttention-2-style kernel family (names of the seed project in brackets).
 
     block_q [B_r]: query rows per thread block.  block_kv [B_c]: keys per inner-loop step.
-    num_warps [n_warps]: warps per block; each warp owns block_q / num_warps query rows.
+    num_warps [n_warps]: warps per block; each warp owns block_q / num_warps query rows, at least 16: below that
+        (block_q < 16 x num_warps) the warps that share 16 rows split every key block between them and merge their
+        softmax states at the end (decode tiles of 16 or 32 rows on four warps).
     async_copy: global->shared copies with cp.async (else plain 16-byte loads through registers).
     eager_load_blocks: prefetch the next K block while P V runs and the next V block while Q K^T runs.
     swizzled: XOR-swizzled shared memory so ldmatrix hits 8 different bank groups.
@@ -128,18 +130,19 @@ class KernelConfig:
                  f"KernelConfig.block_kv={self.block_kv} is not allowed; choose one of {_BLOCK_KV}")
         _require(self.num_warps in _NUM_WARPS,
                  f"KernelConfig.num_warps={self.num_warps} is not allowed; choose one of {_NUM_WARPS}")
-        _require(self.block_q % (16 * self.num_warps) == 0,
-                 f"KernelConfig.block_q={self.block_q} with num_warps={self.num_warps} gives "
-                 f"{self.block_q / self.num_warps:g} rows per warp; each warp needs a multiple of 16 rows")
+        _require(self.block_kv % (16 * self.key_warps()) == 0,
+                 f"KernelConfig.block_q={self.block_q} with num_warps={self.num_warps} splits each key block between "
+                 f"{self.key_warps()} warps; block_kv={self.block_kv} gives {self.block_kv / self.key_warps():g} keys "
+                 f"per warp, and each warp needs a multiple of 16 keys")
         _require(not self.eager_load_blocks or self.async_copy,
                  "KernelConfig.eager_load_blocks=True needs async_copy=True (a synchronous copy cannot overlap math)")
         # Fragment counts are checked against the head dims in fits(); here only the sign and the block_kv bound.
         for name in ("q_mma_load_k_fragments", "k_mma_load_k_fragments", "v_mma_load_k_fragments"):
             _require(getattr(self, name) >= 0, f"KernelConfig.{name}={getattr(self, name)} must be >= 0 (0 = all)")
-        _require(self.v_mma_load_k_fragments <= self.block_kv // _MMA_K and
-                 (self.block_kv // _MMA_K) % max(self.v_mma_load_k_fragments, 1) == 0,
+        kv_steps = self.warp_keys() // _MMA_K
+        _require(self.v_mma_load_k_fragments <= kv_steps and kv_steps % max(self.v_mma_load_k_fragments, 1) == 0,
                  f"KernelConfig.v_mma_load_k_fragments={self.v_mma_load_k_fragments} must be 0 or divide "
-                 f"block_kv/16={self.block_kv // _MMA_K}")
+                 f"{'block_kv' if self.key_warps() == 1 else 'keys per warp'}/16={kv_steps}")
 
     def _validate_sm90(self) -> None:
         _require(self.consumer_warpgroups in _SM90_CONSUMERS,
@@ -179,8 +182,24 @@ class KernelConfig:
         return dataclasses.replace(self, **{f.name: f.default for f in dataclasses.fields(self) if f.metadata["launch"]})
 
     # ---- derived numbers shared by the validator, the generator and the docs -------------------------------------
+    def key_warps(self) -> int:
+        """Warps that share each 16 query rows, splitting every key block between them: block_q below 16 x num_warps
+        (decode tiles of few rows, which one warp per 16 rows would leave mostly idle); 1 otherwise."""
+        return max(1, 16 * self.num_warps // self.block_q)
+
     def rows_per_warp(self) -> int:
-        return self.block_q // self.num_warps
+        return self.block_q * self.key_warps() // self.num_warps
+
+    def merge_scratch_bytes(self, head_dim: int) -> int:
+        """Shared memory the key-splitting warps merge through (csrc/sm80/softmax.cuh, merge_key_warps): every warp
+        but the first of each row group writes O (its rows x D) and two floats per row, fp32, per lane."""
+        m_tiles = self.rows_per_warp() // 16
+        row_groups = self.num_warps // self.key_warps()
+        return (self.key_warps() - 1) * row_groups * (m_tiles * head_dim // 8 * 4 + 4 * m_tiles) * 32 * 4
+
+    def warp_keys(self) -> int:
+        """Keys of each key block one warp takes."""
+        return self.block_kv // self.key_warps()
 
     def smem_bytes(self, head_dim: int, elem_bytes: int = 2) -> int:
         if self.family == "sm90":  # Q x 1-2 [+ O] + stages x (K + V) [+ P per consumer] + barriers + 2 tile slots + 1024
@@ -216,21 +235,21 @@ class KernelConfig:
     def estimated_registers(self, head_dim: int) -> int:
         """Upper estimate of live 32-bit registers per thread at the busiest point of the loop.
 
-        Accumulators: O is (rows_per_warp x D) fp32 over 32 lanes, S is (rows_per_warp x block_kv). Fragments: an
+        Accumulators: O is (rows_per_warp x D) fp32 over 32 lanes, S is (rows_per_warp x warp_keys). Fragments: an
         A fragment (16x16) is 4 registers per lane, a B fragment (16x8) 2. Q K^T and P V do not overlap, so the peak
         is O + the larger GEMM's live set + a fixed allowance for addresses, softmax state and loop counters.
         """
         m_tiles = self.rows_per_warp() // 16
         acc_o = m_tiles * (head_dim // 8) * 4
-        acc_s = m_tiles * (self.block_kv // 8) * 4
+        acc_s = m_tiles * (self.warp_keys() // 8) * 4
         buffers = 2 if self.mma_double_buffer_loads else 1
-        d_steps, kv_steps = head_dim // _MMA_K, self.block_kv // _MMA_K
+        d_steps, kv_steps = head_dim // _MMA_K, self.warp_keys() // _MMA_K
         # A Q chunk is counted once: its double buffer overlaps the K fragments' (calibrated on ptxas).
         q_regs = m_tiles * d_steps * 4 if self.q_mma_load_k_fragments == 0 else \
             m_tiles * self.q_mma_load_k_fragments * 4
         k_chunk = self.k_mma_load_k_fragments or d_steps
         v_chunk = self.v_mma_load_k_fragments or kv_steps
-        gemm_qk = acc_s + q_regs + k_chunk * (self.block_kv // 8) * 2 * min(buffers, d_steps // k_chunk)
+        gemm_qk = acc_s + q_regs + k_chunk * (self.warp_keys() // 8) * 2 * min(buffers, d_steps // k_chunk)
         gemm_pv = acc_s // 2 + v_chunk * (head_dim // 8) * 2 * min(buffers, kv_steps // v_chunk)
         q_held = q_regs if self.q_mma_load_k_fragments == 0 else 0
         return acc_o + max(gemm_qk, gemm_pv + q_held) + 32
@@ -247,6 +266,9 @@ class KernelConfig:
         smem_limit = _SM80_MAX_SMEM_BYTES if arch < 90 else _MAX_SMEM_BYTES
         if self.smem_bytes(head_dim) > smem_limit:
             return f"needs {self.smem_bytes(head_dim)} bytes of shared memory, more than {smem_limit} on sm_{arch}"
+        if self.merge_scratch_bytes(head_dim) > 2 * self.block_kv * head_dim * 2:
+            return (f"block_q={self.block_q} on num_warps={self.num_warps} merges {self.merge_scratch_bytes(head_dim)} "
+                    f"bytes of softmax state through the K / V buffers, which hold {4 * self.block_kv * head_dim}")
         regs = self.estimated_registers(head_dim)
         if regs > _MAX_REGISTERS:
             return (f"needs about {regs} registers per thread at head_dim={head_dim} (limit {_MAX_REGISTERS}); "
@@ -414,13 +436,23 @@ TUNED_CONFIGS: dict[int, tuple[KernelConfig, ...]] = {
 
 
 # The sm80 family's decode tiles (few query rows per kv head: decoding against a KV cache, packed GQA heads), on
-# every GPU: one warp of 16 rows (rows <= 16) or four (rows <= 64), 64-key blocks (32 at head dim 256, where O takes
-# 128 registers); at head dim 128 the one-warp tile reads Q from shared memory (in registers it left 4 bytes spilled). Small tiles leave room for several thread blocks per SM, whose K/V copies keep HBM busy; the
-# split-KV plan counts them (csrc/common/split_plan.h). jax_flash/selection.py picks them by rows per tile.
+# every GPU: one warp of 16 rows (rows <= 16), four warps on 32 rows (head dims 64 and 128: two warps per 16 rows,
+# each taking half of every key block) or on 64 (rows <= 64); 64-key blocks (32 at head dim 256, where O takes 128
+# registers). The 32-row tile takes 128-key blocks; at head dim 64 also 64, for pages of fewer than 128 keys (a
+# block spanning pages is copied row by row, which cost the 128-key blocks 70% at D = 64, 5% at 128). At head
+# dim 128 the one-warp tile reads Q from shared memory (in registers it left 4 bytes spilled). Small tiles leave
+# room for several thread blocks per SM, whose K/V copies keep HBM busy; the split-KV plan counts them
+# (csrc/common/split_plan.h). jax_flash/selection.py picks them by rows per tile and page size.
+# H100, MQA one row (32 rows per kv head), 128 x 1024 keys, us, 64-row tile / 32-row 128-key / 32-row 64-key:
+# fp16 D = 64 17.7 / 12.4 / 14.4, in 64-key pages 21.0 / 21.0 / 18.3; bf16 D = 128 33.8 / 30.8 / 32.7, in 64-key
+# pages 35.4 / 32.3 / 34.4.
 DECODE_CONFIGS: dict[int, tuple[KernelConfig, ...]] = {
     64: (KernelConfig(block_q=16, block_kv=64, num_warps=1, q_mma_load_k_fragments=0),
+         KernelConfig(block_q=32, block_kv=128, num_warps=4, q_mma_load_k_fragments=0),
+         KernelConfig(block_q=32, block_kv=64, num_warps=4, q_mma_load_k_fragments=0),
          KernelConfig(block_q=64, block_kv=64, num_warps=4, q_mma_load_k_fragments=0)),
     128: (KernelConfig(block_q=16, block_kv=64, num_warps=1, q_mma_load_k_fragments=2),
+          KernelConfig(block_q=32, block_kv=128, num_warps=4, q_mma_load_k_fragments=0),
           KernelConfig(block_q=64, block_kv=64, num_warps=4, q_mma_load_k_fragments=0)),
     256: (KernelConfig(block_q=16, block_kv=32, num_warps=1, q_mma_load_k_fragments=2, mma_double_buffer_loads=False),
           KernelConfig(block_q=64, block_kv=32, num_warps=4, q_mma_load_k_fragments=2, k_mma_load_k_fragments=1,

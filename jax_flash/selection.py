@@ -91,6 +91,7 @@ class CallShape:
     segments: bool = False  # segment ids
     alibi: bool = False  # the bias operand holds ALiBi slopes and no mask tensor comes with them: no per-score reads
     kv_bytes: int = 0  # K and V bytes the call reads (logical, paged or not); 0: not known (symbolic shapes)
+    page_size: int = 0  # keys per page of a paged call; 0: contiguous K / V
 
 
 _MAX_ROWS = 2**31 - 1  # the kernels number a unit's rows (seq_q x group when packed) in 32 bits
@@ -142,8 +143,13 @@ def decode_gpu_config(head_dim: int, shape: CallShape, compiled: list[KernelConf
     rows = shape.seq_q * shape.group
     packs_better = should_pack_gqa(shape.seq_q, shape.group, 128)
     if rows <= 64:
+        # The smallest tile that holds the rows; among equal ones the largest key block copied as one strided tile
+        # (contiguous, or pages a multiple of the block), else the smallest (a block spanning pages is copied row by
+        # row).
         candidates = [c for c in DECODE_CONFIGS.get(head_dim, ()) if c.block_q >= min(rows, 64) and c in compiled]
-        choice = min(candidates, key=lambda c: c.block_q) if candidates else None
+        strided = lambda c: shape.page_size % c.block_kv == 0  # noqa: E731  (0 % n == 0: contiguous)
+        choice = min(candidates, key=lambda c: (c.block_q, -c.block_kv if strided(c) else c.block_kv)) \
+            if candidates else None
         if choice is not None:
             return dataclasses.replace(choice, pack_gqa=shape.group > 1)
     if not (packs_better or sm80_only):

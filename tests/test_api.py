@@ -60,10 +60,13 @@ def test_not_an_array():
 
 
 @pytest.mark.parametrize("kwargs,error,message", [
-    ({"block_q": 96}, ValueError, r"KernelConfig.block_q=96 is not allowed; choose one of \(16, 64, 128\)"),
+    ({"block_q": 96}, ValueError, r"KernelConfig.block_q=96 is not allowed; choose one of \(16, 32, 64, 128\)"),
     ({"block_kv": 48}, ValueError, r"KernelConfig.block_kv=48 is not allowed; choose one of \(32, 64, 128\)"),
     ({"num_warps": 2}, ValueError, r"KernelConfig.num_warps=2 is not allowed; choose one of \(1, 4, 8\)"),
-    ({"block_q": 64, "num_warps": 8}, ValueError, "gives 8 rows per warp; each warp needs a multiple of 16"),
+    ({"block_q": 16, "num_warps": 8, "block_kv": 64}, ValueError,
+     "splits each key block between 8 warps; block_kv=64 gives 8 keys per warp"),
+    ({"block_q": 32, "num_warps": 4, "block_kv": 64, "v_mma_load_k_fragments": 4}, ValueError,
+     "v_mma_load_k_fragments=4 must be 0 or divide keys per warp/16=2"),
     ({"async_copy": False}, ValueError, "eager_load_blocks=True needs async_copy=True"),
     ({"swizzled": 1}, TypeError, "KernelConfig.swizzled must be a bool, got 1"),
     ({"block_q": 128.0}, TypeError, "KernelConfig.block_q must be an int"),
@@ -80,6 +83,12 @@ def test_config_fits_reports_reason():
     assert "registers" in KernelConfig(block_q=128, block_kv=64, num_warps=4, q_mma_load_k_fragments=0,
                                        k_mma_load_k_fragments=0, v_mma_load_k_fragments=0).fits(128)
     assert "must be 0 or divide head_dim/16=4" in KernelConfig(k_mma_load_k_fragments=8).fits(64)
+    # Warps that split key blocks merge through the K / V buffers: three of the eight warps on 32 rows per row group
+    # hold 52224 bytes at head dim 128, more than two 64-key blocks (32768); on four warps, 17408 fit.
+    wide = KernelConfig(block_q=32, num_warps=8, block_kv=64)
+    assert (wide.key_warps(), wide.rows_per_warp(), wide.warp_keys()) == (4, 16, 16)
+    assert "merges 52224 bytes of softmax state through the K / V buffers, which hold 32768" in wide.fits(128)
+    assert KernelConfig(block_q=32, num_warps=4, block_kv=64).fits(128) is None
 
 
 def test_cfg_must_be_kernel_config():
@@ -132,6 +141,9 @@ def test_cuda_lowering_uses_default_config():
     text = lower_for_cuda(*qkv((2, 1, 32, 128), (2, 4096, 8, 128), dtype=jnp.bfloat16))
     assert "block_q = 16 : i64" in text and "family = 80 : i64" in text and "pack_gqa = 1 : i64" in text
     text = lower_for_cuda(*qkv((2, 8, 32, 128), (2, 4096, 8, 128), dtype=jnp.bfloat16))
+    assert "block_q = 32 : i64" in text and "block_kv = 128 : i64" in text and "num_warps = 4 : i64" in text
+    assert "pack_gqa = 1 : i64" in text
+    text = lower_for_cuda(*qkv((2, 16, 32, 128), (2, 4096, 8, 128), dtype=jnp.bfloat16))
     assert "block_q = 64 : i64" in text and "num_warps = 4 : i64" in text and "pack_gqa = 1 : i64" in text
 
 

@@ -322,6 +322,26 @@ def test_paged_prefill_routing():
     assert decode.block_q == 16 and decode.pack_gqa
 
 
+def test_decode_tile_routing():
+    """cfg=None on a GPU, rows per kv head -> decode tile: up to 16 the one-warp tile, up to 32 the four-warp 32-row
+    tile (128-key blocks, 64 at head dim 64 for pages of fewer than 128 keys), up to 64 the 64-row tile."""
+    from jax_flash import config, selection
+
+    def pick(head_dim, seq_q, group, page_size=0):
+        compiled = list(config.TUNED_CONFIGS[head_dim]) + list(config.DECODE_CONFIGS[head_dim])
+        shape = selection.CallShape(seq_q=seq_q, seq_k=4096, group=group, page_size=page_size)
+        choice = selection.decode_gpu_config(head_dim, shape, compiled)
+        assert choice.pack_gqa == (group > 1)
+        return choice.block_q, choice.block_kv, choice.num_warps
+
+    for head_dim in (64, 128):
+        assert pick(head_dim, 1, 8) == pick(head_dim, 16, 1) == (16, 64, 1)
+        assert pick(head_dim, 1, 32) == pick(head_dim, 8, 4) == pick(head_dim, 1, 32, 256) == (32, 128, 4)
+        assert pick(head_dim, 2, 32) == (64, 64, 4)
+    assert pick(64, 1, 32, 64) == pick(64, 1, 32, 16) == pick(64, 1, 32, 24) == (32, 64, 4)
+    assert pick(128, 1, 32, 64) == pick(128, 1, 32, 16) == (32, 128, 4)
+
+
 def test_short_sequence_routing():
     """cfg=None on sm_90, head dim 64: 193-256 query rows without a right bound take the 128-row sm90 tile (ViT's
     197 tokens), other lengths and causal calls the 192-row one."""
@@ -357,6 +377,36 @@ def test_gpu_decode_routes_to_the_packed_decode_tile():
     q, k, v = random_qkv(1, 2, 1, 1024, 32, 8, 128, jnp.bfloat16, GPU_DEVICES[0])
     text = jax.jit(jax_flash.attention).lower(q, k, v).as_text()
     assert "block_q = 16" in text and "pack_gqa = 1" in text, text[-2000:]
+
+
+DECODE_CASES = [(head_dim, cfg) for head_dim in (64, 128) for cfg in jax_flash.config.DECODE_CONFIGS[head_dim]]
+
+
+@requires_gpu
+@pytest.mark.parametrize("head_dim,cfg", DECODE_CASES, ids=[f"d{d}-{c.short_name()}" for d, c in DECODE_CASES])
+@pytest.mark.parametrize("num_splits,page_size,tensors", [(1, None, False), (3, 16, False), (2, 64, False),
+                                                          (1, None, True)])
+def test_every_decode_tile(head_dim, cfg, num_splits, page_size, tensors):
+    """Every sm80 decode tile, the ones whose warps split each key block included (merged per row group): packed
+    24 rows per kv head (a 16-row tile's second tile half full), causal with a window, softcap, both lengths, split
+    ranges, 16- and 64-key pages, or a mask tensor and segment ids."""
+    q, k, v = random_qkv(head_dim + num_splits, 2, 3, 1000, 32, 4, head_dim, jnp.float16, GPU_DEVICES[0])
+    kwargs = dict(causal=True, window=(700, -1), softcap=25.0, q_lengths=jnp.array([3, 2], jnp.int32),
+                  kv_lengths=jnp.array([1000, 517], jnp.int32))
+    if tensors:
+        keep = jax.random.bernoulli(jax.random.PRNGKey(7), 0.8, (2, 1, 3, 1000))
+        segments = (jnp.arange(1000) // 300).astype(jnp.int32)
+        kwargs.update(mask=keep, q_segment_ids=jnp.full((2, 3), 3, jnp.int32),
+                      kv_segment_ids=jnp.broadcast_to(segments, (2, 1000)))
+    call = dataclasses.replace(cfg, num_splits=num_splits, pack_gqa=True)
+    if page_size is None:
+        out, lse = jax_flash.attention(q, k, v, call, return_lse=True, **kwargs)
+    else:
+        k_pages, v_pages, table = paged_cache(k, v, page_size, seed=page_size)
+        out, lse = jax_flash.attention(q, k_pages, v_pages, call, page_table=table, return_lse=True, **kwargs)
+    assert_flash_close(out, q, k, v, **kwargs)
+    _, ref_lse = jax_flash.attention_reference(q, k, v, return_lse=True, **kwargs)
+    np.testing.assert_allclose(np.asarray(lse), np.asarray(ref_lse), atol=2e-2, rtol=0)
 
 
 # ---- the sm90 family: split key ranges and paged K/V (Hopper) -------------------------------------------------------

@@ -64,7 +64,10 @@ __global__ void __launch_bounds__(T::kNumThreads, kTensors ? 1 : T::kMinBlocksPe
   };
   // The key blocks this tile visits, in order: [block_begin, block_end), less those whose segment ids cannot meet
   // the tile's (kTensors).
-  ScoreTensors<T> tensors(p, t, warp * T::kRowsPerWarp, lane);
+  // This warp's rows of the tile and its slice of each key block (all of it unless the warps split keys: traits.cuh).
+  const int warp_row0 = (T::kKeyWarps == 1 ? warp : warp % T::kRowWarps) * T::kRowsPerWarp;
+  const int warp_key0 = T::kKeyWarps == 1 ? 0 : (warp / T::kRowWarps) * T::kWarpKeys;
+  ScoreTensors<T> tensors(p, t, warp_row0, lane);
   VisibleBlocks visited{nullptr, 0, 0, t.block_end};
   if constexpr (kTensors) {
     tensors.load_query_segments();
@@ -103,7 +106,6 @@ __global__ void __launch_bounds__(T::kNumThreads, kTensors ? 1 : T::kMinBlocksPe
   auto load_v_block = [&](int j) { load_kv_block(sV, gV, p.v_batch_stride, p.v_seq_stride, j, false); };
 
   // ---- fragment loaders (shared -> registers), lane addressing of ldmatrix.x4 -------------------------------
-  const int warp_row0 = warp * T::kRowsPerWarp;
   uint32_t rQ[T::kMTiles][T::kDSteps][4];                   // A of S = Q K^T
   uint32_t rK[T::kDSteps][T::kSTiles][2];                   // B of S = Q K^T
   uint32_t rP[T::kMTiles][T::kKVSteps][4];                  // A of O = P V (from the S accumulators)
@@ -112,9 +114,9 @@ __global__ void __launch_bounds__(T::kNumThreads, kTensors ? 1 : T::kMinBlocksPe
   // Q: matrices (rows 0-7, k lo), (rows 8-15, k lo), (rows 0-7, k hi), (rows 8-15, k hi) of each m16 tile.
   const LdmatrixAddresses<T> q_addr(sQ, warp_row0 + lane % 16, lane / 16);
   // K: two n8 tiles per x4: (n 0-7, k lo), (n 0-7, k hi), (n 8-15, k lo), (n 8-15, k hi).
-  const LdmatrixAddresses<T> k_addr(sK, (mat / 2) * 8 + lane % 8, mat % 2);
+  const LdmatrixAddresses<T> k_addr(sK, warp_key0 + (mat / 2) * 8 + lane % 8, mat % 2);
   // V, transposed: (kv lo, d 0-7), (kv hi, d 0-7), (kv lo, d 8-15), (kv hi, d 8-15).
-  const LdmatrixAddresses<T> v_addr(sV, (mat % 2) * 8 + lane % 8, mat / 2);
+  const LdmatrixAddresses<T> v_addr(sV, warp_key0 + (mat % 2) * 8 + lane % 8, mat / 2);
   auto load_q = [&](int step) {
 #pragma unroll
     for (int m = 0; m < T::kMTiles; ++m) ldmatrix_x4(rQ[m][step], q_addr(m * kMmaM, 2 * step));
@@ -207,7 +209,7 @@ __global__ void __launch_bounds__(T::kNumThreads, kTensors ? 1 : T::kMinBlocksPe
         for (int s = 0; s < T::kDSteps; ++s) load_q(s);
       }
     }
-    float acc_s[T::kMTiles][T::kSTiles][4];  // S (kRowsPerWarp, kBlockKV)
+    float acc_s[T::kMTiles][T::kSTiles][4];  // S (kRowsPerWarp, kWarpKeys)
     zero_fill(acc_s);
     // S = Q K_j^T
     if constexpr (T::kQInRegisters) {
@@ -231,16 +233,17 @@ __global__ void __launch_bounds__(T::kNumThreads, kTensors ? 1 : T::kMinBlocksPe
           for (int e = 0; e < 4; ++e) acc_s[m][n][e] = p.softcap * tanhf(acc_s[m][n][e] * p.softcap_scale);
     }
     if constexpr (kMaskBlocks) {
+      const int warp_kv0 = j * T::kBlockKV + warp_key0;
       if (t.pack == 1) {
-        mask_key_block<T::kBlockKV, kMaskOwnRows, kMaskRightOnly>(acc_s, j * T::kBlockKV, t.row0, t.q_rows_valid,
-                                                                warp_row0, lane, lo_off, hi_off, t.len.kv_len);
+        mask_key_block<T::kWarpKeys, kMaskOwnRows, kMaskRightOnly>(acc_s, warp_kv0, t.row0, t.q_rows_valid,
+                                                                 warp_row0, lane, lo_off, hi_off, t.len.kv_len);
       } else {
-        mask_key_block_packed<T::kBlockKV>(acc_s, j * T::kBlockKV, first_position, last_position, positions, lane,
-                                           lo_off, hi_off, t.len.kv_len);
+        mask_key_block_packed<T::kWarpKeys>(acc_s, warp_kv0, first_position, last_position, positions, lane, lo_off,
+                                            hi_off, t.len.kv_len);
       }
       if constexpr (kTensors) {
-        tensors.load_key_segments(j * T::kBlockKV, lane, uniform_block);
-        tensors.apply(acc_s, j * T::kBlockKV, lane);
+        tensors.load_key_segments(warp_kv0, lane, uniform_block);
+        tensors.apply(acc_s, warp_kv0, lane);
       }
     }
     softmax.update(acc_s, acc_o, p.scale, p.scale_log2, max_growth);
@@ -260,6 +263,9 @@ __global__ void __launch_bounds__(T::kNumThreads, kTensors ? 1 : T::kMinBlocksPe
     }
   }
   if constexpr (T::kAsyncCopy) cp_async_wait<0>();  // no copy may land in smem after the epilogue reuses it
+  if constexpr (T::kKeyWarps > 1) {  // (the loop's last barrier: no warp reads sK / sV any more)
+    if (!merge_key_warps<T>(softmax, acc_o, reinterpret_cast<float*>(sK), warp, lane, p.scale_log2)) return;
+  }
 
   softmax.finalize(acc_o);
   epilogue.store(softmax, acc_o, sQ, warp_row0, lane);

@@ -95,6 +95,24 @@ struct OnlineSoftmax {
     }
   }
 
+  // Adds another warp's state for the same rows over other keys (row max mo, this lane's partial row sum lo, O
+  // as acc_o), both rescaled to the larger max: the split-KV merge of common/split_combine.cuh, before finalize().
+  // A side that saw only masked keys (max -inf) gets weight 0.
+  __device__ __forceinline__ void merge_row(int m, int h, float mo, float lo, const float* o_other,
+                                           float (&acc_o)[T::kMTiles][T::kOTiles][4], float scale_log2) {
+    const float m_new = fmaxf(row_max[m][h], mo);
+    const float m_use = m_new == -INFINITY ? 0.0f : m_new;
+    const float self = T::kOptimizedSoftmax ? exp2_approx(row_max[m][h] * scale_log2 - m_use * scale_log2)
+                                            : expf(row_max[m][h] - m_use);
+    const float other = T::kOptimizedSoftmax ? exp2_approx(mo * scale_log2 - m_use * scale_log2) : expf(mo - m_use);
+    row_max[m][h] = m_new;
+    row_sum[m][h] = row_sum[m][h] * self + lo * other;
+#pragma unroll
+    for (int n = 0; n < T::kOTiles; ++n)
+#pragma unroll
+      for (int c = 0; c < 2; ++c) acc_o[m][n][2 * h + c] = acc_o[m][n][2 * h + c] * self + o_other[2 * n + c] * other;
+  }
+
   // Natural-log log-sum-exp of the scaled scores of row (m, h) after finalize(); -inf for a row that saw no key.
   __device__ __forceinline__ float lse(int m, int h, float scale) const {
     if (row_sum[m][h] <= 0.0f) return -INFINITY;
@@ -120,5 +138,49 @@ struct OnlineSoftmax {
     }
   }
 };
+
+// The kKeyWarps warps of a row group each ran the online softmax over their own slice of every key block (traits.cuh);
+// after the last block the warps of slices 1.. leave their row max, partial row sums and O in `scratch` (sK / sV,
+// which every warp is done reading), and the slice-0 warp merges them in. Returns whether this warp holds the
+// merged rows: the others have nothing left to write. Called by every thread of the block (one __syncthreads).
+// scratch: [slice - 1][row group][kMergeFloats][lane] fp32, lane fastest (conflict-free).
+template <class T>
+__device__ __forceinline__ bool merge_key_warps(OnlineSoftmax<T>& softmax, float (&acc_o)[T::kMTiles][T::kOTiles][4],
+                                                float* scratch, int warp, int lane, float scale_log2) {
+  const int row_group = warp % T::kRowWarps, slice = warp / T::kRowWarps;
+  auto slot = [&](int s) { return scratch + ((s - 1) * T::kRowWarps + row_group) * T::kMergeFloats * 32 + lane; };
+  if (slice > 0) {
+    float* out = slot(slice);
+#pragma unroll
+    for (int m = 0; m < T::kMTiles; ++m)
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        float* row = out + (m * 2 + h) * (2 + 2 * T::kOTiles) * 32;
+        row[0] = softmax.row_max[m][h];
+        row[32] = softmax.row_sum[m][h];
+#pragma unroll
+        for (int n = 0; n < T::kOTiles; ++n)
+#pragma unroll
+          for (int c = 0; c < 2; ++c) row[(2 + 2 * n + c) * 32] = acc_o[m][n][2 * h + c];
+      }
+  }
+  __syncthreads();
+  if (slice > 0) return false;
+#pragma unroll 1
+  for (int s = 1; s < T::kKeyWarps; ++s) {
+    const float* in = slot(s);
+#pragma unroll
+    for (int m = 0; m < T::kMTiles; ++m)
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const float* row = in + (m * 2 + h) * (2 + 2 * T::kOTiles) * 32;
+        float o_other[2 * T::kOTiles];
+#pragma unroll
+        for (int i = 0; i < 2 * T::kOTiles; ++i) o_other[i] = row[(2 + i) * 32];
+        softmax.merge_row(m, h, row[0], row[32], o_other, acc_o, scale_log2);
+      }
+  }
+  return true;
+}
 
 }  // namespace jax_flash::sm80

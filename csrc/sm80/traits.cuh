@@ -36,13 +36,21 @@ struct Traits {
   // tensor variants (252 registers unbounded, 144-148 bytes spilled bounded): those keep one.
   static constexpr int kMinBlocksPerSm = (kBlockQ == 64 && kNumWarps == 4 && kHeadDim <= 64) ? 3 : 1;
 
-  // Warp tiling: each warp owns kRowsPerWarp consecutive query rows and all kBlockKV keys of a block.
-  static constexpr int kRowsPerWarp = kBlockQ / kNumWarps;
+  // Warp tiling: kRowWarps row groups of kRowsPerWarp consecutive query rows (at least 16, one m16 tile). Each row
+  // group has kKeyWarps warps, which split every key block into slices of kWarpKeys keys: warp w takes row group
+  // w % kRowWarps and slice w / kRowWarps, runs its own online softmax, and the slices' states merge after the last
+  // block (softmax.cuh, merge_key_warps). kKeyWarps > 1 only when block_q < 16 x num_warps: a 32-row MQA decode tile
+  // on one warp per 16 rows would leave two of four warps computing padding, and each warp's chain of dependent
+  // mma / softmax steps per block, not the loads, bounds a tile that is alone on its SM.
+  static constexpr int kRowWarps = kBlockQ >= kMmaM * kNumWarps ? kNumWarps : kBlockQ / kMmaM;
+  static constexpr int kKeyWarps = kNumWarps / kRowWarps;
+  static constexpr int kRowsPerWarp = kBlockQ / kRowWarps;
+  static constexpr int kWarpKeys = kBlockKV / kKeyWarps;
   static constexpr int kMTiles = kRowsPerWarp / kMmaM;  // m16 tiles per warp
-  static constexpr int kSTiles = kBlockKV / kMmaN;      // n8 tiles of S = Q K^T
+  static constexpr int kSTiles = kWarpKeys / kMmaN;     // n8 tiles of S = Q K^T
   static constexpr int kOTiles = kHeadDim / kMmaN;      // n8 tiles of O = P V
   static constexpr int kDSteps = kHeadDim / kMmaK;      // k16 steps of Q K^T
-  static constexpr int kKVSteps = kBlockKV / kMmaK;     // k16 steps of P V
+  static constexpr int kKVSteps = kWarpKeys / kMmaK;    // k16 steps of P V
 
   // Fragment-load chunks (0 in the config = everything at once). Q with 0 stays in registers for the whole kernel.
   static constexpr bool kQInRegisters = kKey.q_mma_load_k_fragments == 0;
@@ -55,13 +63,18 @@ struct Traits {
   static constexpr int kSmemQElems = kBlockQ * kHeadDim;
   static constexpr int kSmemKVElems = kBlockKV * kHeadDim;
   static constexpr int kSmemBytes = (kSmemQElems + 2 * kSmemKVElems) * static_cast<int>(sizeof(Element));
+  // merge_key_warps: slices 1.. of each row group leave (row max, row sum) x 2 x kMTiles and O, fp32 per lane, in
+  // sK / sV (free after the last block).
+  static constexpr int kMergeFloats = kMTiles * (4 + kOTiles * 4);
+  static constexpr int kMergeBytes = (kKeyWarps - 1) * kRowWarps * kMergeFloats * kWarpSize * 4;
 
-  static_assert(kBlockQ % (kNumWarps * kMmaM) == 0, "each warp needs a multiple of 16 query rows");
-  static_assert(kBlockKV % kMmaK == 0, "block_kv must be a multiple of 16");
+  static_assert(kBlockQ % kMmaM == 0 && kNumWarps % kRowWarps == 0, "each row group needs a multiple of 16 rows");
+  static_assert(kWarpKeys % kMmaK == 0 && kWarpKeys * kKeyWarps == kBlockKV, "each warp needs a multiple of 16 keys");
+  static_assert(kMergeBytes <= 2 * kSmemKVElems * static_cast<int>(sizeof(Element)), "merge state must fit sK + sV");
   static_assert(kHeadDim % kMmaK == 0, "head_dim must be a multiple of 16");
   static_assert(!kSwizzled || kRowChunks >= 8, "the XOR swizzle permutes 8 chunks: head_dim must be >= 64");
   static_assert(kDSteps % kQChunk == 0 && kDSteps % kKChunk == 0, "q/k fragment chunks must divide head_dim/16");
-  static_assert(kKVSteps % kVChunk == 0, "v fragment chunk must divide block_kv/16");
+  static_assert(kKVSteps % kVChunk == 0, "v fragment chunk must divide the warp's keys / 16");
   static_assert(!kEagerLoad || kAsyncCopy, "eager loads need cp.async");
 };
 
