@@ -133,9 +133,10 @@ namespace jax_flash::sm80 {
 // the page whose id lane (kv0 + r) / page_size - kv0 / page_size holds in lane_page (a page in [0, num_pages), else
 // the row is zeros, as are rows r >= rows_valid). `g` is the kv head's row 0 of page 0; pages are page_stride
 // elements apart. Each thread walks its rows by adding the row step to its offset in the page, wrapping into the
-// next page: two divisions (or shifts: common/page_index.h) per block instead of two per row (a division by a
-// run-time page size is about 20 instructions, and the one-warp decode tile copies 32 rows per thread per block). Its copy loop is its own: written
-// as a stateful row_at for copy_rows_to_smem, the one-warp decode tile compiled to 4.5% more instructions.
+// next page: two page lookups per block (common/page_index.h, a multiply-high and a shift each) instead of two
+// divisions per row (a division by a run-time page size is about 20 instructions, and the one-warp decode tile
+// copies 32 rows per thread per block). Its copy loop is its own: written as a stateful row_at for
+// copy_rows_to_smem, the one-warp decode tile compiled to 4.5% more instructions.
 template <class T, int kRows>
 __device__ __forceinline__ void copy_paged_rows_to_smem(typename T::Element* sTile, const typename T::Element* g,
                                                         int64_t page_stride, int64_t row_stride, int lane_page,

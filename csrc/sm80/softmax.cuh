@@ -28,6 +28,12 @@ struct OnlineSoftmax {
     }
   }
 
+  // exp(max - m_use) in the row max's units (raw scores when optimized: exp2 with the scale folded in); 0 for a
+  // max of -inf.
+  static __device__ __forceinline__ float weight(float max, float m_use, float scale_log2) {
+    return T::kOptimizedSoftmax ? exp2_approx(max * scale_log2 - m_use * scale_log2) : expf(max - m_use);
+  }
+
   // acc_s: S of this block (overwritten with P = exp(scale*S - m)); acc_o is rescaled by exp(m_old - m_new).
   // Optimized (exp2, the seed's last step) also rescales lazily (FlashAttention-4): m moves only when some row of
   // the warp has grown by more than max_growth (raw units, lazy_rescale_threshold: a factor 2^8 after exp2); otherwise P
@@ -64,8 +70,7 @@ struct OnlineSoftmax {
         for (int h = 0; h < 2; ++h) {
           // A row that has seen only masked (-inf) scores keeps m = -inf: exponentiate against 0 so nothing is NaN.
           const float m_use = m_new[m][h] == -INFINITY ? 0.0f : m_new[m][h];
-          const float alpha = T::kOptimizedSoftmax ? exp2_approx(row_max[m][h] * scale_log2 - m_use * scale_log2)
-                                                   : expf(row_max[m][h] - m_use);
+          const float alpha = weight(row_max[m][h], m_use, scale_log2);
           row_max[m][h] = m_new[m][h];
           row_sum[m][h] *= alpha;
 #pragma unroll
@@ -102,9 +107,7 @@ struct OnlineSoftmax {
                                            float (&acc_o)[T::kMTiles][T::kOTiles][4], float scale_log2) {
     const float m_new = fmaxf(row_max[m][h], mo);
     const float m_use = m_new == -INFINITY ? 0.0f : m_new;
-    const float self = T::kOptimizedSoftmax ? exp2_approx(row_max[m][h] * scale_log2 - m_use * scale_log2)
-                                            : expf(row_max[m][h] - m_use);
-    const float other = T::kOptimizedSoftmax ? exp2_approx(mo * scale_log2 - m_use * scale_log2) : expf(mo - m_use);
+    const float self = weight(row_max[m][h], m_use, scale_log2), other = weight(mo, m_use, scale_log2);
     row_max[m][h] = m_new;
     row_sum[m][h] = row_sum[m][h] * self + lo * other;
 #pragma unroll
