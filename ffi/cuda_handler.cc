@@ -41,8 +41,9 @@ ffi::Error plan_splits(AttentionParams& params, const RegistryEntry& entry, cons
   const int64_t key_blocks = (int64_t{params.seqlen_k} + key.block_kv - 1) / key.block_kv;
   const int64_t slots = int64_t{limits.num_sms} * entry.resident_blocks();
   const bool memory_bound = key.block_q <= 64;  // the decode tiles
+  const int64_t kv_block_bytes = int64_t{2} * key.block_kv * key.head_dim * 2;  // K and V, 16-bit elements
   const int splits = forced > 0      ? static_cast<int>(forced)
-                     : memory_bound ? choose_decode_splits(tiles, slots, limits.num_sms, key_blocks)
+                     : memory_bound ? choose_decode_splits(tiles, slots, limits.num_sms, key_blocks, kv_block_bytes)
                                     : choose_num_splits(tiles, slots, key_blocks);
   params.num_splits = 1;
   if (splits <= 1) return ffi::Error::Success();

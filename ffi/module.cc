@@ -44,11 +44,13 @@ NB_MODULE(_jax_flash, m) {
 
   // The split-KV plan of the CUDA handler (common/split_plan.h), for tests: the decode tiles' rule
   // (memory_bound) or FlashAttention-3's wave rule, for a grid of `tiles` blocks on a GPU of `num_sms` SMs holding
-  // `slots` of them at once.
-  m.def("split_plan", [](int64_t tiles, int64_t slots, int64_t num_sms, int64_t key_blocks, bool memory_bound) {
-    return memory_bound ? jax_flash::choose_decode_splits(tiles, slots, num_sms, key_blocks)
+  // `slots` of them at once; a decode tile's key block holds `kv_block_bytes` of K and V.
+  m.def("split_plan", [](int64_t tiles, int64_t slots, int64_t num_sms, int64_t key_blocks, bool memory_bound,
+                         int64_t kv_block_bytes) {
+    return memory_bound ? jax_flash::choose_decode_splits(tiles, slots, num_sms, key_blocks, kv_block_bytes)
                         : jax_flash::choose_num_splits(tiles, slots, key_blocks);
-  }, nb::arg("tiles"), nb::arg("slots"), nb::arg("num_sms"), nb::arg("key_blocks"), nb::arg("memory_bound"));
+  }, nb::arg("tiles"), nb::arg("slots"), nb::arg("num_sms"), nb::arg("key_blocks"), nb::arg("memory_bound"),
+        nb::arg("kv_block_bytes"));
 
 #ifdef JAX_FLASH_WITH_CUDA
   m.attr("built_with_cuda") = true;

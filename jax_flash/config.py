@@ -436,23 +436,24 @@ TUNED_CONFIGS: dict[int, tuple[KernelConfig, ...]] = {
 
 
 # The sm80 family's decode tiles (few query rows per kv head: decoding against a KV cache, packed GQA heads), on
-# every GPU: one warp of 16 rows (rows <= 16), four warps on 32 rows (head dims 64 and 128: two warps per 16 rows,
-# each taking half of every key block) or on 64 (rows <= 64); 64-key blocks (32 at head dim 256, where O takes 128
-# registers). The 32-row tile takes 128-key blocks; at head dim 64 also 64, for pages of fewer than 128 keys (a
-# block spanning pages is copied row by row, which cost the 128-key blocks 70% at D = 64, 5% at 128). At head
-# dim 128 the one-warp tile reads Q from shared memory (in registers it left 4 bytes spilled). Small tiles leave
-# room for several thread blocks per SM, whose K/V copies keep HBM busy; the split-KV plan counts them
-# (csrc/common/split_plan.h). jax_flash/selection.py picks them by rows per tile and page size.
+# every GPU: one warp of 16 rows (rows <= 16; head dims 64 and 256), four warps on 32 rows (head dims 64 and 128:
+# two warps per 16 rows, each taking half of every key block) or on 64 (rows <= 64); 64-key blocks (32 at head dim
+# 256, where O takes 128 registers). The 32-row tile takes 128-key blocks; at head dim 64 also 64, for pages of
+# fewer than 128 keys (a block spanning pages is copied row by row, which cost the 128-key blocks 70% at D = 64,
+# 5% at 128). Small tiles leave room for several thread blocks per SM, whose K/V copies keep HBM busy; the split-KV
+# plan counts them (csrc/common/split_plan.h). jax_flash/selection.py picks them by rows per tile and page size.
 # H100, MQA one row (32 rows per kv head), 128 x 1024 keys, us, 64-row tile / 32-row 128-key / 32-row 64-key:
 # fp16 D = 64 17.7 / 12.4 / 14.4, in 64-key pages 21.0 / 21.0 / 18.3; bf16 D = 128 33.8 / 30.8 / 32.7, in 64-key
-# pages 35.4 / 32.3 / 34.4.
+# pages 35.4 / 32.3 / 34.4. At head dim 128 the 32-row tile serves 1-16 rows too, faster than a one-warp 16-row
+# tile of 64-key blocks (H100, bf16, one row, us, 32-row / one-warp: 32/32 heads 64 x 4096 keys 1433 / 1516, 128 x
+# 1024 731 / 748, 1 x 32768 187 / 190; 32/8 heads 8 x 16384 186 / 191, 128 x 1024 193 / 200, 1 x 4096 16.5 /
+# 17.3), which head dim 128 therefore does not build.
 DECODE_CONFIGS: dict[int, tuple[KernelConfig, ...]] = {
     64: (KernelConfig(block_q=16, block_kv=64, num_warps=1, q_mma_load_k_fragments=0),
          KernelConfig(block_q=32, block_kv=128, num_warps=4, q_mma_load_k_fragments=0),
          KernelConfig(block_q=32, block_kv=64, num_warps=4, q_mma_load_k_fragments=0),
          KernelConfig(block_q=64, block_kv=64, num_warps=4, q_mma_load_k_fragments=0)),
-    128: (KernelConfig(block_q=16, block_kv=64, num_warps=1, q_mma_load_k_fragments=2),
-          KernelConfig(block_q=32, block_kv=128, num_warps=4, q_mma_load_k_fragments=0),
+    128: (KernelConfig(block_q=32, block_kv=128, num_warps=4, q_mma_load_k_fragments=0),
           KernelConfig(block_q=64, block_kv=64, num_warps=4, q_mma_load_k_fragments=0)),
     256: (KernelConfig(block_q=16, block_kv=32, num_warps=1, q_mma_load_k_fragments=2, mma_double_buffer_loads=False),
           KernelConfig(block_q=64, block_kv=32, num_warps=4, q_mma_load_k_fragments=2, k_mma_load_k_fragments=1,

@@ -128,7 +128,7 @@ def resolve_cpu_pack(cfg: KernelConfig, seq_q: int | None, group: int, block_q: 
 def decode_gpu_config(head_dim: int, shape: CallShape, compiled: list[KernelConfig],
                       arch: int = 80) -> KernelConfig | None:
     """The sm80 family's tile for a decode-shaped or packed call (cfg=None); None for other calls. Rows per kv
-    head: seq_q x group packed, else seq_q. At most 16: the one-warp decode tile; at most 64: the four-warp one; more,
+    head: seq_q x group packed, else seq_q. At most 64: the smallest decode tile that holds them; more,
     where packing fills 128-row tiles better than one head's rows do (MQA with a few rows per sequence), or with
     bias / mask tensors or segment ids below sm_90: the tuned prefill tile (on sm_90, sm90_packed_config comes
     first, and tensors and segment ids take the default path). Paged

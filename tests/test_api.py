@@ -138,8 +138,10 @@ def test_cuda_lowering_uses_default_config():
     text = lower_for_cuda(*qkv((2, 256, 4, 128), dtype=jnp.bfloat16))
     assert "block_q = 128 : i64" in text and "consumer_warpgroups = 2 : i64" in text
     # decode shapes (at most 64 rows per kv head, the group's heads packed) take the sm80 family's decode tiles
-    text = lower_for_cuda(*qkv((2, 1, 32, 128), (2, 4096, 8, 128), dtype=jnp.bfloat16))
+    text = lower_for_cuda(*qkv((2, 1, 32, 64), (2, 4096, 8, 64), dtype=jnp.bfloat16))
     assert "block_q = 16 : i64" in text and "family = 80 : i64" in text and "pack_gqa = 1 : i64" in text
+    text = lower_for_cuda(*qkv((2, 1, 32, 128), (2, 4096, 8, 128), dtype=jnp.bfloat16))  # (no 16-row tile at D 128)
+    assert "block_q = 32 : i64" in text and "family = 80 : i64" in text and "pack_gqa = 1 : i64" in text
     text = lower_for_cuda(*qkv((2, 8, 32, 128), (2, 4096, 8, 128), dtype=jnp.bfloat16))
     assert "block_q = 32 : i64" in text and "block_kv = 128 : i64" in text and "num_warps = 4 : i64" in text
     assert "pack_gqa = 1 : i64" in text

@@ -25,11 +25,11 @@ requires_hopper = pytest.mark.skipif(not _hopper(), reason="the sm90 family need
 
 
 def _decode_cfg(device, head_dim, **launch):
-    """The launch fields on the device's decode tile: the CPU path's 64 x 64 tiles, or the sm80 family's one-warp
-    tile for head_dim (compiled for every head dim)."""
+    """The launch fields on the device's decode tile: the CPU path's 64 x 64 tiles, or the sm80 family's smallest
+    decode tile for head_dim."""
     if device.platform == "cpu":
         return KernelConfig(block_q=64, block_kv=64, **launch)
-    tile = next(c for c in jax_flash.config.DECODE_CONFIGS[head_dim] if c.block_q == 16)
+    tile = min(jax_flash.config.DECODE_CONFIGS[head_dim], key=lambda c: c.block_q)
     return dataclasses.replace(tile, **launch)
 
 
@@ -88,12 +88,19 @@ def test_every_split_count_gives_the_unsplit_result(device, num_splits, pack_gqa
 
 def test_split_plan():
     """The CUDA handler's plan (common/split_plan.h). Decode tiles: four resident blocks per SM, never more blocks
-    than fit at once, ranges of at least 4 key blocks (32 where there are two, or tiles on half the SMs or more), at
-    most MAX_SPLITS; the 128-row tiles: FA3's wave rule."""
+    than fit at once, ranges of at least 4 key blocks (32 on tiles on half the SMs or more; 1 MiB of K / V where
+    there are two), at most MAX_SPLITS, one block per SM for key blocks of 64 KiB; the 128-row tiles: FA3's wave
+    rule."""
     from jax_flash._jax_flash import split_plan
 
     sms = 132
-    decode = lambda tiles, per_sm, key_blocks: split_plan(tiles, per_sm * sms, sms, key_blocks, True)
+    decode = lambda tiles, per_sm, key_blocks: split_plan(tiles, per_sm * sms, sms, key_blocks, True, 32 << 10)
+    wide = lambda tiles, per_sm, key_blocks: split_plan(tiles, per_sm * sms, sms, key_blocks, True, 64 << 10)
+    assert wide(1, 2, 1024) == sms             # one MQA tile of 131072 keys (128-key blocks at D = 128)
+    assert wide(8, 2, 128) == 16               # 8 x 16384 keys: one block per SM, not two
+    assert wide(64, 2, 32) == 2                # 64 x 4096 keys: two ranges of 1 MiB each
+    assert wide(64, 2, 8) == 1                 # ... but not of 256 KiB
+    assert wide(128, 2, 8) == 1 and wide(256, 2, 1024) == 1
     assert decode(8, 6, 2048) == 66            # 32/8 heads, 131072 keys: 528 one-warp blocks
     assert decode(64, 6, 256) == 8             # 32/8 heads, B = 8, 16384 keys
     assert decode(1024, 6, 16) == 1            # enough tiles already
@@ -114,8 +121,8 @@ def test_split_plan():
                 assert 1 <= n <= jax_flash.config.MAX_SPLITS
                 assert n == 1 or (tiles * n <= min(4, per_sm) * sms and key_blocks // n >= 4)
                 assert n == 1 or 2 * tiles < sms or key_blocks // n >= 32
-    assert split_plan(8, 2 * sms, sms, 1024, False) == 29  # FA3: the smallest within 85% of the best wave
-    assert split_plan(4 * 2 * sms, 2 * sms, sms, 1024, False) == 1
+    assert split_plan(8, 2 * sms, sms, 1024, False, 0) == 29  # FA3: the smallest within 85% of the best wave
+    assert split_plan(4 * 2 * sms, 2 * sms, sms, 1024, False, 0) == 1
 
 
 def test_fixed_split_count_is_bitwise_deterministic(device):
@@ -193,9 +200,9 @@ def test_paged_with_splits_and_packing(device, num_splits, pack_gqa):
 @pytest.mark.parametrize("page_size", [16, 40, 128])
 @pytest.mark.parametrize("seq_q", [1, 8])
 def test_paged_tiles_and_page_sizes(device, head_dim, page_size, seq_q):
-    """Pages smaller than a key block, not dividing it, and holding whole blocks, on the one-warp (1 row x 4 heads)
-    and four-warp (8 x 4) decode tiles of both head dims; a page id past the pool for a visible key reads as zeros
-    on the GPU and raises on CPU."""
+    """Pages smaller than a key block, not dividing it, and holding whole blocks, on the decode tiles of 1 row x 4
+    heads and 8 x 4 (D = 128: the 32-row tile both; D = 256: the one-warp and the 64-row tile); a page id past the
+    pool for a visible key reads as zeros on the GPU and raises on CPU."""
     q, k, v = random_qkv(head_dim + page_size + seq_q, 2, seq_q, 700, 8, 2, head_dim, jnp.bfloat16, device)
     k_pages, v_pages, table = paged_cache(k, v, page_size, seed=page_size)
     lengths = jnp.array([700, 450], jnp.int32)
@@ -319,12 +326,13 @@ def test_paged_prefill_routing():
         choice = selection.default_gpu_config(90, "bfloat16", head_dim, compiled(head_dim), True, 16384)
         assert choice.family == "sm90", choice
     decode = selection.decode_gpu_config(128, dataclasses.replace(chunk, seq_q=1), compiled(128))
-    assert decode.block_q == 16 and decode.pack_gqa
+    assert decode.block_q == 32 and decode.block_kv == 128 and decode.pack_gqa
 
 
 def test_decode_tile_routing():
-    """cfg=None on a GPU, rows per kv head -> decode tile: up to 16 the one-warp tile, up to 32 the four-warp 32-row
-    tile (128-key blocks, 64 at head dim 64 for pages of fewer than 128 keys), up to 64 the 64-row tile."""
+    """cfg=None on a GPU, rows per kv head -> decode tile: up to 16 the one-warp tile (head dim 64; 128 has none),
+    up to 32 the four-warp 32-row tile (128-key blocks, 64 at head dim 64 for pages of fewer than 128 keys), up to 64
+    the 64-row tile."""
     from jax_flash import config, selection
 
     def pick(head_dim, seq_q, group, page_size=0):
@@ -334,8 +342,9 @@ def test_decode_tile_routing():
         assert choice.pack_gqa == (group > 1)
         return choice.block_q, choice.block_kv, choice.num_warps
 
+    assert pick(64, 1, 8) == pick(64, 16, 1) == (16, 64, 1)
+    assert pick(128, 1, 8) == pick(128, 16, 1) == pick(128, 1, 1, 64) == (32, 128, 4)
     for head_dim in (64, 128):
-        assert pick(head_dim, 1, 8) == pick(head_dim, 16, 1) == (16, 64, 1)
         assert pick(head_dim, 1, 32) == pick(head_dim, 8, 4) == pick(head_dim, 1, 32, 256) == (32, 128, 4)
         assert pick(head_dim, 2, 32) == (64, 64, 4)
     assert pick(64, 1, 32, 64) == pick(64, 1, 32, 16) == pick(64, 1, 32, 24) == (32, 64, 4)
@@ -373,10 +382,11 @@ def test_sm90_packed_routing():
 
 @requires_gpu
 def test_gpu_decode_routes_to_the_packed_decode_tile():
-    """cfg=None on a decode shape lowers to the sm80 family's one-warp tile with pack_gqa (in the FFI attributes)."""
+    """cfg=None on a decode shape lowers to the sm80 family's 32-row decode tile with pack_gqa (in the FFI
+    attributes)."""
     q, k, v = random_qkv(1, 2, 1, 1024, 32, 8, 128, jnp.bfloat16, GPU_DEVICES[0])
     text = jax.jit(jax_flash.attention).lower(q, k, v).as_text()
-    assert "block_q = 16" in text and "pack_gqa = 1" in text, text[-2000:]
+    assert "block_q = 32" in text and "block_kv = 128" in text and "pack_gqa = 1" in text, text[-2000:]
 
 
 DECODE_CASES = [(head_dim, cfg) for head_dim in (64, 128) for cfg in jax_flash.config.DECODE_CONFIGS[head_dim]]

@@ -31,13 +31,25 @@ namespace jax_flash {
 inline constexpr int kDecodeBlocksPerSm = 4;
 inline constexpr int kDecodeMinRangeBlocks = 4;
 inline constexpr int kDecodeMinPairRangeBlocks = 32;
-inline int choose_decode_splits(int64_t tiles, int64_t slots, int64_t num_sms, int64_t key_blocks) {
+// Two ranges on a grid under half the SMs: each at least 1 MiB of K / V (32 key blocks of the tile measured above,
+// 64 keys at D = 128).
+inline constexpr int64_t kDecodeMinPairRangeBytes = int64_t{1} << 20;
+// A tile whose key block holds this much K / V or more counts one resident block per SM: its ranges then hold
+// twice the key blocks, and each range's prologue, partial O and merge cost more than a second block's copies in
+// flight give. H100, bf16, D = 128, 32 query heads, the 32-row tile over 128-key blocks (64 KiB; two fit per SM),
+// forced counts, us, one block per SM / two: one MQA sequence of 131072 keys 34.4 / 37.0 (cuDNN 37.2), 8 x 16384
+// keys 34.8 / 36.5, 64 x 4096 57.5 / 59.7 (cuDNN 57.5); 32/8 heads, 8 rows, 8 x 16384 keys 186 / 191. At D = 64
+// (32 KiB blocks, three fit) one per SM ran 3-13% slower.
+inline constexpr int64_t kDecodeOneBlockBytes = int64_t{64} << 10;
+inline int choose_decode_splits(int64_t tiles, int64_t slots, int64_t num_sms, int64_t key_blocks,
+                                int64_t kv_block_bytes) {
+  if (kv_block_bytes >= kDecodeOneBlockBytes) slots = std::min(slots, num_sms);
   const int64_t target = std::min<int64_t>(kDecodeBlocksPerSm * num_sms, slots);
   if (tiles <= 0 || tiles >= target) return 1;
   const int64_t min_range = 2 * tiles >= num_sms ? kDecodeMinPairRangeBlocks : kDecodeMinRangeBlocks;
   const int64_t most = std::min<int64_t>(kMaxSplits, key_blocks / min_range);
   const int64_t splits = std::max<int64_t>(1, std::min(target / tiles, most));
-  if (splits == 2 && key_blocks / 2 < kDecodeMinPairRangeBlocks) return 1;
+  if (splits == 2 && key_blocks * kv_block_bytes / 2 < kDecodeMinPairRangeBytes) return 1;
   return static_cast<int>(splits);
 }
 
