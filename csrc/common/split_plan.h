@@ -11,18 +11,20 @@
 namespace jax_flash {
 
 // The split count for a grid of `tiles` thread blocks of at most 64 query rows (the decode tiles), on a GPU that
-// runs `slots` of them at once (SMs x blocks per SM), whose longest tile visits `key_blocks` key blocks. Such a
-// tile does at most 64 FLOPs per K/V byte, below the tensor cores' ridge, so its time is its K/V bytes, and the
-// split is there to keep enough copies in flight: kDecodeBlocksPerSm resident thread blocks per SM (fewer where
-// fewer fit), never more blocks than run at once, each range at least kDecodeMinRangeBlocks key blocks (its
-// prologue, epilogue and partial O cost about as much as that many blocks). Measured on an H200, bf16, D = 128, 32
+// runs `slots` of them at once (SMs x blocks per SM), whose longest tile visits `key_blocks` key blocks of
+// `kv_block_bytes` K and V each. Such a tile does at most 64 FLOPs per K/V byte, below the tensor cores' ridge, so
+// its time is its K/V bytes, and the split is there to keep enough copies in flight: kDecodeBlocksPerSm resident
+// thread blocks per SM (fewer where fewer fit; one for key blocks of kDecodeOneBlockBytes), never more blocks than
+// run at once, each range at least kDecodeMinRangeBlocks key blocks (its prologue, epilogue and partial O cost about
+// as much as that many blocks). Measured on an H200, bf16, D = 128, 32
 // query heads: 8 kv heads x 131072 keys on the one-warp tile ran 137 us at 64 ranges (512 blocks), 143 at 85
 // (FlashAttention-3's wave rule below, 680 blocks), 147 at 128 and 154 at 256; one MQA head of 8 x 16384 keys 30 us
 // at 32 ranges (8 key blocks each, 256 blocks), 36 at 64 (512 blocks, more than fit); the masked four-warp tile (two
 // resident per SM) of 8 query rows, 8 x 16384 keys, 140 us at 4 ranges (256 blocks), 181 at 9 (576). On an H100,
 // one MQA head of 32768 keys: 15.6 us at 128 ranges of 4 key blocks, 18.3 at 64 of 8 (cuDNN 16.1).
 // Two ranges, or any count on a grid whose tiles already reach half the SMs, pay only where each range is long (at
-// least kDecodeMinPairRangeBlocks key blocks): the combine step costs about as much as the time they save otherwise.
+// least kDecodeMinPairRangeBlocks key blocks on such a grid, kDecodeMinPairRangeBytes of K / V for two ranges on a
+// smaller one): the combine step costs about as much as the time they save otherwise.
 // H100, bf16, D = 128, 32 query heads: one MQA head x 128 x 1024 keys on the four-warp tile (128 tiles, 16 key
 // blocks) 32.7 us unsplit, 35.6 in two ranges (cuDNN 29.0; fp16 D = 64, three per SM: 17.7 unsplit, 22.0 in three,
 // 27.1 in four, cuDNN 14.7); 8 kv heads x 16 x 16384 keys, 8 rows on the four-warp tile (128 tiles) 399 us
@@ -31,14 +33,13 @@ namespace jax_flash {
 inline constexpr int kDecodeBlocksPerSm = 4;
 inline constexpr int kDecodeMinRangeBlocks = 4;
 inline constexpr int kDecodeMinPairRangeBlocks = 32;
-// Two ranges on a grid under half the SMs: each at least 1 MiB of K / V (32 key blocks of the tile measured above,
-// 64 keys at D = 128).
+// (1 MiB: 32 key blocks of the tile measured above, 64 keys at D = 128.)
 inline constexpr int64_t kDecodeMinPairRangeBytes = int64_t{1} << 20;
 // A tile whose key block holds this much K / V or more counts one resident block per SM: its ranges then hold
 // twice the key blocks, and each range's prologue, partial O and merge cost more than a second block's copies in
 // flight give. H100, bf16, D = 128, 32 query heads, the 32-row tile over 128-key blocks (64 KiB; two fit per SM),
 // forced counts, us, one block per SM / two: one MQA sequence of 131072 keys 34.4 / 37.0 (cuDNN 37.2), 8 x 16384
-// keys 34.8 / 36.5, 64 x 4096 57.5 / 59.7 (cuDNN 57.5); 32/8 heads, 8 rows, 8 x 16384 keys 186 / 191. At D = 64
+// keys 34.8 / 36.5, 64 x 4096 57.5 / 59.7 (cuDNN 57.5); 32/8 heads, 8 rows, 8 x 16384 keys 189 / 195. At D = 64
 // (32 KiB blocks, three fit) one per SM ran 3-13% slower.
 inline constexpr int64_t kDecodeOneBlockBytes = int64_t{64} << 10;
 inline int choose_decode_splits(int64_t tiles, int64_t slots, int64_t num_sms, int64_t key_blocks,
