@@ -536,3 +536,30 @@ def test_sm90_packs_mqa_decode_rows():
     text = jax.jit(lambda q, k, v: jax_flash.attention(q, k, v, causal=True)).lower(q, k, v).as_text()
     assert "family = 90" in text and "pack_gqa = 1" in text, text[-2000:]
     assert_flash_close(jax_flash.attention(q, k, v, causal=True), q, k, v, causal=True)
+
+
+def test_decode_probe_tool(capsys):
+    """tools/decode_probe.py times cfg=None, cuDNN and the forced tiles over contiguous and paged caches (on CPU:
+    cuDNN reported as failed, every other implementation timed, all equal to cfg=None), and names a bad row."""
+    import importlib.util
+    import pathlib
+    import sys
+
+    path = pathlib.Path(__file__).resolve().parent.parent / "tools" / "decode_probe.py"
+    spec = importlib.util.spec_from_file_location("decode_probe", path)
+    tool = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = tool  # (its dataclass resolves annotations through the module)
+    spec.loader.exec_module(tool)
+    args = ["--rows", "fp32:64:4/1:2:1x128", "--tiles", "q32k128w4", "--splits", "0,2", "--page-size", "16",
+            "--rounds", "1", "--iters", "1", "--reps", "1", "--min-rep-ms", "0"]
+    lines = tool.main(args) if jax.default_backend() == "cpu" else None
+    if lines is not None:
+        assert len(lines) == 1 and lines[0].startswith("fp32 D64 4/1 Sq2 1x128 r0")
+        for name in ("none", "none_p16", "q32k128w4s0", "q32k128w4s2", "q32k128w4s0_p16", "q32k128w4s2_p16"):
+            assert f" {name}=" in lines[0], (name, lines[0])
+        assert "failed: cudnn" in lines[0]
+        assert float(lines[0].split("maxdiff ")[1].split(":")[0]) < 1e-5
+    with pytest.raises(SystemExit, match="is not dtype:head_dim"):
+        tool.main(["--rows", "bf16:128:32:1:1x4096"])
+    with pytest.raises(SystemExit, match="not decode tiles of head dim 128"):
+        tool.main(["--rows", "bf16:128:32/8:1:1x4096", "--tiles", "q16k64w1"])
