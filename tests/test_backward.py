@@ -203,6 +203,15 @@ def test_gpu_grad_long_sequence():
 
 
 @requires_gpu
+def test_gpu_grad_causal_longest_first_order():
+    """A causal grid of 16 key blocks x 48 (batch, kv head) pairs runs its longest key blocks first, over a full
+    section of 32 pairs (their Q, dO and dQ accumulator fit in 40 MB of L2) and a partial one of 16
+    (common/backward_order.cuh): every key block's dK / dV and every dQ row still come out once."""
+    q, k, v = random_qkv(13, 3, 2048, 2048, 16, 16, 64, jnp.bfloat16, GPU_DEVICES[0])
+    assert_grads_close(q, k, v, causal=True)
+
+
+@requires_gpu
 def test_gpu_rows_that_see_no_key_have_zero_gradients():
     q, k, v = random_qkv(3, 2, 40, 16, 2, 1, 64, jnp.bfloat16, GPU_DEVICES[0])
     lengths = jnp.array([0, 16], jnp.int32)

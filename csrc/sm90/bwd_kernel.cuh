@@ -20,6 +20,7 @@
 #include <cstdint>
 
 #include "common/backward_blocks.cuh"
+#include "common/backward_order.cuh"
 #include "common/backward_params.h"
 #include "common/backward_rows.cuh"
 #include "common/backward_tensors.cuh"
@@ -260,9 +261,9 @@ __global__ void __launch_bounds__(T::kNumThreads, 1)
 
   const int tid = threadIdx.x, wg = tid / 128, warp = (tid / 32) % 4, lane = tid % 32;
   const int num_kv_blocks = (p.seqlen_k + kBlockKV - 1) / kBlockKV;
-  const int kv_block = static_cast<int>(blockIdx.x % num_kv_blocks);
-  const int64_t head_batch = blockIdx.x / num_kv_blocks;
-  const int64_t kv_head = head_batch % p.heads_k, batch = head_batch / p.heads_k;
+  const BackwardBlock order = backward_block(p, blockIdx.x, num_kv_blocks, kD, sizeof(Element));
+  const int kv_block = order.kv_block;
+  const int64_t kv_head = order.head_batch % p.heads_k, batch = order.head_batch / p.heads_k;
   const BatchLengths len = batch_lengths(p, batch);
   const int kv0 = kv_block * kBlockKV;
   const int kv_rows = min(kBlockKV, p.seqlen_k - kv0);
