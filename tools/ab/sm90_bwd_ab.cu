@@ -169,8 +169,8 @@ int main(int argc, char** argv) {
       for (int head_dim : {64, 128}) {
         for (bool causal : {false, true}) {
           // 300: partial key and query blocks; 520 with groups of 4 and softcap 30; 700 deterministic; 20 x 2100:
-          // 680 thread blocks, 17 key blocks of 40 (batch, kv head) pairs (causal: longest first over two full
-          // sections and a partial one, common/backward_order.cuh)
+          // 680 thread blocks, 17 key blocks of 40 (batch, kv head) pairs (causal: longest first over full L2
+          // sections of 16 or 32 pairs and a partial one of 8, common/backward_order.cuh)
           for (auto [seq, group, cap, det, batch] :
                {std::tuple{300, 1, 0.0f, false, 2}, {520, 4, 30.0f, false, 2}, {256, 2, 0.0f, false, 2},
                 {700, 4, 0.0f, true, 2}, {2100, 1, 0.0f, false, 20}}) {
