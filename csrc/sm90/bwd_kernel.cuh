@@ -18,6 +18,7 @@
 
 #include <cmath>
 #include <cstdint>
+#include <type_traits>
 
 #include "common/backward_blocks.cuh"
 #include "common/backward_order.cuh"
@@ -164,9 +165,9 @@ struct ItemRows {
 };
 
 // P^T (and dS^T with kDSWithP: dP^T holds its products) from one item's scores acc_s (this thread's part of S^T in the
-// wgmma accumulator layout). kReads: the bias, mask and segment ids read per score; compiled with and without, chosen
-// per item, so the items that need none run a straight-line loop (a uniform branch per score split it into blocks of
-// one exponential each). kAny: ALiBi's term is added either way (zero without ALiBi). kSegments: the ids of the
+// wgmma accumulator layout). kMask: each score tested against the window and the lengths; kReads: the bias, mask and
+// segment ids read per score; each compiled with and without, chosen per item, so the items that need neither run a
+// straight-line loop (a uniform branch per score split it into blocks of one exponential each). kAny: ALiBi's term is added either way (zero without ALiBi). kSegments: the ids of the
 // item's query rows (seg_q, by column) and of the block's keys (seg_k, by key row), in shared memory, compared on
 // every item (see the kernel).
 template <class T, bool kMask, bool kSoftcap, bool kDSWithP, BwdTensors kTensors, bool kReads>
@@ -412,12 +413,24 @@ __global__ void __launch_bounds__(T::kNumThreads, 1)
     const ScoreItem item{batch, kAny ? kv_head * group + i / q_blocks : 0, kv0, q0, lo_off, hi_off, whole,
                          test_hidden};
     const int* seg_q = sSegQ + buf * kBlockQ;
-    if (kAny ? item_reads_tensors(p, test_hidden) : kSegments) {
-      item_scores<T, kMask, kSoftcap, kDSWithP, kTensors, true>(p, len, item, alibi, key_row0, lane, cap_slope, lse2,
-                                                                 delta, seg_q, sSegK, acc_s, acc_dp);
+    // The score loop is compiled with and without the per-score tests and picked per item: the window / lengths test
+    // where a score of the tile may be hidden, the tensors' reads where the item needs them. A run-time `whole` test
+    // inside the loop compiled to a branch per score, which split the loop into blocks of one score each. The
+    // soft-capped and tensor variants keep that test in one loop: two copies of theirs spilled 20-780 bytes more.
+    constexpr bool kSplitMask = kMask && !kSoftcap && !kAny;
+    auto scores = [&](auto test_mask, auto reads) {
+      ScoreItem it = item;
+      if constexpr (kSplitMask) it.whole = !decltype(test_mask)::value;
+      item_scores<T, decltype(test_mask)::value, kSoftcap, kDSWithP, kTensors, decltype(reads)::value>(
+          p, len, it, alibi, key_row0, lane, cap_slope, lse2, delta, seg_q, sSegK, acc_s, acc_dp);
+    };
+    const bool reads = kAny ? item_reads_tensors(p, test_hidden) : kSegments;
+    if (kMask && (!kSplitMask || !whole)) {
+      if (reads) scores(std::true_type{}, std::true_type{});
+      else scores(std::true_type{}, std::false_type{});
     } else {
-      item_scores<T, kMask, kSoftcap, kDSWithP, kTensors, false>(p, len, item, alibi, key_row0, lane, cap_slope, lse2,
-                                                                  delta, seg_q, sSegK, acc_s, acc_dp);
+      if (reads) scores(std::false_type{}, std::true_type{});
+      else scores(std::false_type{}, std::false_type{});
     }
     uint32_t rP[kBlockQ / 16][4], rdS[kBlockQ / 16][4];
 #pragma unroll
