@@ -1,6 +1,6 @@
 // run_backward: the backward's three launches on XLA's stream (common/backward_prepost.cuh's preprocess, the
 // family's kernel in the variant the call needs, the dq conversion), with grid and shared-memory checks. The kernel
-// takes the BackwardParams and then the family's `extra` launch arguments (sm90: the dQ, Q and dO tensor maps).
+// takes the BackwardParams and then the family's `extra` launch arguments (sm90: the dQ, Q, dO, dK and dV tensor maps).
 // Kernels<T> names the family's kernel template: Kernels::template get<kMask, kSoftcap, kDeterministic>() (and
 // get<true, kSoftcap, false, BwdTensors::kSegments or kAny>() for segment ids alone, or with bias / mask tensors and
 // ALiBi slopes). The deterministic variants (p.dq_turns set) are compiled with the mask only, which handles every

@@ -30,7 +30,7 @@ template <int kDType, int kHeadDim>
 std::string run_attention_bwd_sm90(const BackwardParams& bp, cudaStream_t stream) {
   using T = BwdTraits<BwdElement<kDType>, kHeadDim>;
   const AttentionParams& p = bp.p;
-  CUtensorMap dq_map{}, q_map{}, do_map{};
+  CUtensorMap dq_map{}, q_map{}, do_map{}, dk_map{}, dv_map{};
   if (int64_t{p.batch} * p.seqlen_q * p.heads_q > 0) {
     std::string failure = encode_dq_accum_map(&dq_map, bp.dq_accum, p.batch, p.seqlen_q, p.heads_q, kHeadDim,
                                               T::kDQRowsPerWarpgroup);
@@ -43,7 +43,18 @@ std::string run_attention_bwd_sm90(const BackwardParams& bp, cudaStream_t stream
       if (!failure.empty()) return failure;
     }
   }
-  return run_backward<T, BwdKernels<T>>(bp, stream, dq_map, q_map, do_map);
+  if (int64_t{p.batch} * p.seqlen_k * p.heads_k > 0) {
+    // dK and dV (laid out as k and v) in boxes of 64 columns x kBlockKV rows, the K / V tiles' panels
+    constexpr bool kBf16 = kDType == static_cast<int>(DType::kBFloat16);
+    std::string failure = encode_bshd_map(&dk_map, bp.t.dk, kBf16, p.batch, p.seqlen_k, p.heads_k, kHeadDim,
+                                          p.k_batch_stride, p.k_seq_stride, p.k_head_stride, T::kBlockKV);
+    if (failure.empty()) {
+      failure = encode_bshd_map(&dv_map, bp.t.dv, kBf16, p.batch, p.seqlen_k, p.heads_k, kHeadDim,
+                                p.v_batch_stride, p.v_seq_stride, p.v_head_stride, T::kBlockKV);
+    }
+    if (!failure.empty()) return failure;
+  }
+  return run_backward<T, BwdKernels<T>>(bp, stream, dq_map, q_map, do_map, dk_map, dv_map);
 }
 
 template <int kDType, int kHeadDim>
