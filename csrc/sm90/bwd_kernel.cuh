@@ -168,9 +168,9 @@ struct ItemRows {
 // P^T (and dS^T with kDSWithP: dP^T holds its products) from one item's scores acc_s (this thread's part of S^T in the
 // wgmma accumulator layout). kMask: each score tested against the window and the lengths; kReads: the bias, mask and
 // segment ids read per score; each compiled with and without, chosen per item, so the items that need neither run a
-// straight-line loop (a uniform branch per score split it into blocks of one exponential each). kAny: ALiBi's term is added either way (zero without ALiBi). kSegments: the ids of the
-// item's query rows (seg_q, by column) and of the block's keys (seg_k, by key row), in shared memory, compared on
-// every item (see the kernel).
+// straight-line loop (a uniform branch per score split it into blocks of one exponential each). kAny: ALiBi's term
+// is added either way (zero without ALiBi). kSegments: the ids of the item's query rows (seg_q, by column) and of the
+// block's keys (seg_k, by key row), in shared memory, compared on every item (see the kernel).
 template <class T, bool kMask, bool kSoftcap, bool kDSWithP, BwdTensors kTensors, bool kReads>
 __device__ __forceinline__ void item_scores(const AttentionParams& p, BatchLengths len, const ScoreItem& it,
                                             const AlibiTerm& alibi, int key_row0, int lane, float cap_slope,
@@ -486,8 +486,8 @@ __global__ void __launch_bounds__(T::kNumThreads, 1)
     if (after < num_items) store_item_rows(next_rows, next_buf);
     i = after;
   }
-  // dK and dV through the K and V tiles (every thread's products that read them were waited in the loop) and two
-  // TMA stores per panel; rows past seqlen_k are not written.
+  // dK and dV through the K and V tiles (every product that read them was waited for in the loop; the barrier
+  // covers both warpgroups) and a TMA store per panel of each; rows past seqlen_k are not written.
   __syncthreads();
   stage_dk_dv<T>(acc_dk, acc_dv, smem, smem + T::kKVBytes, key_row0, lane);
   fence_proxy_async_smem();
