@@ -18,11 +18,13 @@ inline constexpr int kBf16 = static_cast<int>(DType::kBFloat16);
 inline constexpr int kFp16 = static_cast<int>(DType::kFloat16);
 inline const char* dtype_short(int dtype) { return dtype == kBf16 ? "bf16" : "fp16"; }
 
-// harness [--check] [--dtype bf16|fp16] [D [S [causal]]]: check first; time one dtype, or one head dim, or one shape.
+// harness [--check] [--dtype bf16|fp16] [--softcap CAP] [D [S [causal]]]: check first; time one dtype, or one head
+// dim, or one shape; --softcap: the timed shapes soft-capped (the backward harness).
 struct Args {
   bool check = false, only_causal = false;
   std::vector<int> dtypes = {kBf16, kFp16};
   int only_d = 0, only_s = 0;  // 0: every head dim / length
+  float softcap = 0.0f;
 };
 
 inline Args parse_args(int argc, char** argv) {
@@ -34,6 +36,8 @@ inline Args parse_args(int argc, char** argv) {
       out.check = true;
     } else if (arg == "--dtype" && i + 1 < argc) {
       out.dtypes = {std::string(argv[++i]) == "fp16" ? kFp16 : kBf16};
+    } else if (arg == "--softcap" && i + 1 < argc) {
+      out.softcap = static_cast<float>(std::atof(argv[++i]));
     } else if (arg == "causal") {
       out.only_causal = true;
     } else {

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # A/B comparison on the GPU machine of binaries built by tools/ab/build.sh (carry build/ab):
-#   [HARNESS=sm90_bwd_ab] NAMES="base new" [DIMS="128 64"] [DTYPE=bf16] [ROUNDS=2] [NCU_SHAPES="128 2048;64 1024 causal"] [TRACE_NAME=t] \
+#   [HARNESS=sm90_bwd_ab] NAMES="base new" [DIMS="128 64"] [DTYPE=bf16] [ROUNDS=2] [TIME_ARGS="--softcap 30"] \
+#     [NCU_SHAPES="128 2048;64 1024 causal"] [TRACE_NAME=t] \
 #     OUT=$OUT bash tools/ab/run.sh
 # Each binary's correctness check (bf16), ROUNDS rounds of the head dims' shapes (the first binary rotating from round to
 # round, so a drift of clock or temperature reaches all alike), the median TFLOP/s per binary and shape; then
@@ -21,7 +22,7 @@ done
 for round in $(seq "${ROUNDS:-2}"); do
   for i in "${!NAME_LIST[@]}"; do
     v=${NAME_LIST[$(( (i + round - 1) % ${#NAME_LIST[@]} ))]}
-    for d in ${DIMS:-128 64 256}; do timeout 300 "$BIN/${H}_$v" ${DTYPE:+--dtype $DTYPE} "$d" | sed "s/^/$v /"; done
+    for d in ${DIMS:-128 64 256}; do timeout 300 "$BIN/${H}_$v" ${DTYPE:+--dtype $DTYPE} ${TIME_ARGS:-} "$d" | sed "s/^/$v /"; done
   done
 done > "$OUT/ab_time.txt" 2>&1
 python3 - "$OUT/ab_time.txt" "${NAMES}" <<'PY'

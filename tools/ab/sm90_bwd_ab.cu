@@ -4,7 +4,7 @@
 // dim 256 runs the sm80 family's backward (run_attention_bwd_sm80), as the package does on Hopper. An
 // alternative is a patch applied to a copy of the tree (HARNESS=sm90_bwd_ab tools/ab/build.sh), never a switch in the
 // shipped headers.
-//   sm90_bwd_ab [--check] [--dtype bf16|fp16] [D [S [causal]]]
+//   sm90_bwd_ab [--check] [--dtype bf16|fp16] [--softcap CAP] [D [S [causal]]]
 //     --check: first compare dq, dk, dv of small problems (partial key and query blocks, GQA, causal, softcap, the
 //              deterministic variant) with the CPU backward;
 //     D: only that head dim's shapes; D S [causal]: only that shape (for Nsight Compute).
@@ -202,7 +202,8 @@ int main(int argc, char** argv) {
         for (int seq : {1024, 2048, 4096, 8192, 16384}) {
           if (only_d != 0 && head_dim != only_d) continue;
           if (only_s != 0 && (seq != only_s || causal != only_causal)) continue;
-          const Problem pr(dtype, 16384 / seq, seq, 2048 / head_dim, 2048 / head_dim, head_dim, causal, false);
+          const Problem pr(dtype, 16384 / seq, seq, 2048 / head_dim, 2048 / head_dim, head_dim, causal, false,
+                           args.softcap);
           const double ms = ab::median_ms([&] { return run(pr, stream); }, stream, start, stop);
           const double flops = 2.5 * 4.0 * pr.batch * pr.heads_q * double(seq) * seq * head_dim / (causal ? 2 : 1);
           std::printf("%s D=%d S=%d%s bwd: %.1f us %.1f TFLOP/s\n", dtype_short(dtype), head_dim, seq,
