@@ -4,6 +4,7 @@
 
 #include <cmath>
 #include <cstdint>
+#include <type_traits>
 
 #include "common/alibi.h"
 #include "common/fragment_ops.cuh"
@@ -85,6 +86,27 @@ struct ScoreItem {
   bool whole;        // no score of the tile is hidden by the window, the lengths or the last key block's end
   bool test_hidden;  // the mask and segment ids need the per-score test (common/backward_blocks.cuh)
 };
+
+// Runs an item's score loop, loop(item, test_mask, reads) with both flags as std::bool_constant, in the copy the item
+// needs: the window / lengths test where a score of its tile may be hidden (with kSplitMask; otherwise every item of
+// a masked variant tests, through `whole` inside the loop), the tensors' reads where `reads`. A run-time `whole` test
+// inside the loop compiled to a branch per score, which split the loop into blocks of one score each. The item the
+// loop gets has `whole` fixed by the copy, so the loop's own test folds away.
+template <bool kMask, bool kSplitMask, class Loop>
+__device__ __forceinline__ void run_score_loop(const ScoreItem& item, bool reads, Loop&& loop) {
+  auto run = [&](auto test_mask, auto with_reads) {
+    ScoreItem it = item;
+    if constexpr (kSplitMask) it.whole = !decltype(test_mask)::value;
+    loop(it, test_mask, with_reads);
+  };
+  if (kMask && (!kSplitMask || !item.whole)) {
+    if (reads) run(std::true_type{}, std::true_type{});
+    else run(std::true_type{}, std::false_type{});
+  } else {
+    if (reads) run(std::false_type{}, std::true_type{});
+    else run(std::false_type{}, std::false_type{});
+  }
+}
 
 // Whether an item's scores need apply_backward_tensors: its tile mixes visible and hidden scores, or a bias tensor
 // (not ALiBi's slopes) adds to every score.

@@ -12,7 +12,6 @@
 
 #include <cmath>
 #include <cstdint>
-#include <type_traits>
 
 #include "common/backward_blocks.cuh"
 #include "common/backward_params.h"
@@ -179,23 +178,13 @@ __global__ void __launch_bounds__(T::kNumThreads, 1) attention_bwd_kernel(const 
                    : AlibiTerm{};
       const ScoreItem item{batch, kTensors ? kv_head * group + i / q_blocks : 0, kv0, q0, lo_off, hi_off, whole,
                            test_hidden};
-      // The score loop with and without the window / lengths test, picked per item (as sm90/bwd_kernel.cuh does:
-      // the test inside the loop compiled to a branch per score); the soft-capped and tensor variants keep one loop.
+      // (run_score_loop; the soft-capped and tensor variants keep one loop, as in sm90/bwd_kernel.cuh)
       constexpr bool kSplitMask = kMask && !kSoftcap && !kTensors;
-      auto scores = [&](auto test_mask, auto reads) {
-        ScoreItem it = item;
-        if constexpr (kSplitMask) it.whole = !decltype(test_mask)::value;
-        item_scores<T, decltype(test_mask)::value, kSoftcap, kTensors, decltype(reads)::value>(
-            p, len, it, alibi, s_row0, s_col0, lane, cap_slope, lse2, delta, acc_s, acc_dp, sP, sdS);
-      };
       const bool reads = kTensors && item_reads_tensors(p, test_hidden);
-      if (kMask && (!kSplitMask || !whole)) {
-        if (reads) scores(std::true_type{}, std::true_type{});
-        else scores(std::true_type{}, std::false_type{});
-      } else {
-        if (reads) scores(std::false_type{}, std::true_type{});
-        else scores(std::false_type{}, std::false_type{});
-      }
+      run_score_loop<kMask, kSplitMask>(item, reads, [&](const ScoreItem& it, auto test_mask, auto with_reads) {
+        item_scores<T, decltype(test_mask)::value, kSoftcap, kTensors, decltype(with_reads)::value>(
+            p, len, it, alibi, s_row0, s_col0, lane, cap_slope, lse2, delta, acc_s, acc_dp, sP, sdS);
+      });
     }
     __syncthreads();  // P^T and dS^T complete
 

@@ -19,7 +19,6 @@
 
 #include <cmath>
 #include <cstdint>
-#include <type_traits>
 
 #include "common/backward_blocks.cuh"
 #include "common/backward_order.cuh"
@@ -410,25 +409,14 @@ __global__ void __launch_bounds__(T::kNumThreads, 1)
     const ScoreItem item{batch, kAny ? kv_head * group + i / q_blocks : 0, kv0, q0, lo_off, hi_off, whole,
                          test_hidden};
     const int* seg_q = sSegQ + buf * kBlockQ;
-    // The score loop is compiled with and without the per-score tests and picked per item: the window / lengths test
-    // where a score of the tile may be hidden, the tensors' reads where the item needs them. A run-time `whole` test
-    // inside the loop compiled to a branch per score, which split the loop into blocks of one score each. The
-    // soft-capped and tensor variants keep that test in one loop: two copies of theirs spilled 20-780 bytes more.
+    // The soft-capped and tensor variants keep the window / lengths test in one loop: two copies of theirs spilled
+    // 20-780 bytes more.
     constexpr bool kSplitMask = kMask && !kSoftcap && !kAny;
-    auto scores = [&](auto test_mask, auto reads) {
-      ScoreItem it = item;
-      if constexpr (kSplitMask) it.whole = !decltype(test_mask)::value;
-      item_scores<T, decltype(test_mask)::value, kSoftcap, kDSWithP, kTensors, decltype(reads)::value>(
-          p, len, it, alibi, key_row0, lane, cap_slope, lse2, delta, seg_q, sSegK, acc_s, acc_dp);
-    };
     const bool reads = kAny ? item_reads_tensors(p, test_hidden) : kSegments;
-    if (kMask && (!kSplitMask || !whole)) {
-      if (reads) scores(std::true_type{}, std::true_type{});
-      else scores(std::true_type{}, std::false_type{});
-    } else {
-      if (reads) scores(std::false_type{}, std::true_type{});
-      else scores(std::false_type{}, std::false_type{});
-    }
+    run_score_loop<kMask, kSplitMask>(item, reads, [&](const ScoreItem& it, auto test_mask, auto with_reads) {
+      item_scores<T, decltype(test_mask)::value, kSoftcap, kDSWithP, kTensors, decltype(with_reads)::value>(
+          p, len, it, alibi, key_row0, lane, cap_slope, lse2, delta, seg_q, sSegK, acc_s, acc_dp);
+    });
     uint32_t rP[kBlockQ / 16][4], rdS[kBlockQ / 16][4];
 #pragma unroll
     for (int t = 0; t < kBlockQ / 16; ++t)
