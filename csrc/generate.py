@@ -122,7 +122,10 @@ def render_headers(config_module) -> dict[pathlib.Path, str]:
                      "// them. family is a number (80, 90); the per-family lists hold the fields each family reads.\n"
                      "#pragma once\n\n" + fields + "\n" + per_family +
                      "\nnamespace jax_flash {\n\n// The most key ranges per tile (KernelConfig.num_splits, the split plan, the combine step).\n"
-                     f"inline constexpr int kMaxSplits = {config_module.MAX_SPLITS};\n\n}}  // namespace jax_flash\n")
+                     f"inline constexpr int kMaxSplits = {config_module.MAX_SPLITS};\n\n"
+                     "// The sm80 key block that copies a block of two whole pages as two strided tiles (sm80/kernel.cuh).\n"
+                     f"inline constexpr int kTwoPageBlockKV = {config_module.TWO_PAGE_BLOCK_KV};\n\n"
+                     "}  // namespace jax_flash\n")
     families = ", ".join(f"{number} {name}" for name, number in config_module.FAMILIES.items())
     attr_type = {"int": "int64_t", "bool": "int64_t", "float": "float"}
     launch = config_module.launch_schema()

@@ -34,6 +34,10 @@ _SM80, _SM90, _BOTH = ("sm80",), ("sm90",), ("sm80", "sm90")
 # The most key ranges a tile's keys may be split into (KernelConfig.num_splits): the combine step reads one partial
 # per split and keeps one weight per split in shared memory.
 MAX_SPLITS = 256
+# The sm80 family's key block that copies a block of two whole pages (page size block_kv / 2) as two strided half
+# tiles (the four-warp decode tiles' 128-key blocks over 64-key pages); other blocks spanning pages go row by row.
+# Every tile carrying the path cost the prefill tiles' masked variants up to 20 bytes of spill (sm_90 build).
+TWO_PAGE_BLOCK_KV = 128
 
 
 def _field(default, families: tuple[str, ...], *, launch: bool = False):

@@ -24,7 +24,7 @@ import jax
 import jax.numpy as jnp
 
 from jax_flash import native
-from jax_flash.config import DECODE_CONFIGS, SM90_CONFIGS, TUNED_CONFIGS, KernelConfig
+from jax_flash.config import DECODE_CONFIGS, SM90_CONFIGS, TUNED_CONFIGS, TWO_PAGE_BLOCK_KV, KernelConfig
 
 # cfg=None on CPU: 256 query rows x 512 keys per OpenBLAS product (the fastest of 64-256 x 64-1024 on AVX2, up to 25%
 # over 64 x 64; a 512 KiB score tile per worker). Larger than any GPU block, so these are FFI attribute values, not a
@@ -143,11 +143,12 @@ def decode_gpu_config(head_dim: int, shape: CallShape, compiled: list[KernelConf
     rows = shape.seq_q * shape.group
     packs_better = should_pack_gqa(shape.seq_q, shape.group, 128)
     if rows <= 64:
-        # The smallest tile that holds the rows; among equal ones the largest key block copied as one strided tile
-        # (contiguous, or pages a multiple of the block), else the smallest (a block spanning pages is copied row by
-        # row).
+        # The smallest tile that holds the rows; among equal ones the largest key block copied as strided tiles
+        # (contiguous, pages a multiple of the block, or TWO_PAGE_BLOCK_KV keys of two whole pages), else the
+        # smallest (a block spanning pages is copied row by row).
         candidates = [c for c in DECODE_CONFIGS.get(head_dim, ()) if c.block_q >= min(rows, 64) and c in compiled]
-        strided = lambda c: shape.page_size % c.block_kv == 0  # noqa: E731  (0 % n == 0: contiguous)
+        strided = lambda c: (shape.page_size % c.block_kv == 0  # noqa: E731  (0 % n == 0: contiguous)
+                             or 2 * shape.page_size == c.block_kv == TWO_PAGE_BLOCK_KV)
         choice = min(candidates, key=lambda c: (c.block_q, -c.block_kv if strided(c) else c.block_kv)) \
             if candidates else None
         if choice is not None:

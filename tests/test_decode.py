@@ -266,8 +266,10 @@ def test_out_of_range_page_id_is_a_clear_error_on_cpu():
 
 
 # (seed, page seed, seq_q, seq_k, head_dim, page_size, bad table entry, cfg): the sm80 decode tile (cfg=None, one
-# row) and the sm90 kernel (128 rows; Hopper only)
+# row; a block spanning pages, and a 128-key block of two 64-key pages whose second is bad) and the sm90 kernel
+# (128 rows; Hopper only)
 OUT_OF_RANGE_CASES = {"decode-tile": (4, 2, 1, 64, 64, 16, (0, 1), None),
+                      "two-page-block": (5, 3, 1, 512, 128, 64, (0, 3), None),
                       "sm90": (6, 6, 128, 512, 128, 64, (0, 3), KernelConfig.sm90())}
 
 
@@ -331,7 +333,7 @@ def test_paged_prefill_routing():
 
 def test_decode_tile_routing():
     """cfg=None on a GPU, rows per kv head -> decode tile: up to 16 the one-warp tile (head dim 64; 128 has none),
-    up to 32 the four-warp 32-row tile (128-key blocks, 64 at head dim 64 for pages of fewer than 128 keys), up to 64
+    up to 32 the four-warp 32-row tile (128-key blocks, 64 at head dim 64 for pages of fewer than 64 keys), up to 64
     the 64-row tile."""
     from jax_flash import config, selection
 
@@ -347,7 +349,8 @@ def test_decode_tile_routing():
     for head_dim in (64, 128):
         assert pick(head_dim, 1, 32) == pick(head_dim, 8, 4) == pick(head_dim, 1, 32, 256) == (32, 128, 4)
         assert pick(head_dim, 2, 32) == (64, 64, 4)
-    assert pick(64, 1, 32, 64) == pick(64, 1, 32, 16) == pick(64, 1, 32, 24) == (32, 64, 4)
+    assert pick(64, 1, 32, 64) == pick(64, 1, 32, 128) == (32, 128, 4)  # (64-key pages: two per block)
+    assert pick(64, 1, 32, 32) == pick(64, 1, 32, 16) == pick(64, 1, 32, 24) == (32, 64, 4)
     assert pick(128, 1, 32, 64) == pick(128, 1, 32, 16) == (32, 128, 4)
 
 

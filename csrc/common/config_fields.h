@@ -49,4 +49,7 @@ namespace jax_flash {
 // The most key ranges per tile (KernelConfig.num_splits, the split plan, the combine step).
 inline constexpr int kMaxSplits = 256;
 
+// The sm80 key block that copies a block of two whole pages as two strided tiles (sm80/kernel.cuh).
+inline constexpr int kTwoPageBlockKV = 128;
+
 }  // namespace jax_flash

@@ -90,7 +90,11 @@ __global__ void __launch_bounds__(T::kNumThreads, kTensors ? 1 : T::kMinBlocksPe
         lane_page = next_lane_page;
         next_lane_page = fetch_page_ids(visited.following(j, lane));
       }
-      if (p.page_size % T::kBlockKV != 0) {  // pages smaller than the block (or not dividing it): row by row
+      if (T::kBlockKV == kTwoPageBlockKV && 2 * p.page_size == T::kBlockKV) {  // two whole pages: a tile from each
+        copy_two_pages_to_smem<T>(sTile, g, page_stride, seq_stride, lane_page, p.num_pages, rows_valid, tid);
+        return;
+      }
+      if (p.page_size % T::kBlockKV != 0) {  // smaller pages (or not dividing the block): row by row
         copy_paged_rows_to_smem<T, T::kBlockKV>(sTile, g, page_stride, seq_stride, lane_page, kv0, pages,
                                                 p.num_pages, rows_valid, tid);
         return;
