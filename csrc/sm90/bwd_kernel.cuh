@@ -410,7 +410,7 @@ __global__ void __launch_bounds__(T::kNumThreads, 1)
                          test_hidden};
     const int* seg_q = sSegQ + buf * kBlockQ;
     // The soft-capped and tensor variants keep the window / lengths test in one loop: two copies of theirs spilled
-    // 20-780 bytes more.
+    // 20-780 bytes more (soft-capped: 24-48 bytes, and causal soft-capped calls ran within 1.5% either way, H100).
     constexpr bool kSplitMask = kMask && !kSoftcap && !kAny;
     const bool reads = kAny ? item_reads_tensors(p, test_hidden) : kSegments;
     run_score_loop<kMask, kSplitMask>(item, reads, [&](const ScoreItem& it, auto test_mask, auto with_reads) {
