@@ -257,7 +257,9 @@ __global__ void __launch_bounds__(T::kNumThreads, 1)
   int* sSegK = sSegQ + 2 * kBlockQ;                                            // kBlockKV (kSegments)
   uint64_t* q_full = reinterpret_cast<uint64_t*>(sSegK + kBlockKV);            // 2: buffer b's Q and dO landed
 
-  const int tid = threadIdx.x, wg = tid / 128, warp = (tid / 32) % 4, lane = tid % 32;
+  // The warpgroup through a lane-0 shuffle: warp-uniform for ptxas (CUTLASS's canonical_warp_group_idx), so the K, V
+  // and dS^T descriptors derived from it live in uniform registers instead of moving there (R2UR) before each HGMMA.
+  const int tid = threadIdx.x, wg = __shfl_sync(0xffffffffu, tid / 128, 0), warp = (tid / 32) % 4, lane = tid % 32;
   const int num_kv_blocks = (p.seqlen_k + kBlockKV - 1) / kBlockKV;
   const BackwardBlock order = backward_block(p, blockIdx.x, num_kv_blocks, kD, sizeof(Element));
   const int kv_block = order.kv_block;
