@@ -444,8 +444,9 @@ TUNED_CONFIGS: dict[int, tuple[KernelConfig, ...]] = {
 # two warps per 16 rows, each taking half of every key block) or on 64 (rows <= 64); 64-key blocks (32 at head dim
 # 256, where O takes 128 registers). The 32-row tile takes 128-key blocks; at head dim 64 also 64, for pages of
 # fewer than 64 keys (a 128-key block over such pages is copied row by row, which cost it 70% at D = 64, 5% at 128;
-# over 64-key pages it is two strided tiles, TWO_PAGE_BLOCK_KV). Small tiles leave room for several thread blocks per SM, whose K/V copies keep HBM busy; the split-KV
-# plan counts them (csrc/common/split_plan.h). jax_flash/selection.py picks them by rows per tile and page size.
+# over 64-key pages it is two strided tiles, TWO_PAGE_BLOCK_KV). Small tiles leave room for several thread blocks
+# per SM, whose K/V copies keep HBM busy; the split-KV plan counts them (csrc/common/split_plan.h).
+# jax_flash/selection.py picks them by rows per tile and page size.
 # H100, MQA one row (32 rows per kv head), 128 x 1024 keys, us, 64-row tile / 32-row 128-key / 32-row 64-key:
 # fp16 D = 64 17.7 / 12.4 / 14.4, in 64-key pages 21.0 / 21.0 / 18.3; bf16 D = 128 33.8 / 30.8 / 32.7, in 64-key
 # pages 35.4 / 32.3 / 34.4. At head dim 128 the 32-row tile serves 1-16 rows too, faster than a one-warp 16-row
