@@ -19,6 +19,7 @@
 
 #include <cmath>
 #include <cstdint>
+#include <type_traits>
 
 #include "common/backward_blocks.cuh"
 #include "common/backward_order.cuh"
@@ -27,6 +28,7 @@
 #include "common/backward_tensors.cuh"
 #include "common/cp_async.cuh"
 #include "common/visibility.h"
+#include "sm90/fragments.cuh"
 #include "sm90/ptx.cuh"
 #include "sm90/wgmma_ops.cuh"
 
@@ -139,13 +141,19 @@ __device__ __forceinline__ void reduce_dq_through_stage(const CUtensorMap* tma_d
   const int swizzle = ((ln % 4) / 2) ^ (ln / 4);
   char* row_base = stage + (warp * 16 + ln / 4) * 128 + (ln % 2) * 8;
   const int row_live = q_rows - wg_row0 - (warp * 16 + ln / 4);  // > 0: row r live, > 8: row r + 8 too
+  // (a share whose rows are all live, as every item's but a sequence's last query block, stores without the selects)
+  auto store = [&](auto all_live) {
 #pragma unroll
-  for (int e = 0; e < 32; e += 2) {
-    const int down = 8 * ((e / 2) % 2);
-    const int offset = (e / 16) * T::kDQHalfBytes + down * 128 + ((swizzle ^ (2 * ((e / 4) % 4))) * 16);
-    *reinterpret_cast<float2*>(row_base + offset) =
-        row_live > down ? make_float2(acc_dq[e], acc_dq[e + 1]) : make_float2(0.0f, 0.0f);
-  }
+    for (int e = 0; e < 32; e += 2) {
+      const int down = 8 * ((e / 2) % 2);
+      const int offset = (e / 16) * T::kDQHalfBytes + down * 128 + ((swizzle ^ (2 * ((e / 4) % 4))) * 16);
+      *reinterpret_cast<float2*>(row_base + offset) = decltype(all_live)::value || row_live > down
+                                                          ? make_float2(acc_dq[e], acc_dq[e + 1])
+                                                          : make_float2(0.0f, 0.0f);
+    }
+  };
+  if (q_rows - wg_row0 >= 64) store(std::true_type{});
+  else store(std::false_type{});
   fence_proxy_async_smem();  // the stores reach the async proxy the reduce reads through
   named_barrier_sync(1 + wg, 128);
   if (tid % 128 == 0) {
@@ -156,6 +164,12 @@ __device__ __forceinline__ void reduce_dq_through_stage(const CUtensorMap* tma_d
     bulk_commit_group();
   }
 }
+
+// An item's query head within the group and query block among those that see the block's keys.
+struct ItemCoords {
+  int head;
+  int block;
+};
 
 // Thread tid < kBlockQ's share of an item's rows, loaded into registers behind the item before's first products and
 // stored to shared memory after that item: its row statistics and (the kSegments variant) its query row's segment id.
@@ -190,22 +204,20 @@ __device__ __forceinline__ void item_scores(const AttentionParams& p, BatchLengt
 }
 
 // dS^T (acc_dp, this thread's part in the wgmma accumulator layout) packed into rdS, the A operand of dK's product,
-// and stored at (key r, query c) of the panelled dS^T tile, which dQ's product reads from shared memory.
+// and stored at (key r, query c) of the panelled dS^T tile, which dQ's product reads from shared memory: rdS[t] is
+// the four 8x8 matrices of k16 step t (columns 16t..), one stmatrix.x4 (fragments.cuh: lane l addresses row l % 8 of
+// matrix l / 8; the warp's 16 rows start at a multiple of 8, so the swizzle is by l % 8) instead of four 4-byte stores.
 template <class T>
 __device__ __forceinline__ void pack_and_store_ds(const float (&acc_dp)[T::kBlockQ / 2],
-                                                  uint32_t (&rdS)[T::kBlockQ / 16][4], char* sdS_ptr, int key_row0,
+                                                  uint32_t (&rdS)[T::kBlockQ / 16][4], uint32_t sdS, int key_row0,
                                                   int lane) {
+  const int warp_row0 = key_row0 - lane / 4;  // 64 wg + 16 warp
+  const uint32_t st_base = sdS + (warp_row0 + lane % 8 + 8 * ((lane / 8) % 2)) * 128;
 #pragma unroll
   for (int t = 0; t < T::kBlockQ / 16; ++t) {
 #pragma unroll
-    for (int j = 0; j < 4; ++j) {
-      rdS[t][j] = pack2<typename T::Element>(acc_dp[8 * t + 2 * j], acc_dp[8 * t + 2 * j + 1]);
-      const int r = key_row0 + 8 * (j % 2);
-      const int c = 16 * t + 8 * (j / 2) + 2 * (lane % 4);
-      const uint32_t offset =
-          (c / 64) * T::kScorePanelBytes + panel_offset<T::kBlockKV>(r, (c % 64) / 8) + (c % 8) * 2;
-      *reinterpret_cast<uint32_t*>(sdS_ptr + offset) = rdS[t][j];
-    }
+    for (int j = 0; j < 4; ++j) rdS[t][j] = pack2<typename T::Element>(acc_dp[8 * t + 2 * j], acc_dp[8 * t + 2 * j + 1]);
+    stmatrix_x4(st_base + (t / 4) * T::kScorePanelBytes + fragment_chunk_of(t, lane) * 16, rdS[t]);
   }
 }
 
@@ -295,13 +307,20 @@ __global__ void __launch_bounds__(T::kNumThreads, 1)
     mbarrier_init(&q_full[1], 1);
     fence_barrier_init();
   }
-  // Item i's Q and dO tiles go out as TMA boxes into buffer place % 2 (place: its place in the walk; rows past
+  // Item i is query head i / q_blocks of the group and query block i % q_blocks of those seeing the keys. Without
+  // tensors the walk visits every item in order, so the next item's coordinates come from this one's by a step, not
+  // by a division by the run-time q_blocks (about 20 instructions, several times per item).
+  auto coords_of = [&](int i) { return ItemCoords{i / q_blocks, i % q_blocks}; };
+  auto step = [&](ItemCoords c) {
+    return c.block + 1 < q_blocks ? ItemCoords{c.head, c.block + 1} : ItemCoords{c.head + 1, 0};
+  };
+  // Item c's Q and dO tiles go out as TMA boxes into buffer place % 2 (place: its place in the walk; rows past
   // seqlen_q read as zeros), completing on the buffer's mbarrier; its ItemRows are returned, for
   // store_item_rows into that buffer once the item before has been computed (their loads' latency passes meanwhile).
-  auto load_item = [&](int i, int place) {
+  auto load_item = [&](ItemCoords c, int place) {
     const int buf = place % 2;
-    const int64_t head = kv_head * group + i / q_blocks;
-    const int q0 = (qb.begin + i % q_blocks) * kBlockQ;
+    const int64_t head = kv_head * group + c.head;
+    const int q0 = (qb.begin + c.block) * kBlockQ;
     if (tid == 0) {
       mbarrier_arrive_expect_tx(&q_full[buf], 2 * T::kQBytes);
 #pragma unroll
@@ -326,7 +345,8 @@ __global__ void __launch_bounds__(T::kNumThreads, 1)
     store_row_stats<kBlockQ>(rows.stats, sLse2 + buf * kBlockQ, sDelta + buf * kBlockQ, tid);
     if (kSegments && tid < kBlockQ) sSegQ[buf * kBlockQ + tid] = rows.seg_q;
   };
-  if (first_item < num_items) store_item_rows(load_item(first_item, 0), 0);
+  ItemCoords at = coords_of(first_item);  // the item the loop is on
+  if (first_item < num_items) store_item_rows(load_item(at, 0), 0);
   // K and V (and the keys' segment ids) are the block's only cp.async copies. The loop waits for none: a
   // cp.async.wait_group there also waits for the dQ reduce-adds the thread issued (one scoreboard counts both), and
   // the warps issuing them held every warp at the item's opening barrier until their last reduce was done.
@@ -370,7 +390,7 @@ __global__ void __launch_bounds__(T::kNumThreads, 1)
     if (!kDeterministic && tid % 128 == 0) bulk_wait_group_read<1>();
     __syncthreads();
     mbarrier_wait(&q_full[buf], ((kItems ? n : i) / 2) % 2);  // the item's Q and dO
-    const int q0 = (qb.begin + i % q_blocks) * kBlockQ;
+    const int q0 = (qb.begin + at.block) * kBlockQ;
     const uint32_t sQi = sQ + buf * T::kQBytes, sdOi = sdO + buf * T::kQBytes;
     const float* lse2 = sLse2 + buf * kBlockQ;
     const float* delta = sDelta + buf * kBlockQ;
@@ -396,7 +416,8 @@ __global__ void __launch_bounds__(T::kNumThreads, 1)
     // thread finished before it passed the barrier above (so did its reads of dS^T).
     ItemRows next_rows{};
     const int next_item = kItems ? items.following(p, i, lane) : i + 1;
-    if (next_item < num_items) next_rows = load_item(next_item, (kItems ? n : i) + 1);
+    const ItemCoords next_at = kItems ? coords_of(next_item) : step(at);
+    if (next_item < num_items) next_rows = load_item(next_at, (kItems ? n : i) + 1);
     wgmma_wait<1>();
     fence_registers(acc_s);
     if constexpr (kDSWithP) {
@@ -406,9 +427,9 @@ __global__ void __launch_bounds__(T::kNumThreads, 1)
     const bool whole = !kMask || (kv0 + kBlockKV <= len.kv_len && q0 + kBlockQ <= len.q_len &&
                                   kv0 + kBlockKV - 1 - q0 <= hi_off && kv0 - (q0 + kBlockQ - 1) >= lo_off);
     [[maybe_unused]] const AlibiTerm alibi =
-        kAny ? AlibiTerm(p, batch, kv_head * group + i / q_blocks, q0 + 2 * (lane % 4), kv0 + key_row0, len)
+        kAny ? AlibiTerm(p, batch, kv_head * group + at.head, q0 + 2 * (lane % 4), kv0 + key_row0, len)
              : AlibiTerm{};
-    const ScoreItem item{batch, kAny ? kv_head * group + i / q_blocks : 0, kv0, q0, lo_off, hi_off, whole,
+    const ScoreItem item{batch, kAny ? kv_head * group + at.head : 0, kv0, q0, lo_off, hi_off, whole,
                          test_hidden};
     const int* seg_q = sSegQ + buf * kBlockQ;
     // The soft-capped and tensor variants keep the window / lengths test in one loop: two copies of theirs spilled
@@ -439,7 +460,7 @@ __global__ void __launch_bounds__(T::kNumThreads, 1)
         acc_dp[e] = acc_s[e] * (acc_dp[e] - delta[c]) * p.scale;
       }
     }
-    pack_and_store_ds<T>(acc_dp, rdS, sdS_ptr, key_row0, lane);
+    pack_and_store_ds<T>(acc_dp, rdS, sdS, key_row0, lane);
     fence_proxy_async_smem();  // dS^T written by this thread, read next by wgmma
     __syncthreads();           // both warpgroups' halves of dS^T are in place
 
@@ -459,7 +480,7 @@ __global__ void __launch_bounds__(T::kNumThreads, 1)
     fence_registers(acc_dv);
     fence_registers(*reinterpret_cast<uint32_t(*)[kBlockQ / 4]>(&rP[0][0]));
 
-    const int64_t head = kv_head * group + i / q_blocks;
+    const int64_t head = kv_head * group + at.head;
     const int q_rows = min(kBlockQ, len.q_len - q0);  // rows past q_len get no gradient
     if constexpr (kDeterministic) {
       add_dq_in_turn<T>(bp, len, acc_dq, batch, head, q0, q_rows, kv_block, wg, tid);
@@ -474,6 +495,7 @@ __global__ void __launch_bounds__(T::kNumThreads, 1)
     const int next_buf = ((kItems ? n : i) + 1) % 2;
     const int after = kItems ? next_item : i + 1;  // (without tensors: recomputed, not kept across the item)
     if (after < num_items) store_item_rows(next_rows, next_buf);
+    at = kItems ? coords_of(after) : step(at);
     i = after;
   }
   // dK and dV through the K and V tiles (every product that read them was waited for in the loop; the barrier
