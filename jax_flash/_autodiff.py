@@ -10,6 +10,7 @@ With the scaled (soft-capped) scores s, P = exp(s - lse) on visible keys, and ds
 the transpose, given the cotangents dO and dlse, is the FlashAttention backward (csrc/cpu/attention_bwd_cpu.cc):
   dV = P^T dO,  dS = P o (dO V^T - D),  D = rowsum(dO o O) - dlse,  dQ = dS' K,  dK = dS'^T Q  (dS' = dS o ds/d(q.k)).
 Lengths and page tables get no gradient. Paged K/V have no backward (a training step reads contiguous K/V).
+Second order: attention_bwd_p's JVP is jax.jvp of those formulas in jnp (_dense_backward), beside the custom call.
 """
 
 from __future__ import annotations
@@ -288,6 +289,55 @@ def _bwd_batch_rule(args, dims, **params):
     return tuple(_unfold(g, size, batch) for g in grads), (0, 0, 0)
 
 
+# ---- second order: the JVP of attention_bwd_p, in jnp --------------------------------------------------------------
+def _dense_backward(q, k, v, out, lse, d_out, d_lse, bias, q_lengths, kv_lengths, q_segment_ids, kv_segment_ids,
+                    mask, params):
+    """The backward's formulas (module docstring) in plain jnp, all rows at once with the dense (B, Hq, Sq, Sk)
+    scores: (dq, dk, dv) as a function of every floating operand, out and lse among them, so that jax.jvp of it is
+    attention_bwd_p's own JVP (grad of grad, Hessian-vector products, jax.hessian)."""
+    f32 = jnp.float32
+    group = q.shape[2] // k.shape[2] if k.shape[2] else 1
+    visible = _visible(q, k, q_lengths, kv_lengths, q_segment_ids, kv_segment_ids, mask, params)
+    s, slope = _scores(q, k, params)
+    if params["has_bias"]:
+        s = s + _bias_of(bias, s.shape, q_lengths, kv_lengths, params)
+    lse_b = lse[..., None]
+    finite = jnp.isfinite(lse_b)
+    # exp of -inf where hidden, not a select after the exp: a hidden score far above the lse would overflow, and the
+    # transpose of the select would multiply that inf by a zero cotangent
+    p = jnp.exp(jnp.where(visible & finite, s - jnp.where(finite, lse_b, 0.0), -jnp.inf))
+    k_rep, v_rep = (jnp.repeat(x, group, axis=2).astype(f32) for x in (k, v))
+    d_out = d_out.astype(f32)
+    dp = jnp.einsum("bqhd,bkhd->bhqk", d_out, v_rep)
+    d = jnp.einsum("bqhd,bqhd->bhq", d_out, out.astype(f32)) - d_lse
+    ds = p * (dp - d[..., None]) * slope
+    dq = jnp.einsum("bhqk,bkhd->bqhd", ds, k_rep)
+    dk = jnp.einsum("bhqk,bqhd->bkhd", ds, q.astype(f32))
+    dv = jnp.einsum("bhqk,bqhd->bkhd", p, d_out)
+
+    def per_kv_head(g):  # (B, Sk, Hq, D) -> (B, Sk, Hk, D): a group's query heads summed
+        return g.reshape(*g.shape[:2], k.shape[2], group, g.shape[3]).sum(axis=3)
+
+    return dq.astype(q.dtype), per_kv_head(dk).astype(k.dtype), per_kv_head(dv).astype(v.dtype)
+
+
+def _bwd_jvp(primals, tangents, **params):
+    if params["ring"] is not None:
+        raise NotImplementedError("second-order differentiation (grad of grad, jax.hessian) of ring attention is not "
+                                  "supported: it would need every key on every device; differentiate once")
+    grads = attention_bwd_p.bind(*primals, **params)
+    q, k, v, out, lse, d_out, d_lse, q_lengths, kv_lengths, q_segment_ids, kv_segment_ids, bias, mask = primals
+    floats = (q, k, v, out, lse, d_out, d_lse, bias)
+    dots = tuple(ad.instantiate_zeros(t) for t in (*tangents[:7], tangents[11]))
+
+    def backward(q, k, v, out, lse, d_out, d_lse, bias):
+        return _dense_backward(q, k, v, out, lse, d_out, d_lse, bias, q_lengths, kv_lengths, q_segment_ids,
+                               kv_segment_ids, mask, params)
+
+    _, grads_dot = jax.jvp(backward, floats, dots)
+    return grads, grads_dot
+
+
 attention_bwd_p.def_abstract_eval(_bwd_abstract_eval)
 attention_bwd_local_p.def_abstract_eval(_bwd_abstract_eval)
 attention_bwd_p.def_impl(lambda *args, **params: _jitted_bwd(tuple(sorted(params.items())))(*args))
@@ -295,6 +345,7 @@ mlir.register_lowering(attention_bwd_p, _lower_bwd_partitioned)
 mlir.register_lowering(attention_bwd_local_p, _lower_bwd_cpu, platform="cpu")
 mlir.register_lowering(attention_bwd_local_p, _lower_bwd_cuda, platform="cuda")
 batching.primitive_batchers[attention_bwd_p] = _bwd_batch_rule
+ad.primitive_jvps[attention_bwd_p] = _bwd_jvp
 # (custom_partitioning needs the device assignment while lowering: jax_flash/_primitive.py says why)
 _dispatch.prim_requires_devices_during_lowering.add(attention_bwd_p)
 

@@ -104,6 +104,63 @@ def test_check_grads_fp32():
     jax.test_util.check_grads(f, (q, k, v), order=1, modes=("fwd", "rev"), atol=2e-2, rtol=2e-2, eps=1e-2)
 
 
+SECOND_ORDER = {
+    "causal_gqa": dict(causal=True),
+    "window_softcap": dict(causal=True, window=(5, 2), softcap=3.0, softmax_scale=0.3),
+    "lengths_lse": dict(causal=True, q_lengths=np.array([9, 13], np.int32), kv_lengths=np.array([15, 4], np.int32),
+                        lse=True),
+    "bias_mask": dict(bias="bias", mask="mask"),
+    "alibi_segments": dict(alibi_slopes=np.array([0.5, 0.25, 0.1, 0.05], np.float32),
+                           q_segment_ids=np.array([[0] * 6 + [1] * 7] * 2, np.int32),
+                           kv_segment_ids=np.array([[0] * 8 + [1] * 9] * 2, np.int32)),
+}
+
+
+@pytest.mark.parametrize("feature", SECOND_ORDER)
+def test_second_order_matches_reference(feature):
+    """Hessian-vector products (jax.jvp of jax.grad) and grad of grad against attention_reference's, fp32: the
+    backward's JVP (its formulas in jnp) with the custom calls for the primal values."""
+    kwargs = dict(SECOND_ORDER[feature])
+    q, k, v = random_qkv(2, 2, 13, 17, 4, 2, 16, jnp.float32, CPU)
+    keys = jax.random.split(jax.random.PRNGKey(3), 6)
+    if kwargs.get("bias") == "bias":
+        kwargs["bias"] = jax.random.normal(keys[4], (2, 1, 13, 17))
+        kwargs["mask"] = jax.random.bernoulli(keys[5], 0.7, (2, 4, 13, 17))
+    weights = jax.random.normal(keys[0], q.shape)
+    if kwargs.pop("lse", False):
+        kwargs["lse_weight"] = jax.random.normal(keys[1], (2, 4, 13))
+    tangents = tuple(jax.random.normal(key, x.shape) for key, x in zip(keys[1:4], (q, k, v)))
+
+    def squashed(attention):  # tanh of the output: the backward's cotangent then depends on q, k and v too
+        def run(*args, **kw):
+            result = attention(*args, **kw)
+            return (jnp.tanh(result[0]), result[1]) if isinstance(result, tuple) else jnp.tanh(result)
+        return run
+
+    def hvp_and_grad_of_grad(attention):
+        loss = _loss(squashed(attention), weights, **dict(kwargs))
+        grad = jax.grad(loss, argnums=(0, 1, 2))
+        hvp = jax.jvp(grad, (q, k, v), tangents)[1]
+        squares = jax.grad(lambda *a: sum((g ** 2).sum() for g in grad(*a)), argnums=(0, 1, 2))(q, k, v)
+        return (*hvp, *squares)
+
+    ours = jax.jit(lambda: hvp_and_grad_of_grad(jax_flash.attention))()
+    reference = hvp_and_grad_of_grad(jax_flash.attention_reference)
+    for name, a, r in zip(("hvp q", "hvp k", "hvp v", "gg q", "gg k", "gg v"), ours, reference):
+        assert a.shape == r.shape and np.isfinite(np.asarray(a)).all(), name
+        np.testing.assert_allclose(np.asarray(a), np.asarray(r), atol=2e-5 * float(np.abs(r).max()), err_msg=name)
+
+
+def test_hessian_and_check_grads_second_order():
+    q, k, v = random_qkv(1, 1, 3, 5, 1, 1, 4, jnp.float32, CPU)
+    hessian = jax.jit(jax.hessian(lambda q: jnp.sin(jax_flash.attention(q, k, v, causal=True)).sum()))(q)
+    expected = jax.hessian(lambda q: jnp.sin(jax_flash.attention_reference(q, k, v, causal=True)).sum())(q)
+    assert hessian.shape == q.shape * 2
+    np.testing.assert_allclose(np.asarray(hessian), np.asarray(expected), atol=1e-5)
+    f = lambda q, k, v: jax_flash.attention(q, k, v, causal=True, softcap=3.0)  # noqa: E731
+    jax.test_util.check_grads(f, (q, k, v), order=2, modes=("rev",), atol=2e-2, rtol=2e-2, eps=1e-2)
+
+
 def test_vjp_value_and_grad_checkpoint_and_vmap_agree():
     q, k, v = random_qkv(4, 2, 20, 30, 4, 2, 32, jnp.float32, CPU)
     loss = lambda q, k, v: (jax_flash.attention(q, k, v, causal=True) ** 2).sum()  # noqa: E731
