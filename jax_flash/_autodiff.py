@@ -10,7 +10,8 @@ With the scaled (soft-capped) scores s, P = exp(s - lse) on visible keys, and ds
 the transpose, given the cotangents dO and dlse, is the FlashAttention backward (csrc/cpu/attention_bwd_cpu.cc):
   dV = P^T dO,  dS = P o (dO V^T - D),  D = rowsum(dO o O) - dlse,  dQ = dS' K,  dK = dS'^T Q  (dS' = dS o ds/d(q.k)).
 Lengths and page tables get no gradient. Paged K/V have no backward (a training step reads contiguous K/V).
-Second order: attention_bwd_p's JVP is jax.jvp of those formulas in jnp (_dense_backward), beside the custom call.
+Second order: attention_bwd_p's JVP is jax.jvp of those formulas in jnp (_dense_backward), beside the custom call;
+attention_lin_p's is jax.jvp of its own jnp.
 """
 
 from __future__ import annotations
@@ -95,6 +96,19 @@ def _visible(q, k, q_lengths, kv_lengths, q_segment_ids, kv_segment_ids, mask, p
     return visible & mask if params["has_mask"] else visible
 
 
+def _probabilities(q, k, lse, bias, q_lengths, kv_lengths, q_segment_ids, kv_segment_ids, mask, params):
+    """(P, ds/d(q.k)) in float32, P (B, Hq, Sq, Sk) = exp(s - lse) on the keys a row sees, 0 on the others and on rows
+    that see none (lse -inf). The exp takes -inf where hidden instead of a select after it: a hidden score far above
+    the lse would overflow, and the select's derivative would multiply that inf by a zero."""
+    visible = _visible(q, k, q_lengths, kv_lengths, q_segment_ids, kv_segment_ids, mask, params)
+    s, slope = _scores(q, k, params)
+    if params["has_bias"]:
+        s = s + _bias_of(bias, s.shape, q_lengths, kv_lengths, params)
+    lse_b = lse[..., None]
+    finite = jnp.isfinite(lse_b)
+    return jnp.exp(jnp.where(visible & finite, s - jnp.where(finite, lse_b, 0.0), -jnp.inf)), slope
+
+
 def _lin_impl(q_dot, k_dot, v_dot, bias_dot, q, k, v, out, lse, q_lengths, kv_lengths, page_table, q_segment_ids,
               kv_segment_ids, bias, mask, **params):
     if params["ring"] is not None:
@@ -105,16 +119,11 @@ def _lin_impl(q_dot, k_dot, v_dot, bias_dot, q, k, v, out, lse, q_lengths, kv_le
         k, v, k_dot, v_dot = (gather_pages(x, page_table) for x in (k, v, k_dot, v_dot))
     heads_q = q.shape[2]
     group = heads_q // k.shape[2] if k.shape[2] else 1
-    mask = _visible(q, k, q_lengths, kv_lengths, q_segment_ids, kv_segment_ids, mask, params)
-    s, slope = _scores(q, k, params)
-    if params["has_bias"]:
-        s = s + _bias_of(bias, s.shape, q_lengths, kv_lengths, params)
-    lse_b = lse[..., None]
-    p = jnp.where(mask & jnp.isfinite(lse_b), jnp.exp(s - jnp.where(jnp.isfinite(lse_b), lse_b, 0)), 0.0)
+    p, slope = _probabilities(q, k, lse, bias, q_lengths, kv_lengths, q_segment_ids, kv_segment_ids, mask, params)
     f32 = jnp.float32
     qk_dot = (jnp.einsum("bqhd,bkhd->bhqk", q_dot.astype(f32), jnp.repeat(k, group, axis=2).astype(f32)) +
               jnp.einsum("bqhd,bkhd->bhqk", q.astype(f32), jnp.repeat(k_dot, group, axis=2).astype(f32)))
-    ds = qk_dot * slope + (_bias_of(bias_dot, s.shape, q_lengths, kv_lengths, params) if params["has_bias"] else 0.0)
+    ds = qk_dot * slope + (_bias_of(bias_dot, p.shape, q_lengths, kv_lengths, params) if params["has_bias"] else 0.0)
     lse_dot = jnp.sum(p * ds, axis=-1)
     out_dot = (jnp.einsum("bhqk,bkhd->bqhd", p * (ds - lse_dot[..., None]), jnp.repeat(v, group, axis=2).astype(f32)) +
                jnp.einsum("bhqk,bkhd->bqhd", p, jnp.repeat(v_dot, group, axis=2).astype(f32)))
@@ -139,17 +148,12 @@ def _bias_gradient(q, k, v, out, lse, ct_out, ct_lse, q_lengths, kv_lengths, q_s
     batch rows made it gather the batch-sharded q, out and lse onto every device)."""
     f32 = jnp.float32
     group = q.shape[2] // k.shape[2] if k.shape[2] else 1
-    visible = _visible(q, k, q_lengths, kv_lengths, q_segment_ids, kv_segment_ids, mask, params)
-    s, _ = _scores(q, k, params)
-    lse_b = lse[..., None]
-    dense_bias = _bias_of(bias, s.shape, q_lengths, kv_lengths, params)
-    p = jnp.where(visible & jnp.isfinite(lse_b), jnp.exp(s + dense_bias - jnp.where(jnp.isfinite(lse_b), lse_b, 0)),
-                  0.0)
+    p, _ = _probabilities(q, k, lse, bias, q_lengths, kv_lengths, q_segment_ids, kv_segment_ids, mask, params)
     dp = jnp.einsum("bqhd,bkhd->bhqk", ct_out.astype(f32), jnp.repeat(v, group, axis=2).astype(f32))
     d = jnp.einsum("bqhd,bqhd->bhq", ct_out.astype(f32), out.astype(f32)) - ct_lse
     ds = p * (dp - d[..., None])
     if params["alibi"]:
-        ds = ds * _bias_of(jnp.ones_like(bias), s.shape, q_lengths, kv_lengths, params)
+        ds = ds * _bias_of(jnp.ones_like(bias), p.shape, q_lengths, kv_lengths, params)
     axes = tuple(i for i, n in enumerate(bias.shape) if n == 1 and ds.shape[i] != 1)
     return jnp.sum(ds, axis=axes, keepdims=True).astype(bias.dtype)
 
@@ -173,6 +177,21 @@ def _lin_transpose(cts, q_dot, k_dot, v_dot, bias_dot, q, k, v, out, lse, q_leng
     return [*grads, *residuals]
 
 
+def _lin_jvp(primals, tangents, **params):
+    """attention_lin_p is jnp: its JVP (a second forward-mode derivative, or reverse over forward) is jax.jvp of
+    _lin_impl over the floating operands (tangents, q, k, v, out, lse, bias)."""
+    floating = (0, 1, 2, 3, 4, 5, 6, 7, 8, 14)
+
+    def lin(*xs):
+        operands = list(primals)
+        for i, x in zip(floating, xs):
+            operands[i] = x
+        return _lin_impl(*operands, **params)
+
+    return jax.jvp(lin, tuple(primals[i] for i in floating),
+                   tuple(ad.instantiate_zeros(tangents[i]) for i in floating))
+
+
 def _lin_batch_rule(args, dims, **params):
     if params["paged"]:
         raise NotImplementedError("jax.vmap of a forward-mode derivative of paged attention is not supported; "
@@ -186,6 +205,7 @@ attention_lin_p.def_abstract_eval(_lin_abstract_eval)
 attention_lin_p.def_impl(_lin_impl)
 mlir.register_lowering(attention_lin_p, mlir.lower_fun(_lin_impl, multiple_results=True))
 ad.primitive_transposes[attention_lin_p] = _lin_transpose
+ad.primitive_jvps[attention_lin_p] = _lin_jvp
 batching.primitive_batchers[attention_lin_p] = _lin_batch_rule
 
 
@@ -297,15 +317,7 @@ def _dense_backward(q, k, v, out, lse, d_out, d_lse, bias, q_lengths, kv_lengths
     attention_bwd_p's own JVP (grad of grad, Hessian-vector products, jax.hessian)."""
     f32 = jnp.float32
     group = q.shape[2] // k.shape[2] if k.shape[2] else 1
-    visible = _visible(q, k, q_lengths, kv_lengths, q_segment_ids, kv_segment_ids, mask, params)
-    s, slope = _scores(q, k, params)
-    if params["has_bias"]:
-        s = s + _bias_of(bias, s.shape, q_lengths, kv_lengths, params)
-    lse_b = lse[..., None]
-    finite = jnp.isfinite(lse_b)
-    # exp of -inf where hidden, not a select after the exp: a hidden score far above the lse would overflow, and the
-    # transpose of the select would multiply that inf by a zero cotangent
-    p = jnp.exp(jnp.where(visible & finite, s - jnp.where(finite, lse_b, 0.0), -jnp.inf))
+    p, slope = _probabilities(q, k, lse, bias, q_lengths, kv_lengths, q_segment_ids, kv_segment_ids, mask, params)
     k_rep, v_rep = (jnp.repeat(x, group, axis=2).astype(f32) for x in (k, v))
     d_out = d_out.astype(f32)
     dp = jnp.einsum("bqhd,bkhd->bhqk", d_out, v_rep)

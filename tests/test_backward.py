@@ -151,12 +151,23 @@ def test_second_order_matches_reference(feature):
         np.testing.assert_allclose(np.asarray(a), np.asarray(r), atol=2e-5 * float(np.abs(r).max()), err_msg=name)
 
 
-def test_hessian_and_check_grads_second_order():
+@pytest.mark.parametrize("order", ["rev_rev", "fwd_rev", "rev_fwd", "fwd_fwd"])
+def test_hessian_in_every_mode_order(order):
+    """jax.hessian (forward over reverse) and the other three nestings: the JVP of the backward primitive and of the
+    linearised attention_lin_p."""
+    q, k, v = random_qkv(1, 1, 3, 5, 2, 1, 4, jnp.float32, CPU)
+    outer, inner = ({"rev": jax.jacrev, "fwd": jax.jacfwd}[mode] for mode in order.split("_"))
+
+    def hessian(attention):
+        return outer(inner(lambda q: jnp.sin(attention(q, k, v, causal=True, softcap=3.0)).sum()))(q)
+
+    ours, expected = jax.jit(lambda: hessian(jax_flash.attention))(), hessian(jax_flash.attention_reference)
+    assert ours.shape == q.shape * 2
+    np.testing.assert_allclose(np.asarray(ours), np.asarray(expected), atol=1e-5)
+
+
+def test_check_grads_second_order():
     q, k, v = random_qkv(1, 1, 3, 5, 1, 1, 4, jnp.float32, CPU)
-    hessian = jax.jit(jax.hessian(lambda q: jnp.sin(jax_flash.attention(q, k, v, causal=True)).sum()))(q)
-    expected = jax.hessian(lambda q: jnp.sin(jax_flash.attention_reference(q, k, v, causal=True)).sum())(q)
-    assert hessian.shape == q.shape * 2
-    np.testing.assert_allclose(np.asarray(hessian), np.asarray(expected), atol=1e-5)
     f = lambda q, k, v: jax_flash.attention(q, k, v, causal=True, softcap=3.0)  # noqa: E731
     jax.test_util.check_grads(f, (q, k, v), order=2, modes=("rev",), atol=2e-2, rtol=2e-2, eps=1e-2)
 
