@@ -321,7 +321,7 @@ def test_ring_attention_bad_uses_raise_clear_errors():
     with pytest.raises(NotImplementedError, match=r"forward-mode differentiation \(jax.jvp"):
         jax.jit(lambda *a: jax.jvp(ring, a, a))(*args)
     loss = lambda *a: (ring(*a) ** 2).sum()  # noqa: E731
-    with pytest.raises(NotImplementedError, match=r"second-order differentiation \(grad of grad, jax.hessian\) of ring"):
+    with pytest.raises(NotImplementedError, match=r"second-order differentiation \(grad of grad, .*\) of ring"):
         jax.jit(jax.grad(lambda *a: (jax.grad(loss)(*a) ** 2).sum()))(*args)
 
 
