@@ -212,7 +212,7 @@ __device__ __forceinline__ void pack_and_store_ds(const float (&acc_dp)[T::kBloc
                                                   uint32_t (&rdS)[T::kBlockQ / 16][4], uint32_t sdS, int key_row0,
                                                   int lane) {
   const int warp_row0 = key_row0 - lane / 4;  // 64 wg + 16 warp
-  const uint32_t st_base = sdS + (warp_row0 + lane % 8 + 8 * ((lane / 8) % 2)) * 128;
+  const uint32_t st_base = sdS + (warp_row0 + fragment_row_of(0, lane)) * 128;
 #pragma unroll
   for (int t = 0; t < T::kBlockQ / 16; ++t) {
 #pragma unroll
