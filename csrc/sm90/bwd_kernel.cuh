@@ -183,7 +183,8 @@ struct ItemRows {
 // segment ids read per score; each compiled with and without, chosen per item, so the items that need neither run a
 // straight-line loop (a uniform branch per score split it into blocks of one exponential each). kAny: ALiBi's term
 // is added either way (zero without ALiBi). kSegments: the ids of the item's query rows (seg_q, by column) and of the
-// block's keys (seg_k, by key row), in shared memory, compared on every item (see the kernel).
+// block's keys (seg_k, by key row), in shared memory, compared on every item (see the kernel). delta: the rows'
+// delta, times the softmax scale unless kSoftcap.
 template <class T, bool kMask, bool kSoftcap, bool kDSWithP, BwdTensors kTensors, bool kReads>
 __device__ __forceinline__ void item_scores(const AttentionParams& p, BatchLengths len, const ScoreItem& it,
                                             const AlibiTerm& alibi, int key_row0, int lane, float cap_slope,
@@ -199,7 +200,8 @@ __device__ __forceinline__ void item_scores(const AttentionParams& p, BatchLengt
         p, len, it, r, c, acc_s[e], lse2, alibi, 8 * (e / 4) + e % 2 - 8 * ((e / 2) % 2), cap_slope, slope);
     if (kSegments && kReads && seg_q[c] != seg_k[r]) prob = 0.0f;
     acc_s[e] = prob;
-    if constexpr (kDSWithP) acc_dp[e] = prob * (acc_dp[e] - delta[c]) * slope;
+    if constexpr (kDSWithP && kSoftcap) acc_dp[e] = prob * (acc_dp[e] - delta[c]) * slope;
+    if constexpr (kDSWithP && !kSoftcap) acc_dp[e] = prob * fmaf(acc_dp[e], p.scale, -delta[c]);  // delta scaled
   }
 }
 
@@ -340,9 +342,11 @@ __global__ void __launch_bounds__(T::kNumThreads, 1)
     }
     return rows;
   };
-  // Thread tid < kBlockQ's row statistics and segment id of an item into buffer buf.
+  // Thread tid < kBlockQ's row statistics and segment id of an item into buffer buf; delta times the softmax scale
+  // except in the soft-capped variants, whose dS takes the per-score slope scale (1 - tanh^2) instead.
+  const float delta_factor = kSoftcap ? 1.0f : p.scale;
   auto store_item_rows = [&](const ItemRows& rows, int buf) {
-    store_row_stats<kBlockQ>(rows.stats, sLse2 + buf * kBlockQ, sDelta + buf * kBlockQ, tid);
+    store_row_stats<kBlockQ>(rows.stats, sLse2 + buf * kBlockQ, sDelta + buf * kBlockQ, tid, delta_factor);
     if (kSegments && tid < kBlockQ) sSegQ[buf * kBlockQ + tid] = rows.seg_q;
   };
   ItemCoords at = coords_of(first_item);  // the item the loop is on
@@ -457,7 +461,7 @@ __global__ void __launch_bounds__(T::kNumThreads, 1)
 #pragma unroll
       for (int e = 0; e < kBlockQ / 2; ++e) {
         const int c = 8 * (e / 4) + 2 * (lane % 4) + e % 2;
-        acc_dp[e] = acc_s[e] * (acc_dp[e] - delta[c]) * p.scale;
+        acc_dp[e] = acc_s[e] * fmaf(acc_dp[e], p.scale, -delta[c]);  // delta scaled
       }
     }
     pack_and_store_ds<T>(acc_dp, rdS, sdS, key_row0, lane);
