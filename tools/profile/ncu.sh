@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Nsight Compute counters of the attention kernels at the benchmark's shapes, on the GPU machine after a build
 # (.ci/gpu.sh or pip install .):
-#   bash tools/profile/ncu.sh "IMPL DTYPE HEAD_DIM SEQ [causal]" ...   (IMPL: tools/profile/ncu_case.py)
+#   bash tools/profile/ncu.sh "IMPL DTYPE HEAD_DIM SEQ [causal] [backward]" ...   (IMPL: tools/profile/ncu_case.py)
+# (backward: FILTER=regex:attention_bwd_kernel, or cuDNN's regex:bprop, picks the backward's main kernel)
 # One report per case under $OUT/ncu_<case>.txt (speed of light, compute pipes, scheduler, warp stalls, memory,
 # occupancy) and a summary of the headline metrics last.
 # SOURCE=1 also collects the source counters and writes $OUT/src_<case>.csv: every SASS instruction with its
