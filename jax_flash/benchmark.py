@@ -242,6 +242,9 @@ def run(args) -> list[dict]:
         rows.append({"dtype": dtype_name, "head_dim": head_dim, "seq": seq, "batch": batch, "heads": heads,
                      "causal": causal, "device": _device_name(device), "results": results,
                      **({"model": model} if model else {})})
+        # each row as it is measured, so a run cut short (a time limit) still reports the rows it finished
+        print("    " + ", ".join(f"{name} {r['tflops']:.4g} TFLOP/s {r['ms']:.4g} ms" for name, r in results.items()),
+              file=sys.stderr, flush=True)
     return rows
 
 

@@ -129,11 +129,15 @@ def test_benchmark_writes_rows_for_every_case(tmp_path, capsys, order):
     assert [(r["seq"], r["causal"]) for r in rows] == [(64, False), (128, False), (64, True), (128, True)]
     for r in rows:
         assert {"jax_flash", "xla"} <= set(r["results"]) and r["results"]["jax_flash"]["tflops"] > 0
+    captured = capsys.readouterr()
+    # each row's numbers on stderr as soon as it is measured (a run cut short keeps them)
+    measured = [line for line in captured.err.splitlines() if line.startswith("    jax_flash ")]
+    assert len(measured) == len(rows) and all(" ms" in line and "xla " in line for line in measured)
     if jax.default_backend() == "gpu":
-        assert "TFLOP/s" in capsys.readouterr().out
+        assert "TFLOP/s" in captured.out
     else:  # milliseconds and GFLOP/s, with the machine's matmul rate as the ceiling
         assert written["platform"] == "cpu" and written["matmul_gflops"] > 0 and "cores)" in written["device"]
-        assert "ms and GFLOP/s on" in capsys.readouterr().out
+        assert "ms and GFLOP/s on" in captured.out
 
 
 def test_benchmark_fp8_rows_time_the_fp8_call_beside_bfloat16(tmp_path):
