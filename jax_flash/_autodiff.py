@@ -140,18 +140,24 @@ def _bias_of(bias, scores_shape, q_lengths, kv_lengths, params):
                       kv_lengths=kv_lengths if params["has_kv_lengths"] else None)
 
 
+def _score_gradient(p, v, out, d_out, d_lse, group):
+    """P o (dO V^T - D), D = rowsum(dO o O) - dlse: the loss's gradient by the scores after any softcap (by the bias),
+    float32 (B, Hq, Sq, Sk); a softcap's slope multiplies it for the gradient by q.k."""
+    f32 = jnp.float32
+    dp = jnp.einsum("bqhd,bkhd->bhqk", d_out.astype(f32), jnp.repeat(v, group, axis=2).astype(f32))
+    d = jnp.einsum("bqhd,bqhd->bhq", d_out.astype(f32), out.astype(f32)) - d_lse
+    return p * (dp - d[..., None])
+
+
 def _bias_gradient(q, k, v, out, lse, ct_out, ct_lse, q_lengths, kv_lengths, q_segment_ids, kv_segment_ids, bias,
                    mask, params):
     """d(loss)/d(bias) = dS = P o (dO V^T - D), D = rowsum(dO o O) - dlse, summed over the bias's broadcast
     dimensions: by XLA, O(Sq x Sk) per (batch, head). ALiBi slopes: dS o -|i + kv_len - q_len - j| summed the same
     way (the bias is slope times that). All rows at once, in plain ops that GSPMD partitions as q is (a loop over the
     batch rows made it gather the batch-sharded q, out and lse onto every device)."""
-    f32 = jnp.float32
     group = q.shape[2] // k.shape[2] if k.shape[2] else 1
     p, _ = _probabilities(q, k, lse, bias, q_lengths, kv_lengths, q_segment_ids, kv_segment_ids, mask, params)
-    dp = jnp.einsum("bqhd,bkhd->bhqk", ct_out.astype(f32), jnp.repeat(v, group, axis=2).astype(f32))
-    d = jnp.einsum("bqhd,bqhd->bhq", ct_out.astype(f32), out.astype(f32)) - ct_lse
-    ds = p * (dp - d[..., None])
+    ds = _score_gradient(p, v, out, ct_out, ct_lse, group)
     if params["alibi"]:
         ds = ds * _bias_of(jnp.ones_like(bias), p.shape, q_lengths, kv_lengths, params)
     axes = tuple(i for i, n in enumerate(bias.shape) if n == 1 and ds.shape[i] != 1)
@@ -318,14 +324,10 @@ def _dense_backward(q, k, v, out, lse, d_out, d_lse, bias, q_lengths, kv_lengths
     f32 = jnp.float32
     group = q.shape[2] // k.shape[2] if k.shape[2] else 1
     p, slope = _probabilities(q, k, lse, bias, q_lengths, kv_lengths, q_segment_ids, kv_segment_ids, mask, params)
-    k_rep, v_rep = (jnp.repeat(x, group, axis=2).astype(f32) for x in (k, v))
-    d_out = d_out.astype(f32)
-    dp = jnp.einsum("bqhd,bkhd->bhqk", d_out, v_rep)
-    d = jnp.einsum("bqhd,bqhd->bhq", d_out, out.astype(f32)) - d_lse
-    ds = p * (dp - d[..., None]) * slope
-    dq = jnp.einsum("bhqk,bkhd->bqhd", ds, k_rep)
+    ds = _score_gradient(p, v, out, d_out, d_lse, group) * slope
+    dq = jnp.einsum("bhqk,bkhd->bqhd", ds, jnp.repeat(k, group, axis=2).astype(f32))
     dk = jnp.einsum("bhqk,bqhd->bkhd", ds, q.astype(f32))
-    dv = jnp.einsum("bhqk,bqhd->bkhd", p, d_out)
+    dv = jnp.einsum("bhqk,bqhd->bkhd", p, d_out.astype(f32))
 
     def per_kv_head(g):  # (B, Sk, Hq, D) -> (B, Sk, Hk, D): a group's query heads summed
         return g.reshape(*g.shape[:2], k.shape[2], group, g.shape[3]).sum(axis=3)
