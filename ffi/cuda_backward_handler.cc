@@ -113,6 +113,18 @@ ffi::Error attention_bwd_cuda_impl(cudaStream_t stream, ffi::ScratchAllocator sc
                       "jax_flash: could not allocate " + std::to_string(rows * (head_dim + 1) * 4) +
                           " bytes of scratch memory for the backward (dQ's float32 accumulator and a float per row)");
   }
+  if (hopper) {  // lse2 and delta per row, rows padded for the kernel's bulk copies (BackwardParams::row_stats)
+    const int64_t rows_q = q.dimensions()[1];
+    params.stats_rows = (rows_q + kStatsRowAlign - 1) / kStatsRowAlign * kStatsRowAlign;
+    const size_t stats_bytes = 2 * static_cast<size_t>(q.dimensions()[0] * q.dimensions()[2] * params.stats_rows) * 4;
+    std::optional<void*> stats = scratch.Allocate(std::max<size_t>(stats_bytes, 16), kScratchAlignment);
+    if (!stats.has_value()) {
+      return ffi::Error(ffi::ErrorCode::kResourceExhausted,
+                        "jax_flash: could not allocate " + std::to_string(stats_bytes) +
+                            " bytes of scratch memory for the backward's row statistics");
+    }
+    params.row_stats = static_cast<float*>(*stats);
+  }
   if (ffi::Error err = allocate_backward_blocks(scratch, params.p); err.failure()) return err;
   params.dq_accum = static_cast<float*>(*dq_accum);
   params.delta = static_cast<float*>(*delta);

@@ -31,7 +31,14 @@ struct BackwardParams {
   float* delta;
   int* dq_turns;
   int64_t dq_turn_count;  // B * Hq * ceil(Sq / 64): zeroed by the preprocess
+  // The sm90 family's row statistics, written by the preprocess (nullptr for the sm80 family): lse2 = lse log2(e)
+  // (+inf past q_len) and delta times the softmax scale (delta itself with a softcap), each (B, Hq, stats_rows) with
+  // the rows padded to a multiple of 128 (+inf and 0), so that a query block's are one aligned bulk copy; lse2 first.
+  float* row_stats;
+  int64_t stats_rows;
 };
+
+inline constexpr int kStatsRowAlign = 128;  // the largest query block of a backward kernel
 
 inline constexpr int kDQTurnRows = 64;  // dq_turns holds one counter per 64 query rows (the smallest block_q)
 

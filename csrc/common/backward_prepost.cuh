@@ -9,6 +9,7 @@
 #include <cstdint>
 
 #include "common/backward_params.h"
+#include "common/backward_rows.cuh"  // lse2_of
 #include "common/fragment_ops.cuh"  // pack2
 
 namespace jax_flash {
@@ -49,12 +50,25 @@ __global__ void __launch_bounds__(kPrepostThreads) attention_bwd_preprocess(cons
   float4* dq_accum = reinterpret_cast<float4*>(bp.dq_accum + offset);
   dq_accum[0] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
   dq_accum[1] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+  const int64_t h = row % p.heads_q, bi = row / p.heads_q;
+  const int64_t i = bi % p.seqlen_q, b = bi / p.seqlen_q;
   if (chunk == 0) {  // row = (b * Sq + i) * Hq + h  ->  delta / lse index (b, h, i)
-    const int64_t h = row % p.heads_q, bi = row / p.heads_q;
-    const int64_t i = bi % p.seqlen_q, b = bi / p.seqlen_q;
     const int64_t stat = b * p.lse_batch_stride + h * p.lse_head_stride + i;
-    bp.delta[stat] = dot - (bp.t.d_lse != nullptr ? bp.t.d_lse[stat] : 0.0f);
+    const float delta = dot - (bp.t.d_lse != nullptr ? bp.t.d_lse[stat] : 0.0f);
+    bp.delta[stat] = delta;
     if (bp.dq_turns != nullptr && row < bp.dq_turn_count) bp.dq_turns[row] = 0;  // (there are fewer than rows)
+    if (bp.row_stats != nullptr) {
+      const int64_t at = (b * p.heads_q + h) * bp.stats_rows + i;
+      bp.row_stats[at] = i < batch_lengths(p, b).q_len ? lse2_of(bp.t.lse[stat]) : INFINITY;
+      bp.row_stats[int64_t{p.batch} * p.heads_q * bp.stats_rows + at] = p.softcap > 0.0f ? delta : delta * p.scale;
+    }
+  }
+  if (chunk == 1 && bp.row_stats != nullptr) {  // the padding rows Sq.. of (b, h), spread over its rows
+    const int64_t base = (b * p.heads_q + h) * bp.stats_rows;
+    for (int64_t pad = p.seqlen_q + i; pad < bp.stats_rows; pad += p.seqlen_q) {
+      bp.row_stats[base + pad] = INFINITY;
+      bp.row_stats[int64_t{p.batch} * p.heads_q * bp.stats_rows + base + pad] = 0.0f;
+    }
   }
 }
 

@@ -26,32 +26,6 @@ __device__ __forceinline__ void load_row_stats(const BackwardParams& bp, int64_t
   sDelta[tid] = row < p.seqlen_q ? bp.delta[stat] : 0.0f;
 }
 
-// load_row_stats in two steps, for a caller with work to do while the loads are in flight: fetch_row_stats loads
-// thread tid < kBlockQ's lse and delta into registers, store_row_stats writes them to shared memory.
-struct RowStats {
-  float lse, delta;
-};
-
-template <int kBlockQ>
-__device__ __forceinline__ RowStats fetch_row_stats(const BackwardParams& bp, int64_t batch, int64_t head, int q0,
-                                                    BatchLengths len, int tid) {
-  if (tid >= kBlockQ) return {};
-  const AttentionParams& p = bp.p;
-  const int row = q0 + tid;
-  const int64_t stat = batch * p.lse_batch_stride + head * p.lse_head_stride + row;
-  return {row < len.q_len ? bp.t.lse[stat] : -INFINITY, row < p.seqlen_q ? bp.delta[stat] : 0.0f};
-}
-
-// delta_factor: delta is stored times it (the softmax scale, so that dS = P (dP scale - delta scale) takes one FFMA
-// and one multiply per score instead of a subtraction and two multiplies).
-template <int kBlockQ>
-__device__ __forceinline__ void store_row_stats(RowStats stats, float* sLse2, float* sDelta, int tid,
-                                                float delta_factor) {
-  if (tid >= kBlockQ) return;
-  sLse2[tid] = lse2_of(stats.lse);
-  sDelta[tid] = stats.delta * delta_factor;
-}
-
 // Deterministic dQ: the thread blocks of the key blocks that see query block q_block of (batch, head) take turns in
 // key-block order. The blocks that see it are consecutive (each row sees one band of keys, and the bands grow with
 // the row), so a block's turn is its distance from the first of them. Blocks are dispatched in index order, key

@@ -6,9 +6,10 @@
 //   dQ (64 x 64) = dS K                                wgmma, A (dS^T in shared memory) and B MN-major;
 //                                                      warpgroup w: query rows 64w.. (kBlockQ = 128) or D columns 64w..
 // Tiles are 128-byte-swizzled panels of 64 columns (what the descriptors expect): K and V filled by cp.async from all
-// threads, each item's Q and dO by TMA boxes that thread 0 issues onto the buffer's mbarrier. One barrier opens an
-// item (every thread is done with the item before; then its Q / dO mbarrier) and one lets dQ read both halves of
-// dS^T. The next item's Q, dO, lse and delta loads go out behind this item's first products; S^T's
+// threads, each item's Q and dO by TMA boxes and its rows' lse2 and delta (the preprocess's padded copies) by bulk
+// copies that thread 0 issues onto the buffer's mbarrier. One barrier opens an item (every thread is done with the
+// item before; then its mbarrier) and one lets dQ read both halves of dS^T. The next item's loads go out behind this
+// item's first products; S^T's
 // exponentials run beside dP^T's wgmma and dS^T's arithmetic beside dV's (head dim 128 without a softcap; elsewhere
 // dS^T is computed in the exponentials' loop, after dP^T), and dQ's reduce-add beside dK's products. dQ reaches
 // dq_accum through shared memory and TMA reduce-adds (float2 atomics in the deterministic variant, which takes
@@ -171,10 +172,9 @@ struct ItemCoords {
   int block;
 };
 
-// Thread tid < kBlockQ's share of an item's rows, loaded into registers behind the item before's first products and
-// stored to shared memory after that item: its row statistics and (the kSegments variant) its query row's segment id.
+// Thread tid < kBlockQ's share of an item's rows (the kSegments variant), loaded into registers behind the item
+// before's first products and stored to shared memory after that item: its query row's segment id.
 struct ItemRows {
-  RowStats stats;
   int seg_q;
 };
 
@@ -317,14 +317,20 @@ __global__ void __launch_bounds__(T::kNumThreads, 1)
     return c.block + 1 < q_blocks ? ItemCoords{c.head, c.block + 1} : ItemCoords{c.head + 1, 0};
   };
   // Item c's Q and dO tiles go out as TMA boxes into buffer place % 2 (place: its place in the walk; rows past
-  // seqlen_q read as zeros), completing on the buffer's mbarrier; its ItemRows are returned, for
-  // store_item_rows into that buffer once the item before has been computed (their loads' latency passes meanwhile).
+  // seqlen_q read as zeros) and its rows' lse2 and delta as two bulk copies (the preprocess padded them), all
+  // completing on the buffer's mbarrier: no thread's registers wait for them, so no fence does. Its ItemRows are
+  // returned, for store_item_rows into that buffer once the item before has been computed.
   auto load_item = [&](ItemCoords c, int place) {
     const int buf = place % 2;
     const int64_t head = kv_head * group + c.head;
     const int q0 = (qb.begin + c.block) * kBlockQ;
     if (tid == 0) {
-      mbarrier_arrive_expect_tx(&q_full[buf], 2 * T::kQBytes);
+      constexpr uint32_t kStatBytes = kBlockQ * sizeof(float);
+      mbarrier_arrive_expect_tx(&q_full[buf], 2 * T::kQBytes + 2 * kStatBytes);
+      const float* stats = bp.row_stats + (batch * p.heads_q + head) * bp.stats_rows + q0;
+      bulk_load(sLse2 + buf * kBlockQ, stats, kStatBytes, &q_full[buf]);
+      bulk_load(sDelta + buf * kBlockQ, stats + int64_t{p.batch} * p.heads_q * bp.stats_rows, kStatBytes,
+                &q_full[buf]);
 #pragma unroll
       for (int panel = 0; panel < T::kPanels; ++panel) {
         const uint32_t offset = buf * T::kQBytes + panel * T::kQPanelBytes;
@@ -335,18 +341,15 @@ __global__ void __launch_bounds__(T::kNumThreads, 1)
       }
     }
     if constexpr (kAny) prefetch_bias_tile<kBlockQ, kBlockKV, T::kNumThreads>(p, batch, head, q0, kv0, tid);
-    ItemRows rows{fetch_row_stats<kBlockQ>(bp, batch, head, q0, len, tid), 0};
+    ItemRows rows{0};
     if constexpr (kSegments) {
       const int row = q0 + tid;
       if (tid < kBlockQ && row < p.seqlen_q) rows.seg_q = p.q_segment_ids[batch * p.q_segment_stride + row];
     }
     return rows;
   };
-  // Thread tid < kBlockQ's row statistics and segment id of an item into buffer buf; delta times the softmax scale
-  // except in the soft-capped variants, whose dS takes the per-score slope scale (1 - tanh^2) instead.
-  const float delta_factor = kSoftcap ? 1.0f : p.scale;
+  // Thread tid < kBlockQ's segment id of an item into buffer buf.
   auto store_item_rows = [&](const ItemRows& rows, int buf) {
-    store_row_stats<kBlockQ>(rows.stats, sLse2 + buf * kBlockQ, sDelta + buf * kBlockQ, tid, delta_factor);
     if (kSegments && tid < kBlockQ) sSegQ[buf * kBlockQ + tid] = rows.seg_q;
   };
   ItemCoords at = coords_of(first_item);  // the item the loop is on

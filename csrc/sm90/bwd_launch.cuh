@@ -32,6 +32,9 @@ std::string run_attention_bwd_sm90(const BackwardParams& bp, cudaStream_t stream
   const AttentionParams& p = bp.p;
   CUtensorMap dq_map{}, q_map{}, do_map{}, dk_map{}, dv_map{};
   if (int64_t{p.batch} * p.seqlen_q * p.heads_q > 0) {
+    if (bp.row_stats == nullptr || bp.stats_rows % kStatsRowAlign != 0 || bp.stats_rows < p.seqlen_q) {
+      return "the sm90 backward needs the padded row statistics (BackwardParams::row_stats, stats_rows)";
+    }
     std::string failure = encode_dq_accum_map(&dq_map, bp.dq_accum, p.batch, p.seqlen_q, p.heads_q, kHeadDim,
                                               T::kDQRowsPerWarpgroup);
     if (!failure.empty()) return failure;

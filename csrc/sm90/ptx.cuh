@@ -116,6 +116,16 @@ __device__ __forceinline__ void tma_reduce_add_4d(const CUtensorMap* map, const 
       "r"(smem_address(smem_src)), "r"(c0), "r"(c1), "r"(c2), "r"(c3)
       : "memory");
 }
+// A 1-D bulk copy of `bytes` (a multiple of 16; both addresses 16-byte aligned) from global into shared memory,
+// completing on `bar`'s transaction count.
+__device__ __forceinline__ void bulk_load(void* smem_dst, const void* gmem_src, uint32_t bytes, uint64_t* bar) {
+  asm volatile(
+      "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n" ::"r"(
+          smem_address(smem_dst)),
+      "l"(gmem_src), "r"(bytes), "r"(smem_address(bar))
+      : "memory");
+}
+
 __device__ __forceinline__ void bulk_commit_group() { asm volatile("cp.async.bulk.commit_group;\n" ::: "memory"); }
 // This thread's committed bulk stores, all but the kPending most recent groups, have finished reading shared memory
 // (the source may be overwritten) ...

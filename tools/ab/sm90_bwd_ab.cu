@@ -46,7 +46,8 @@ struct Problem {
   std::vector<float> lse;                      // (B, Hq, S)
   void *gq = nullptr, *gk = nullptr, *gv = nullptr, *gout = nullptr, *gdout = nullptr;
   void *gdq = nullptr, *gdk = nullptr, *gdv = nullptr;
-  float *glse = nullptr, *gdq_accum = nullptr, *gdelta = nullptr;
+  float *glse = nullptr, *gdq_accum = nullptr, *gdelta = nullptr, *gstats = nullptr;
+  int64_t stats_rows = 0;
   int* gturns = nullptr;
   int64_t turn_count = 0;
 
@@ -80,12 +81,15 @@ struct Problem {
     CHECK_CUDA(cudaMemcpy(glse, lse.data(), lse.size() * 4, cudaMemcpyHostToDevice));
     CHECK_CUDA(cudaMalloc(&gdq_accum, nq * 4));
     CHECK_CUDA(cudaMalloc(&gdelta, lse.size() * 4));
+    stats_rows = (s + kStatsRowAlign - 1) / kStatsRowAlign * kStatsRowAlign;  // the sm90 family's padded rows
+    CHECK_CUDA(cudaMalloc(&gstats, 2 * size_t(b) * hq * stats_rows * 4));
     turn_count = int64_t{b} * hq * ((s + kDQTurnRows - 1) / kDQTurnRows);  // (the preprocess zeroes them)
     CHECK_CUDA(cudaMalloc(&gturns, turn_count * sizeof(int)));
   }
   ~Problem() {
     for (void* ptr : {gq, gk, gv, gout, gdout, gdq, gdk, gdv, static_cast<void*>(glse),
-                      static_cast<void*>(gdq_accum), static_cast<void*>(gdelta), static_cast<void*>(gturns)}) {
+                      static_cast<void*>(gdq_accum), static_cast<void*>(gdelta), static_cast<void*>(gturns),
+                      static_cast<void*>(gstats)}) {
       cudaFree(ptr);
     }
   }
@@ -102,6 +106,10 @@ struct Problem {
     bp.t = {gout, gdout, glse, nullptr, gdq, gdk, gdv};
     bp.dq_accum = gdq_accum;
     bp.delta = gdelta;
+    if (head_dim != 256) {  // the sm90 family (head dim 256 runs the sm80 family's backward)
+      bp.row_stats = gstats;
+      bp.stats_rows = stats_rows;
+    }
     if (deterministic) {
       bp.dq_turns = gturns;
       bp.dq_turn_count = turn_count;
