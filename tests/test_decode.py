@@ -553,15 +553,18 @@ def test_decode_probe_tool(capsys):
     tool = importlib.util.module_from_spec(spec)
     sys.modules[spec.name] = tool  # (its dataclass resolves annotations through the module)
     spec.loader.exec_module(tool)
-    args = ["--rows", "fp32:64:4/1:2:1x128", "--tiles", "q32k128w4", "--splits", "0,2", "--page-size", "16",
-            "--rounds", "1", "--iters", "1", "--reps", "1", "--min-rep-ms", "0"]
-    lines = tool.main(args) if jax.default_backend() == "cpu" else None
+    timing = ["--rounds", "1", "--iters", "1", "--reps", "1", "--min-rep-ms", "0"]
+    args = ["--rows", "fp32:64:4/1:2:1x128", "--tiles", "q32k128w4,sm90", "--splits", "0,2", "--page-size", "16"]
+    lines = tool.main(args + timing) if jax.default_backend() == "cpu" else None
     if lines is not None:
         assert len(lines) == 1 and lines[0].startswith("fp32 D64 4/1 Sq2 1x128 r0")
-        for name in ("none", "none_p16", "q32k128w4s0", "q32k128w4s2", "q32k128w4s0_p16", "q32k128w4s2_p16"):
+        for name in ("none", "none_p16", "q32k128w4s0", "q32k128w4s2", "q32k128w4s0_p16", "q32k128w4s2_p16",
+                     "sm90s0", "sm90s2", "sm90s2_p16"):
             assert f" {name}=" in lines[0], (name, lines[0])
         assert "failed: cudnn" in lines[0]
         assert float(lines[0].split("maxdiff ")[1].split(":")[0]) < 1e-5
+        only_default = tool.main(["--rows", "fp32:64:4/1:2:1x128", "--tiles", ""] + timing)[0]
+        assert " none=" in only_default and "q32k128w4" not in only_default and "sm90" not in only_default
     with pytest.raises(SystemExit, match="is not dtype:head_dim"):
         tool.main(["--rows", "bf16:128:32:1:1x4096"])
     with pytest.raises(SystemExit, match="not decode tiles of head dim 128"):

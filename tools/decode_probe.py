@@ -1,11 +1,12 @@
 """Decode tiles and split counts, forced, timed interleaved beside cfg=None and cuDNN on chosen decode rows.
 
     python tools/decode_probe.py --rows bf16:128:32/1:1:128x1024,fp16:64:32/8:8:1x32768 \
-        [--tiles q32k128w4,q64k64w4] [--splits 0,1,2] [--page-size 64] [--rounds 2]
+        [--tiles q32k128w4,q64k64w4,sm90] [--splits 0,1,2] [--page-size 64] [--rounds 2]
 
 A row is dtype:head_dim:heads_q/heads_k:seq_q:batch x seq_k (seq_q > 1: causal; cuDNN runs unmasked, as the decode
-suite times it). Each row times cfg=None, cuDNN and every chosen `DECODE_CONFIGS` tile of its head dim at every
-split count (0: the plan's count), packed where heads_k < heads_q; --page-size adds cfg=None and the tiles over
+suite times it). Each row times cfg=None, cuDNN and every chosen `DECODE_CONFIGS` tile of its head dim (`sm90`: the
+sm90 family's first `SM90_CONFIGS` entry, the tile cfg=None packs MQA / GQA calls of more than 64 rows per kv head
+into; an empty --tiles: none) at every split count (0: the plan's count), packed where heads_k < heads_q; --page-size adds cfg=None and the tiles over
 shuffled pages of that size. One line per round: microseconds per call (chained calls, jax_flash.timing), the
 largest difference of any output from cfg=None's, and the implementations that failed.
 """
@@ -20,7 +21,7 @@ import jax.numpy as jnp
 
 import jax_flash
 from jax_flash.benchmark_decode import shuffled_pages
-from jax_flash.config import DECODE_CONFIGS, KernelConfig
+from jax_flash.config import DECODE_CONFIGS, SM90_CONFIGS, KernelConfig
 from jax_flash.timing import time_interleaved_ms
 
 DTYPES = {"bf16": jnp.bfloat16, "fp16": jnp.float16, "fp32": jnp.float32}
@@ -59,8 +60,16 @@ def tile_name(cfg: KernelConfig) -> str:
     return f"q{cfg.block_q}k{cfg.block_kv}w{cfg.num_warps}"
 
 
-def implementations(row: Row, tiles: list[KernelConfig], splits: list[int], page_size: int, seed: int = 0):
-    """(name -> fn(q, ks, vs), q, ks, vs) for one row: cfg=None, cuDNN, each tile at each split count, and over
+def tiles_of(head_dim: int) -> dict[str, KernelConfig]:
+    """The tiles --tiles can name for a head dim: its decode tiles by qBkKwW name, and `sm90`."""
+    tiles = {tile_name(c): c for c in DECODE_CONFIGS.get(head_dim, ())}
+    if head_dim in SM90_CONFIGS:
+        tiles["sm90"] = SM90_CONFIGS[head_dim][0]
+    return tiles
+
+
+def implementations(row: Row, tiles: dict[str, KernelConfig], splits: list[int], page_size: int, seed: int = 0):
+    """(name -> fn(q, ks, vs), q, ks, vs) for one row: cfg=None, cuDNN, each named tile at each split count, and over
     shuffled pages of page_size keys when page_size > 0."""
     dtype = DTYPES[row.dtype]
     kq, kk, kv = jax.random.split(jax.random.PRNGKey(seed), 3)
@@ -81,16 +90,16 @@ def implementations(row: Row, tiles: list[KernelConfig], splits: list[int], page
            "cudnn": lambda q, ks, vs: jax.nn.dot_product_attention(q, ks[""], vs[""], implementation="cudnn")}
     if page_size > 0:
         fns[f"none_p{page_size}"] = call("p", None)
-    for tile in tiles:
+    for name, tile in tiles.items():
         for count in splits:
             cfg = dataclasses.replace(tile, pack_gqa=row.heads_k < row.heads_q, num_splits=count)
-            fns[f"{tile_name(tile)}s{count}"] = call("", cfg)
+            fns[f"{name}s{count}"] = call("", cfg)
             if page_size > 0:
-                fns[f"{tile_name(tile)}s{count}_p{page_size}"] = call("p", cfg)
+                fns[f"{name}s{count}_p{page_size}"] = call("p", cfg)
     return fns, q, ks, vs
 
 
-def probe(row: Row, tiles: list[KernelConfig], splits: list[int], page_size: int, rounds: int, iters: int,
+def probe(row: Row, tiles: dict[str, KernelConfig], splits: list[int], page_size: int, rounds: int, iters: int,
           reps: int, min_rep_ms: float) -> list[str]:
     """One printed line per round for the row (also returned)."""
     fns, q, ks, vs = implementations(row, tiles, splits, page_size)
@@ -119,7 +128,8 @@ def probe(row: Row, tiles: list[KernelConfig], splits: list[int], page_size: int
 def main(argv: list[str] | None = None) -> list[str]:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--rows", required=True, help="comma-separated dtype:head_dim:heads_q/heads_k:seq_q:BxSk")
-    parser.add_argument("--tiles", default="all", help="comma-separated qBkKwW names of DECODE_CONFIGS, or all")
+    parser.add_argument("--tiles", default="all",
+                        help="comma-separated qBkKwW names of DECODE_CONFIGS and sm90, all (the decode tiles), or ''")
     parser.add_argument("--splits", default="0", help="comma-separated forced split counts (0: the plan's)")
     parser.add_argument("--page-size", type=int, default=0, help="also time over shuffled pages of this size")
     parser.add_argument("--rounds", type=int, default=2)
@@ -132,13 +142,14 @@ def main(argv: list[str] | None = None) -> list[str]:
     print("device", jax.devices()[0].device_kind, flush=True)
     lines = []
     for row in rows:
-        available = {tile_name(c): c for c in DECODE_CONFIGS.get(row.head_dim, ())}
-        names = list(available) if args.tiles == "all" else args.tiles.split(",")
+        available = tiles_of(row.head_dim)
+        decode_tiles = [n for n in available if n != "sm90"]
+        names = decode_tiles if args.tiles == "all" else [n for n in args.tiles.split(",") if n]
         unknown = [n for n in names if n not in available]
         if unknown:
             raise SystemExit(f"--tiles: {unknown} are not decode tiles of head dim {row.head_dim}; "
                              f"choose from {sorted(available)}")
-        lines += probe(row, [available[n] for n in names], splits, args.page_size, args.rounds, args.iters,
+        lines += probe(row, {n: available[n] for n in names}, splits, args.page_size, args.rounds, args.iters,
                        args.reps, args.min_rep_ms)
     return lines
 
