@@ -14,6 +14,9 @@ REPO=$(cd "$(dirname "$0")/../.." && pwd)
 NCU=${NCU:-$(command -v ncu || echo /usr/local/cuda/bin/ncu)}
 # our kernels (attention_kernel), cuDNN's fused attention (names with sdpa / fmha / flash / attention)
 FILTER=${FILTER:-regex:attention|sdpa|fmha|flash|fprop}
+# JAX takes 75% of the GPU's memory up front, and Nsight Compute saves the device's allocated memory to the host
+# before replaying each kernel: on an H200 the second kernel profiled in one process failed. Allocate on demand.
+export XLA_PYTHON_CLIENT_PREALLOCATE=false
 SOURCE_SECTION=()
 [ -n "${SOURCE:-}" ] && SOURCE_SECTION=(--section SourceCounters)
 cd /tmp
