@@ -6,8 +6,8 @@
 A row is dtype:head_dim:heads_q/heads_k:seq_q:batch x seq_k (seq_q > 1: causal; cuDNN runs unmasked, as the decode
 suite times it). Each row times cfg=None, cuDNN and every chosen `DECODE_CONFIGS` tile of its head dim (`sm90`: the
 sm90 family's first `SM90_CONFIGS` entry, the tile cfg=None packs MQA / GQA calls of more than 64 rows per kv head
-into; an empty --tiles: none) at every split count (0: the plan's count), packed where heads_k < heads_q; --page-size adds cfg=None and the tiles over
-shuffled pages of that size. One line per round: microseconds per call (chained calls, jax_flash.timing), the
+into; an empty --tiles: none) at every split count (0: the plan's count), packed where heads_k < heads_q;
+--page-size adds cfg=None and the tiles over shuffled pages of that size. One line per round: microseconds per call (chained calls, jax_flash.timing), the
 largest difference of any output from cfg=None's, and the implementations that failed.
 """
 
