@@ -89,8 +89,8 @@ def test_every_split_count_gives_the_unsplit_result(device, num_splits, pack_gqa
 def test_split_plan():
     """The CUDA handler's plan (common/split_plan.h). Decode tiles: four resident blocks per SM, never more blocks
     than fit at once, ranges of at least 4 key blocks (32 on tiles on half the SMs or more; 1 MiB of K / V where
-    there are two), at most MAX_SPLITS, one block per SM for key blocks of 64 KiB; the 128-row tiles: FA3's wave
-    rule."""
+    there are two), at most MAX_SPLITS, one block per SM for key blocks of 64 KiB; the 128-row tiles: least waves x
+    (key blocks per range + 1)."""
     from jax_flash._jax_flash import split_plan
 
     sms = 132
@@ -121,8 +121,17 @@ def test_split_plan():
                 assert 1 <= n <= jax_flash.config.MAX_SPLITS
                 assert n == 1 or (tiles * n <= min(4, per_sm) * sms and key_blocks // n >= 4)
                 assert n == 1 or 2 * tiles < sms or key_blocks // n >= 32
-    assert split_plan(8, 2 * sms, sms, 1024, False, 0) == 29  # FA3: the smallest within 85% of the best wave
-    assert split_plan(4 * 2 * sms, 2 * sms, sms, 1024, False, 0) == 1
+    wave = lambda tiles, slots, key_blocks: split_plan(tiles, slots, sms, key_blocks, False, 0)
+    assert wave(8, 2 * sms, 1024) == 32        # least waves x (range + 1): one wave of 32 key blocks per range
+    assert wave(16, sms, 128) == 8             # the sm90 packed MQA tile, 8 rows: 128 blocks, not FA3's 7 (112)
+    assert wave(8, sms, 128) == 16             # ... 4 rows
+    assert wave(32, sms, 1024) == 4            # chunked prefill, 8/8 heads x 512 x 131072 keys
+    assert wave(128, sms, 1024) == 1           # 32/8 heads: one wave of 128 tiles already
+    assert wave(4 * 2 * sms, 2 * sms, 1024) == 1 and wave(8, sms, 7) == 1
+    for tiles in (1, 5, 16, 100, 300):
+        for key_blocks in (4, 9, 128, 1000):
+            n = wave(tiles, sms, key_blocks)
+            assert 1 <= n <= jax_flash.config.MAX_SPLITS and (n == 1 or key_blocks // n >= 4)
 
 
 def test_fixed_split_count_is_bitwise_deterministic(device):

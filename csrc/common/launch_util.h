@@ -46,4 +46,17 @@ inline bool programmatic_launch_supported() {
   return major >= 9;
 }
 
+// The current device's SM count, read once per device (0 where it cannot be read).
+inline int device_sm_count() {
+  constexpr int kMaxDevices = 64;
+  static std::atomic<int> cached[kMaxDevices] = {};  // 0 unknown
+  int device = 0;
+  if (cudaGetDevice(&device) != cudaSuccess) return 0;
+  if (device < kMaxDevices && cached[device].load(std::memory_order_relaxed) != 0) return cached[device].load();
+  int sms = 0;
+  if (cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device) != cudaSuccess) return 0;
+  if (device < kMaxDevices) cached[device].store(sms, std::memory_order_relaxed);
+  return sms;
+}
+
 }  // namespace jax_flash
