@@ -43,7 +43,7 @@ NB_MODULE(_jax_flash, m) {
   });
 
   // The split-KV plan of the CUDA handler (common/split_plan.h), for tests: the decode tiles' rule
-  // (memory_bound) or FlashAttention-3's wave rule, for a grid of `tiles` blocks on a GPU of `num_sms` SMs holding
+  // (memory_bound) or the 128-row tiles' wave rule, for a grid of `tiles` blocks on a GPU of `num_sms` SMs holding
   // `slots` of them at once; a decode tile's key block holds `kv_block_bytes` of K and V.
   m.def("split_plan", [](int64_t tiles, int64_t slots, int64_t num_sms, int64_t key_blocks, bool memory_bound,
                          int64_t kv_block_bytes) {

@@ -17,7 +17,7 @@ namespace jax_flash {
 // thread blocks per SM (fewer where fewer fit; one for key blocks of kDecodeOneBlockBytes), never more blocks than
 // run at once, each range at least kDecodeMinRangeBlocks key blocks (its prologue, epilogue and partial O cost about
 // as much as that many blocks). Measured on an H200, bf16, D = 128, 32 query heads: 8 kv heads x 131072 keys on a
-// one-warp tile ran 137 us at 64 ranges (512 blocks), 143 at 85 (FlashAttention-3's wave rule below, 680 blocks),
+// one-warp tile ran 137 us at 64 ranges (512 blocks), 143 at 85 (FlashAttention-3's wave rule, 680 blocks),
 // 147 at 128 and 154 at 256; one MQA head of 8 x 16384 keys 30 us at 32 ranges (8 key blocks each, 256 blocks), 36
 // at 64 (512 blocks, more than fit); the masked four-warp tile (two resident per SM) of 8 query rows, 8 x 16384
 // keys, 140 us at 4 ranges (256 blocks), 181 at 9 (576). On an H100, one MQA head of 32768 keys: 15.6 us at 128
