@@ -578,3 +578,5 @@ def test_decode_probe_tool(capsys):
         tool.main(["--rows", "bf16:128:32:1:1x4096"])
     with pytest.raises(SystemExit, match="not decode tiles of head dim 128"):
         tool.main(["--rows", "bf16:128:32/8:1:1x4096", "--tiles", "q16k64w1"])
+    with pytest.raises(SystemExit, match="--tiles '' chooses none"):
+        tool.main(["--rows", "bf16:128:32/8:1:1x4096", "--tiles", "", "--splits", "0,16"])

@@ -139,6 +139,9 @@ def main(argv: list[str] | None = None) -> list[str]:
     args = parser.parse_args(argv)
     rows = [Row.parse(text) for text in args.rows.split(",")]
     splits = [int(s) for s in args.splits.split(",")]
+    if args.tiles == "" and splits != [0]:
+        raise SystemExit(f"--splits {args.splits} forces counts on the chosen tiles, and --tiles '' chooses none; "
+                         "name the tiles (all, or qBkKwW names and sm90)")
     print("device", jax.devices()[0].device_kind, flush=True)
     lines = []
     for row in rows:
