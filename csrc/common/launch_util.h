@@ -31,32 +31,30 @@ std::string opt_in_shared_memory(Kernel kernel, int bytes, std::atomic<uint64_t>
   return {};
 }
 
-// Whether the current device runs programmatic dependent launches (compute capability 9.0+): a kernel launched
-// with cudaLaunchAttributeProgrammaticStreamSerialization starts while the previous kernel on the stream drains,
-// and waits for its results at griddepcontrol.wait. Read once per device.
-inline bool programmatic_launch_supported() {
+// Attribute kAttribute of the current device, read once per device (0 where it cannot be read).
+template <cudaDeviceAttr kAttribute>
+inline int current_device_attribute() {
   constexpr int kMaxDevices = 64;
-  static std::atomic<int> cached[kMaxDevices] = {};  // 0 unknown, 1 no, 2 yes
-  int device = 0;
-  if (cudaGetDevice(&device) != cudaSuccess) return false;
-  if (device < kMaxDevices && cached[device].load(std::memory_order_relaxed) != 0) return cached[device].load() == 2;
-  int major = 0;
-  if (cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device) != cudaSuccess) return false;
-  if (device < kMaxDevices) cached[device].store(major >= 9 ? 2 : 1, std::memory_order_relaxed);
-  return major >= 9;
-}
-
-// The current device's SM count, read once per device (0 where it cannot be read).
-inline int device_sm_count() {
-  constexpr int kMaxDevices = 64;
-  static std::atomic<int> cached[kMaxDevices] = {};  // 0 unknown
+  static std::atomic<int> cached[kMaxDevices] = {};  // the value + 1; 0 unknown
   int device = 0;
   if (cudaGetDevice(&device) != cudaSuccess) return 0;
-  if (device < kMaxDevices && cached[device].load(std::memory_order_relaxed) != 0) return cached[device].load();
-  int sms = 0;
-  if (cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device) != cudaSuccess) return 0;
-  if (device < kMaxDevices) cached[device].store(sms, std::memory_order_relaxed);
-  return sms;
+  if (device < kMaxDevices) {
+    if (const int known = cached[device].load(std::memory_order_relaxed); known != 0) return known - 1;
+  }
+  int value = 0;
+  if (cudaDeviceGetAttribute(&value, kAttribute, device) != cudaSuccess) return 0;
+  if (device < kMaxDevices) cached[device].store(value + 1, std::memory_order_relaxed);
+  return value;
 }
+
+// Whether the current device runs programmatic dependent launches (compute capability 9.0+): a kernel launched
+// with cudaLaunchAttributeProgrammaticStreamSerialization starts while the previous kernel on the stream drains,
+// and waits for its results at griddepcontrol.wait.
+inline bool programmatic_launch_supported() {
+  return current_device_attribute<cudaDevAttrComputeCapabilityMajor>() >= 9;
+}
+
+// The current device's SM count (0 where it cannot be read).
+inline int device_sm_count() { return current_device_attribute<cudaDevAttrMultiProcessorCount>(); }
 
 }  // namespace jax_flash
