@@ -72,11 +72,14 @@ SM90_ALIBI_CONFIGS: dict[int, KernelConfig] = {64: SM90_CONFIGS[64][2]}
 # bf16, 16 heads, one row of 16384 tokens holding documents of geometric lengths with mean 512 / 2048 / 4096: 1-4%,
 # 0-2% and -1-3% faster than the causal tile without pingpong, timed interleaved).
 SM90_SEGMENT_CONFIGS: dict[int, KernelConfig] = {128: SM90_CONFIGS[128][0]}
-# sm_90, head dim 64 without a right bound, 193-256 query rows (ViT-B/16 at 224 px: 197 tokens): the 128-row tile
-# (two query tiles either way, the 192-row tile's second holding at most 64 rows). H100, bf16, 12 heads, batch 64 /
-# 256: 152 / 178 TFLOP/s against 136 / 160 on the 192-row tile (cuDNN 160 / 181); from 385 rows the 192-row tile
-# needs fewer tiles and wins (577 tokens 320 against 289, 512 385 against 354), and at 64 or 128 rows it ties or wins.
-SM90_SHORT_ROWS = (193, 256)
+# sm_90, head dim 64 without a right bound: the 128-row tile for these ranges of query rows, where it runs as many
+# query tiles as the 192-row tile and both its consumers hold rows. 193-256 rows (ViT-B/16 at 224 px: 197 tokens),
+# H100, bf16, 12 heads, batch 64 / 256: 152 / 178 TFLOP/s against 136 / 160 on the 192-row tile (cuDNN 160 / 181).
+# 65-128 rows (BERT: 128 tokens), H200, 256 x 12 pairs of 128 rows: 223-225 bf16 and 224-226 fp16 against 202-205
+# and 197-200 (cuDNN 221-232 and 216-218; on an H100 the two tiles tied); the lengths below 128 run the same single
+# query tile, not timed apart. At 64 rows (one consumer's worth) the 192-row tile wins (H100, 8192 x 12 pairs: 80
+# against 62), and from 385 rows it needs fewer tiles and wins (577 tokens 320 against 289, 512 385 against 354).
+SM90_SHORT_ROWS = ((65, 128), (193, 256))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -192,7 +195,7 @@ def default_gpu_config(arch: int, dtype: str, head_dim: int, compiled: list[Kern
         for table in tables:
             if table.get(head_dim) in compiled:
                 return table[head_dim]
-    short = seq_q is not None and SM90_SHORT_ROWS[0] <= seq_q <= SM90_SHORT_ROWS[1] and not right_bounded
+    short = seq_q is not None and any(lo <= seq_q <= hi for lo, hi in SM90_SHORT_ROWS) and not right_bounded
     if arch == 90 and head_dim == 64 and short and SM90_CONFIGS[64][0] in compiled:
         return SM90_CONFIGS[64][0]
     if arch == 90:

@@ -364,14 +364,15 @@ def test_decode_tile_routing():
 
 
 def test_short_sequence_routing():
-    """cfg=None on sm_90, head dim 64: 193-256 query rows without a right bound take the 128-row sm90 tile (ViT's
-    197 tokens), other lengths and causal calls the 192-row one."""
+    """cfg=None on sm_90, head dim 64: 65-128 and 193-256 query rows without a right bound take the 128-row sm90 tile
+    (BERT's 128 tokens, ViT's 197), other lengths and causal calls the 192-row one."""
     from jax_flash import config, selection
 
     compiled = list(config.TUNED_CONFIGS[64]) + list(config.SM90_CONFIGS[64])
     pick = lambda seq, causal=False: selection.default_gpu_config(90, "bfloat16", 64, compiled, causal, seq, False, seq)
-    assert pick(197) == pick(256) == config.SM90_CONFIGS[64][0]
-    assert pick(64) == pick(192) == pick(257) == pick(577) == pick(197, causal=True) == config.SM90_CONFIGS[64][2]
+    assert pick(65) == pick(128) == pick(193) == pick(197) == pick(256) == config.SM90_CONFIGS[64][0]
+    assert pick(64) == pick(129) == pick(192) == pick(257) == pick(577) == pick(128, causal=True) == \
+        pick(197, causal=True) == config.SM90_CONFIGS[64][2]
 
 
 def test_sm90_packed_routing():
