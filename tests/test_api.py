@@ -131,10 +131,11 @@ def test_cuda_lowering_uses_default_config():
     text = lower_for_cuda(*qkv((2, 512, 4, 64), dtype=jnp.bfloat16))
     assert "stablehlo.custom_call @jax_flash_attention" in text
     # (cross-lowering assumes sm_90: head dim 64 takes the three-consumer sm90 config, 192-row tiles, except for
-    # 193-256 rows without a right bound: two 128-row tiles)
+    # 65-128 and 193-256 rows without a right bound: as many 128-row tiles)
     assert "block_q = 192 : i64" in text and "consumer_warpgroups = 3 : i64" in text
-    text = lower_for_cuda(*qkv((2, 197, 4, 64), dtype=jnp.bfloat16))
-    assert "block_q = 128 : i64" in text and "consumer_warpgroups = 2 : i64" in text
+    for seq in (128, 197):
+        text = lower_for_cuda(*qkv((2, seq, 4, 64), dtype=jnp.bfloat16))
+        assert "block_q = 128 : i64" in text and "consumer_warpgroups = 2 : i64" in text
     text = lower_for_cuda(*qkv((2, 256, 4, 128), dtype=jnp.bfloat16))
     assert "block_q = 128 : i64" in text and "consumer_warpgroups = 2 : i64" in text
     # decode shapes (at most 64 rows per kv head, the group's heads packed) take the sm80 family's decode tiles
