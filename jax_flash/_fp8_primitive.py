@@ -6,7 +6,7 @@ it has no sharding rule (a sharded call runs on gathered operands).
 Operands: q (B, Sq, Hq, D) and k (B, Sk, Hk, D) float8_e4m3fn, v_t (B, Hk, D, Sk rounded up to 32) float8_e4m3fn
 (fp8.transposed_v), qk_descale and v_descale float32 (B, Hk), q_lengths and kv_lengths int32 (B,) or (0,).
 Results: out bfloat16 (B, Sq, Hq, D), lse float32 (B, Hq, Sq).
-Params: cfg (an sm90 KernelConfig of a compiled FP8 kernel, or None: FP8_CONFIGS), softmax_scale (> 0), causal,
+Params: cfg (an sm90 KernelConfig of a compiled FP8 kernel, or None: config.fp8_config), softmax_scale (> 0), causal,
 window_left, window_right, has_q_lengths, has_kv_lengths, return_lse.
 """
 
@@ -22,7 +22,7 @@ from jax.interpreters import ad, batching, mlir
 
 from jax_flash import native
 from jax_flash._primitive import result_aval
-from jax_flash.config import CALL_ATTRIBUTES, FP8_CONFIGS
+from jax_flash.config import CALL_ATTRIBUTES, fp8_config
 
 attention_fp8_p = Primitive("jax_flash_attention_fp8")
 attention_fp8_p.multiple_results = True
@@ -46,7 +46,8 @@ attention_fp8_p.def_impl(lambda *args, **params: _jitted_bind(tuple(sorted(param
 
 
 def _lower_cuda(ctx, *args, cfg, **params):
-    cfg = FP8_CONFIGS[ctx.avals_in[0].shape[3]] if cfg is None else cfg  # (fp8.py sends only these head dims)
+    k_aval = ctx.avals_in[1]  # (fp8.py sends only FP8_CONFIGS' head dims)
+    cfg = fp8_config(k_aval.shape[3], k_aval.shape[1]) if cfg is None else cfg
     attrs = {name: np.int64(value) for name, value in cfg.to_attrs().items()}
     attrs.update(pack_gqa=np.int64(0), num_splits=np.int64(1))
     call = {"softcap": 0.0, "paged": False, "deterministic": False, "alibi": False, **params}

@@ -500,20 +500,30 @@ def shipped_kernels() -> Iterator[tuple[str, int, KernelConfig]]:
 
 
 # The sm90 FP8 forward (float8_e4m3fn q, k, v; csrc/sm90/launch_fp8.cuh): the C++ DType value of e4m3 and the
-# config per head dim an FP8 call on Hopper runs with cfg=None; an sm90 cfg picks another compiled one (the
-# candidates: build with -DJAX_FLASH_CONFIG_SET=sweep_fp8).
+# config per head dim an FP8 call on Hopper runs with cfg=None (fp8_config); an sm90 cfg picks another compiled one
+# (the candidates: build with -DJAX_FLASH_CONFIG_SET=sweep_fp8).
 FP8_DTYPE, FP8_DTYPE_VALUE = "float8_e4m3fn", 2
 FP8_CONFIGS = {128: KernelConfig.sm90(block_kv=128, stages=2, consumer_warpgroups=2, pingpong=True)}
+# From FP8_LONG_KEYS keys, 192-key blocks (FlashAttention-3 takes 192-224 for FP8 at head dim 128): each block's
+# row maxima, barriers and waits cover 1.5x the products and exponentials. H200, against 128-key blocks: causal
+# 2048 / 4096 / 16384 keys +2 / +6 / +7%, non-causal 4096 / 16384 +1 / +4%, but 1024 keys -10% (non-causal) and -4%.
+FP8_LONG_CONFIGS = {128: KernelConfig.sm90(block_kv=192, stages=2, consumer_warpgroups=2, pingpong=True)}
+FP8_LONG_KEYS = 2048
 FP8_SWEEP_CONFIGS: dict[int, tuple[KernelConfig, ...]] = {
     128: (KernelConfig.sm90(block_kv=128, pingpong=False), KernelConfig.sm90(block_kv=128, stages=3),
           KernelConfig.sm90(block_kv=128, overlap=False)),
 }
 
 
+def fp8_config(head_dim: int, seq_k: int) -> KernelConfig:
+    """The config an FP8 call of this head dim (a key of FP8_CONFIGS) and key length runs with cfg=None."""
+    return (FP8_LONG_CONFIGS if seq_k >= FP8_LONG_KEYS else FP8_CONFIGS)[head_dim]
+
+
 def fp8_kernels(name: str) -> list[tuple[int, KernelConfig]]:
-    """(head_dim, config) of the FP8 kernels of kernel set `name`: FP8_CONFIGS, plus FP8_SWEEP_CONFIGS for
-    "sweep_fp8"."""
-    kernels = list(FP8_CONFIGS.items())
+    """(head_dim, config) of the FP8 kernels of kernel set `name`: FP8_CONFIGS and FP8_LONG_CONFIGS, plus
+    FP8_SWEEP_CONFIGS for "sweep_fp8"."""
+    kernels = list(FP8_CONFIGS.items()) + list(FP8_LONG_CONFIGS.items())
     if name == "sweep_fp8":
         kernels += [(hd, cfg) for hd, cfgs in FP8_SWEEP_CONFIGS.items() for cfg in cfgs]
     return kernels

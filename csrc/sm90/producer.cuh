@@ -133,7 +133,7 @@ struct Producer {
     }
     mbarrier_wait(s.k_empty(stage), P::parity_of(step) ^ 1);  // the consumers are done with this stage's last K
     trace(kTraceProducerK, j);
-    mbarrier_arrive_expect_tx(s.k_full(stage), T::kKVBytes);
+    mbarrier_arrive_expect_tx(s.k_full(stage), T::kKBytes);
     // (the contiguous copies written out here, not through load_block: see Variant::kSplitPaged)
     if constexpr (V::kSplitPaged) {
       load_block(s.k(stage), tma_k, s.k_full(stage), w, j, pages);
@@ -153,10 +153,10 @@ struct Producer {
     }
     mbarrier_wait(s.v_empty(stage), P::parity_of(step) ^ 1);  // ... and with its last V
     trace(kTraceProducerV, j);
-    mbarrier_arrive_expect_tx(s.v_full(stage), T::kKVBytes);
+    mbarrier_arrive_expect_tx(s.v_full(stage), T::kVBytes);
     if constexpr (T::kFp8) {  // V^T (B, Hk, D, keys): panel n is keys 128n .. 128n + 127 of the block, all D rows
 #pragma unroll
-      for (int panel = 0; panel < T::kBlockKV / 128; ++panel) {
+      for (int panel = 0; panel < T::kVtPanels; ++panel) {
         tma_load_4d(s.v(stage) + panel * T::kVtPanelBytes, &tma_v, s.v_full(stage), j * T::kBlockKV + 128 * panel, 0,
                     w.kv_head, w.batch);
       }

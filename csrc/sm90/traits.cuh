@@ -57,9 +57,9 @@ struct Traits {
   static constexpr int kStepElems = 32 / kElementBytes;
   static constexpr int kKVSteps = kBlockKV / kStepElems;  // k steps of P V
   static constexpr int kDSteps = kHeadDim / kStepElems;   // k steps of Q K^T
-  static_assert(!kFp8 || ((kHeadDim == 128 || kHeadDim == 256) && kBlockKV % 128 == 0 && kConsumers == 2),
-                "sm90 FP8: head_dim 128 or 256 (rows of 128 one-byte elements), block_kv a multiple of 128 (V^T "
-                "panels of 128 keys), two consumers");
+  static_assert(!kFp8 || ((kHeadDim == 128 || kHeadDim == 256) && kBlockKV % 64 == 0 && kConsumers == 2),
+                "sm90 FP8: head_dim 128 or 256 (rows of 128 one-byte elements), block_kv a multiple of 64 (V^T "
+                "panels of 128 keys, the last one's second half unread at 192), two consumers");
 
   // ---- schedule: choices every variant of this config shares --------------------------------------------------
   // A second ring of turns on the exponentials, so the two consumers' MUFU phases do not coincide: D = 64 -4 to -6%
@@ -134,7 +134,13 @@ struct Traits {
   static constexpr int kKVPanelBytes = kBlockKV * kRowBytes;
   static constexpr int kVtPanelBytes = kHeadDim * kRowBytes;
   static constexpr int kQBytes = kQPanelBytes * kPanels;    // (kBlockQ, D)
-  static constexpr int kKVBytes = kKVPanelBytes * kPanels;  // (kBlockKV, D), one K or V stage
+  static constexpr int kKBytes = kKVPanelBytes * kPanels;  // (kBlockKV, D): one K stage's bytes
+  // FP8's V^T stage: ceil(kBlockKV / 128) panels of [D][128 keys]. A 192-key block's second panel is loaded whole
+  // (keys 128-255 of the block; the last 64 are never read): a 64-key box would need the 64-byte swizzle and
+  // descriptors of their own.
+  static constexpr int kVtPanels = (kBlockKV + 127) / 128;
+  static constexpr int kVBytes = kFp8 ? kVtPanels * kVtPanelBytes : kKBytes;  // one V stage's bytes
+  static constexpr int kKVBytes = kKBytes > kVBytes ? kKBytes : kVBytes;     // a K or V stage's stride
   static constexpr int kOPanels = kHeadDim / 64;
   static constexpr int kOPanelBytes = kQPanelBytes;
   static constexpr int kOBytes = kOPanelBytes * kOPanels;  // (kBlockQ, D) of OutElement
