@@ -25,7 +25,7 @@ _SM80_MAX_SMEM_BYTES = 163 * 1024
 # The kernel families; the integer is KernelKey::family (csrc/common/kernel_key.h).
 FAMILIES = {"sm80": 80, "sm90": 90}
 _SM90_HEAD_DIMS = (64, 128, 256)
-_SM90_BLOCK_KV = (64, 80, 128, 160, 192)
+_SM90_BLOCK_KV = (64, 80, 128, 160, 192, 208)
 _SM90_STAGES = (2, 3)
 _SM90_CONSUMERS = (2, 3)
 
@@ -473,7 +473,7 @@ DECODE_CONFIGS: dict[int, tuple[KernelConfig, ...]] = {
 # O staged in Q (csrc/sm90/traits.cuh, kOInQ; 64-key blocks were 4-8% slower).
 SM90_CONFIGS: dict[int, tuple[KernelConfig, ...]] = {
     64: (KernelConfig.sm90(block_kv=128), KernelConfig.sm90(block_kv=192),
-         KernelConfig.sm90(block_kv=128, consumer_warpgroups=3)),
+         KernelConfig.sm90(block_kv=128, consumer_warpgroups=3), KernelConfig.sm90(block_kv=208)),
     128: (KernelConfig.sm90(block_kv=128), KernelConfig.sm90(block_kv=128, pingpong=False)),
     256: (KernelConfig.sm90(block_kv=80), KernelConfig.sm90(block_kv=80, pingpong=False)),
 }

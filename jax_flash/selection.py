@@ -7,7 +7,8 @@ family packed on sm_90 (groups dividing 64, 16 MiB of K/V or more, no tensors or
 tuned tile; below sm_90, a call with a bias or mask tensor or segment ids the sm80 family's tuned tile; otherwise the
 autotune cache's entry for the call if it is compiled; on sm_90 SM90_TENSOR_CONFIGS for a call with tensors,
 SM90_SEGMENT_CONFIGS for one with segment ids, the
-128-row tile for head dim 64 and SM90_SHORT_ROWS query rows without a right bound, else the SM90_BY_SHAPE entry for
+128-row tile for head dim 64 and SM90_SHORT_ROWS query rows without a right bound (208-key blocks for
+SM90_ONE_BLOCK_KEYS keys), else the SM90_BY_SHAPE entry for
 (head dim, right bound); else DEFAULTS for (arch, dtype, head dim), falling back to the nearest older architecture in
 the table; else the first compiled config for (dtype, head dim) in registry order. pack_gqa=None becomes
 should_pack_gqa's answer for the chosen tile (never with tensors or segment ids on the sm90 family). On CPU cfg=None
@@ -80,6 +81,11 @@ SM90_SEGMENT_CONFIGS: dict[int, KernelConfig] = {128: SM90_CONFIGS[128][0]}
 # query tile, not timed apart. At 64 rows (one consumer's worth) the 192-row tile wins (H100, 8192 x 12 pairs: 80
 # against 62), and from 385 rows it needs fewer tiles and wins (577 tokens 320 against 289, 512 385 against 354).
 SM90_SHORT_ROWS = ((65, 128), (193, 256))
+# ... and of those, calls of SM90_ONE_BLOCK_KEYS keys take 208-key blocks, so one key block covers every key (ViT's
+# 197: the 128-key blocks computed 256 key columns, the 192-key ones 384). H200, bf16, 12 heads: batch 64 / 256 x
+# 197 tokens 175 / 201-204 TFLOP/s against 153 / 174 on 128-key blocks (cuDNN 157 / 178), 128 x 198 and x 200
+# tokens 194-200 against 168-172 (cuDNN 171-174).
+SM90_ONE_BLOCK_KEYS = (193, 208)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -196,8 +202,12 @@ def default_gpu_config(arch: int, dtype: str, head_dim: int, compiled: list[Kern
             if table.get(head_dim) in compiled:
                 return table[head_dim]
     short = seq_q is not None and any(lo <= seq_q <= hi for lo, hi in SM90_SHORT_ROWS) and not right_bounded
-    if arch == 90 and head_dim == 64 and short and SM90_CONFIGS[64][0] in compiled:
-        return SM90_CONFIGS[64][0]
+    if arch == 90 and head_dim == 64 and short:
+        one_block = SM90_ONE_BLOCK_KEYS[0] <= seq_k <= SM90_ONE_BLOCK_KEYS[1]
+        if one_block and SM90_CONFIGS[64][3] in compiled:
+            return SM90_CONFIGS[64][3]
+        if SM90_CONFIGS[64][0] in compiled:
+            return SM90_CONFIGS[64][0]
     if arch == 90:
         choice = [cfg for min_seq_k, cfg in SM90_BY_SHAPE.get((head_dim, right_bounded), ()) if min_seq_k <= seq_k]
         if choice and choice[-1] in compiled:

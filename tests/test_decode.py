@@ -365,14 +365,21 @@ def test_decode_tile_routing():
 
 def test_short_sequence_routing():
     """cfg=None on sm_90, head dim 64: 65-128 and 193-256 query rows without a right bound take the 128-row sm90 tile
-    (BERT's 128 tokens, ViT's 197), other lengths and causal calls the 192-row one."""
+    (BERT's 128 tokens, ViT's 197), with 208-key blocks for 193-208 keys (one block covers them), other lengths and
+    causal calls the 192-row one."""
     from jax_flash import config, selection
 
     compiled = list(config.TUNED_CONFIGS[64]) + list(config.SM90_CONFIGS[64])
-    pick = lambda seq, causal=False: selection.default_gpu_config(90, "bfloat16", 64, compiled, causal, seq, False, seq)
-    assert pick(65) == pick(128) == pick(193) == pick(197) == pick(256) == config.SM90_CONFIGS[64][0]
+    pick = lambda seq, causal=False, seq_k=None: selection.default_gpu_config(
+        90, "bfloat16", 64, compiled, causal, seq if seq_k is None else seq_k, False, seq)
+    one_block = config.SM90_CONFIGS[64][3]
+    assert one_block.block_kv == 208 and one_block.block_q == 128
+    assert pick(193) == pick(197) == pick(208) == pick(256, seq_k=200) == pick(100, seq_k=197) == one_block
+    assert pick(65) == pick(128) == pick(209) == pick(256) == pick(197, seq_k=256) == config.SM90_CONFIGS[64][0]
     assert pick(64) == pick(129) == pick(192) == pick(257) == pick(577) == pick(128, causal=True) == \
-        pick(197, causal=True) == config.SM90_CONFIGS[64][2]
+        pick(197, causal=True) == pick(300, seq_k=197) == config.SM90_CONFIGS[64][2]
+    without = [cfg for cfg in compiled if cfg != one_block]  # a build without it: the 128-key blocks
+    assert selection.default_gpu_config(90, "bfloat16", 64, without, False, 197, False, 197) == config.SM90_CONFIGS[64][0]
 
 
 def test_sm90_packed_routing():

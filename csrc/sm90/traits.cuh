@@ -46,8 +46,10 @@ struct Traits {
   static_assert(kKey.block_q == kBlockQ, "block_q must be 64 * consumer_warpgroups");
   static_assert(kConsumers == 2 || kConsumers == 3, "sm90 family: 2 or 3 consumer warpgroups");
   static_assert(kHeadDim == 64 || kHeadDim == 128 || kHeadDim == 256, "sm90 family: head_dim 64, 128 or 256");
-  static_assert(kBlockKV == 64 || kBlockKV == 80 || kBlockKV == 128 || kBlockKV == 160 || kBlockKV == 192,
-                "sm90 family: block_kv 64, 80, 128, 160 or 192 (the S = Q K^T wgmma N of csrc/sm90/wgmma_ops.cuh)");
+  static_assert(kBlockKV == 64 || kBlockKV == 80 || kBlockKV == 128 || kBlockKV == 160 || kBlockKV == 192 ||
+                    kBlockKV == 208,
+                "sm90 family: block_kv 64, 80, 128, 160, 192 or 208 (the S = Q K^T wgmma N of "
+                "csrc/sm90/wgmma_ops.cuh)");
 
   // The accumulators per consumer warp, in the m16n8 fragment layout (a wgmma m64nN accumulator is, per warp, that
   // layout repeated N/8 times): S is [1][kBlockKV/8][4], O [1][D/8][4].
