@@ -380,7 +380,7 @@ def main(argv=None) -> int:
     matmul = None if on_gpu else benchmark_cpu.matmul_gflops()
     rows = run(args)
     _write_json(args, args.suite, rows, {"loop": args.loop, "order": args.order}, matmul_gflops=matmul,
-                **{"pass": args.pass_})
+                **{"pass": args.pass_}, **({"softcap": args.softcap} if args.softcap else {}))
     if args.plot and rows:
         plot(rows, args.plot)
     if on_gpu:

@@ -3,7 +3,9 @@ benchmark itself, not from timed tests)."""
 
 from __future__ import annotations
 
+import importlib.util
 import json
+import pathlib
 import time
 
 import jax
@@ -16,6 +18,8 @@ from jax_flash import benchmark
 from jax_flash import timing
 from jax_flash.timing import calls_per_rep, time_loop_ms, timed_loop
 from conftest import random_qkv
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent
 
 
 @pytest.mark.parametrize("loop", ["unrolled", "while"])
@@ -151,6 +155,24 @@ def test_benchmark_fp8_rows_time_the_fp8_call_beside_bfloat16(tmp_path):
     assert all(r["tflops"] > 0 for r in row["results"].values())
     with pytest.raises(SystemExit):
         benchmark.main(["--dtypes", "fp8", "--pass", "backward"])
+
+
+def test_benchmark_softcap_rows_beside_the_call_without(tmp_path):
+    """--softcap: a jax_flash_softcap column beside jax_flash without it, and the softcap in the JSON, which
+    tools/readme_table.py renders as a softcap table."""
+    path = tmp_path / "bench.json"
+    dtype = "bf16" if jax.default_backend() == "gpu" else "fp32"
+    assert benchmark.main(["--dtypes", dtype, "--head-dims", "64", "--seqs", "64", "--tokens", "64", "--hidden",
+                           "128", "--causal", "off", "--softcap", "30", "--iters", "1", "--reps", "1", "--json",
+                           str(path)]) == 0
+    written = json.loads(path.read_text())
+    (row,) = written["rows"]
+    assert written["softcap"] == 30.0 and {"jax_flash", "jax_flash_softcap"} <= set(row["results"])
+    spec = importlib.util.spec_from_file_location("readme_table", ROOT / "tools" / "readme_table.py")
+    readme_table = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(readme_table)
+    table = readme_table.render_softcap(written)
+    assert "softcap 30:" in table and f"| {row['results']['jax_flash_softcap']['tflops']:.0f}" in table
 
 
 def test_benchmark_help_lists_every_option(capsys):

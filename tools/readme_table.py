@@ -9,7 +9,8 @@ is jax_flash's TFLOP/s and, in brackets, its ratio to cuDNN in the same run; eac
 GFLOP/s and its speed-up over XLA:CPU in the same run; a decode file (suite "decode") gives microseconds, the percent
 of the device's copy bandwidth and the ratio to cuDNN, contiguous and paged; a ring file (suite "ring")
 milliseconds and speed-ups over one device of ring attention, the gather and a batch split; a short file (suite
-"short") TFLOP/s per model shape beside cuDNN.
+"short") TFLOP/s per model shape beside cuDNN; a softcap file (`--softcap`) the soft-capped call beside the same call
+without it and cuDNN without it.
 """
 
 from __future__ import annotations
@@ -157,6 +158,26 @@ def render_fp8(results: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
+def render_softcap(results: dict) -> str:
+    """--softcap rows: jax_flash with the softcap beside jax_flash and cuDNN without it (jax.nn takes no softcap)."""
+    head = ["dtype", "D", "causal", "S", "B x H", "softcap TFLOP/s (vs cuDNN)", "over no softcap", "no softcap",
+            "cuDNN"]
+    lines = [f"**{results['device']}**, {results['date']}, jax {results['jax']}, softcap {results['softcap']:g}: "
+             f"TFLOP/s of `jax_flash.attention` (cfg=None) with the softcap, beside the same call without it and cuDNN "
+             f"without it, in the same run." + (f" {results['note']}" if results.get("note") else ""),
+             "", "| " + " | ".join(head) + " |", "| " + " | ".join("---" for _ in head) + " |"]
+    for r in sorted(results["rows"], key=lambda r: (r["dtype"], r["head_dim"], r["causal"], r["seq"])):
+        res = r["results"]
+        capped, plain, cudnn = (res.get(n, {}).get("tflops") for n in ("jax_flash_softcap", "jax_flash", "cudnn"))
+        cells = [r["dtype"], str(r["head_dim"]), "yes" if r["causal"] else "no", str(r["seq"]),
+                 f"{r['batch']} x {r['heads']}",
+                 "-" if capped is None else f"{capped:.0f}" + (f" ({capped / cudnn:.2f}x)" if cudnn else ""),
+                 f"{capped / plain:.2f}x" if capped and plain else "-",
+                 "-" if plain is None else f"{plain:.0f}", "-" if cudnn is None else f"{cudnn:.0f}"]
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
 def render_short(results: dict) -> str:
     rows = results["rows"]
     head = ["model", "dtype", "B x S x H x D", "causal", "jax_flash TFLOP/s (vs cuDNN)", "cuDNN TFLOP/s"]
@@ -226,6 +247,8 @@ def render() -> str:
     def renderer(r):
         if r["rows"] and all(row["dtype"] == "fp8" for row in r["rows"]):
             return render_fp8
+        if r.get("softcap"):
+            return render_softcap
         return renderers.get(r["suite"] if r.get("suite") in suites else r.get("platform"), render_device)
     return "\n".join(renderer(r)(r) for r in results)
 
