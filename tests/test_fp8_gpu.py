@@ -48,8 +48,9 @@ def _plain_fp8(q, k, v, qd, kd, vd, **mask):
     return jnp.einsum("bhqk,bkhd->bqhd", rounded / jnp.where(total > 0, total, 1.0), v32)
 
 
-def _check(q, k, v, qd, kd, vd, **mask):
-    out, lse = jax_flash.attention(q, k, v, q_descale=qd, k_descale=kd, v_descale=vd, return_lse=True, **mask)
+def _check(q, k, v, qd, kd, vd, cfg=None, **mask):
+    out, lse = jax_flash.attention(q, k, v, q_descale=qd, k_descale=kd, v_descale=vd, return_lse=True, cfg=cfg,
+                                   **mask)
     assert out.dtype == jnp.bfloat16
     ref, ref_lse = jax_flash.attention_reference(*_dequantised(q, k, v, qd, kd, vd), return_lse=True, **mask)
     plain = _plain_fp8(q, k, v, qd, kd, vd, **mask)
@@ -78,6 +79,21 @@ def test_gpu_fp8_kernel_with_lengths_and_a_window():
     mask = dict(causal=True, window=(150, -1), q_lengths=jnp.array([200, 17, 0], jnp.int32),
                 kv_lengths=jnp.array([700, 300, 5], jnp.int32))
     _check(q, k, v, qd, kd, vd, **mask)
+
+
+@requires_hopper
+@pytest.mark.parametrize("which", ["short", "long"])
+def test_gpu_fp8_each_shipped_config_with_lengths_and_a_window(which):
+    """Both FP8 configs cfg=None picks by key length (FP8_CONFIGS, FP8_LONG_CONFIGS: 192-key blocks, whose V^T stage
+    is one and a half 128-key panels), forced on lengths that end inside a key block, with and without masks."""
+    table = jax_flash.config.FP8_CONFIGS if which == "short" else jax_flash.config.FP8_LONG_CONFIGS
+    cfg = table[128]
+    q, k, v, qd, kd, vd = _inputs(11, 3, 200, 1000, 4, 2)
+    _check(q, k, v, qd, kd, vd, cfg=cfg)
+    _check(q, k, v, qd, kd, vd, cfg=cfg, causal=True, window=(300, -1), q_lengths=jnp.array([200, 33, 0], jnp.int32),
+           kv_lengths=jnp.array([1000, 577, 191], jnp.int32))
+    q, k, v, qd, kd, vd = _inputs(12, 1, 130, 3 * cfg.block_kv, 2, 1)  # a multiple of the block: unmasked variant
+    _check(q, k, v, qd, kd, vd, cfg=cfg)
 
 
 @requires_hopper
