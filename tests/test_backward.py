@@ -1,6 +1,6 @@
 """The backward pass: jax.grad, jax.vjp, jax.jvp and friends through jax_flash.attention against the same
 derivatives of attention_reference, by the tolerance rule of the forward (twice the error of a plain low-precision
-implementation, plus atol). CPU, and on a GPU the sm80-family backward kernels (run on sm80 and sm90 devices)."""
+implementation, plus atol). CPU, and on a GPU the backward kernels of the device's family (sm80 or sm90)."""
 
 from __future__ import annotations
 
@@ -244,6 +244,25 @@ def test_gpu_grad_matches_reference(feature, heads_q, heads_k, dtype):
     if feature == "lengths":  # lengths that cut the 64-row query blocks and the 128-key blocks inside
         kwargs.update(q_lengths=jnp.array([150, 17], jnp.int32), kv_lengths=jnp.array([290, 33], jnp.int32))
     q, k, v = random_qkv(heads_k + 10, 2, 200, 300, heads_q, heads_k, 64, dtype, GPU_DEVICES[0])
+    assert_grads_close(q, k, v, **kwargs)
+
+
+@requires_gpu
+@pytest.mark.parametrize("feature", [*FEATURES, "bias_mask"])
+@pytest.mark.parametrize("heads_q,heads_k", [(4, 4), (4, 1)])
+@pytest.mark.parametrize("dtype", GPU_DTYPES, ids=lambda d: jnp.dtype(d).name)
+def test_gpu_grad_head_dim_256_features(feature, heads_q, heads_k, dtype):
+    """Head dim 256, whose sm90 backward has both warpgroups on one 64-key block, each with half of the gradient's
+    columns (sm90/bwd_kernel.cuh, kSplitD): every feature, and bias / mask tensors (its tensor variant)."""
+    q, k, v = random_qkv(heads_k + 20, 2, 200, 300, heads_q, heads_k, 256, dtype, GPU_DEVICES[0])
+    if feature == "bias_mask":
+        keys = jax.random.split(jax.random.PRNGKey(5), 2)
+        kwargs = dict(causal=True, bias=jax.random.normal(keys[0], (2, heads_q, 200, 300), jnp.float32),
+                      mask=jax.random.bernoulli(keys[1], 0.8, (2, 1, 1, 300)))
+    else:
+        kwargs = {n: jnp.asarray(x) if isinstance(x, np.ndarray) else x for n, x in FEATURES[feature].items()}
+    if feature == "lengths":  # lengths that cut the 64-row query blocks and the 64-key blocks inside
+        kwargs.update(q_lengths=jnp.array([150, 17], jnp.int32), kv_lengths=jnp.array([290, 33], jnp.int32))
     assert_grads_close(q, k, v, **kwargs)
 
 

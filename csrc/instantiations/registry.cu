@@ -255,10 +255,10 @@ const int kRegistrySize = sizeof(kRegistry) / sizeof(kRegistry[0]);
 const BackwardEntry kBackwardRegistry[] = {
     {0, 64, &sm80::run_attention_bwd_sm80<0, 64>, &sm80::bwd_smem_bytes_sm80<0, 64>, &sm90::run_attention_bwd_sm90<0, 64>, &sm90::bwd_smem_bytes_sm90<0, 64>},
     {0, 128, &sm80::run_attention_bwd_sm80<0, 128>, &sm80::bwd_smem_bytes_sm80<0, 128>, &sm90::run_attention_bwd_sm90<0, 128>, &sm90::bwd_smem_bytes_sm90<0, 128>},
-    {0, 256, &sm80::run_attention_bwd_sm80<0, 256>, &sm80::bwd_smem_bytes_sm80<0, 256>, nullptr, nullptr},
+    {0, 256, &sm80::run_attention_bwd_sm80<0, 256>, &sm80::bwd_smem_bytes_sm80<0, 256>, &sm90::run_attention_bwd_sm90<0, 256>, &sm90::bwd_smem_bytes_sm90<0, 256>},
     {1, 64, &sm80::run_attention_bwd_sm80<1, 64>, &sm80::bwd_smem_bytes_sm80<1, 64>, &sm90::run_attention_bwd_sm90<1, 64>, &sm90::bwd_smem_bytes_sm90<1, 64>},
     {1, 128, &sm80::run_attention_bwd_sm80<1, 128>, &sm80::bwd_smem_bytes_sm80<1, 128>, &sm90::run_attention_bwd_sm90<1, 128>, &sm90::bwd_smem_bytes_sm90<1, 128>},
-    {1, 256, &sm80::run_attention_bwd_sm80<1, 256>, &sm80::bwd_smem_bytes_sm80<1, 256>, nullptr, nullptr},
+    {1, 256, &sm80::run_attention_bwd_sm80<1, 256>, &sm80::bwd_smem_bytes_sm80<1, 256>, &sm90::run_attention_bwd_sm90<1, 256>, &sm90::bwd_smem_bytes_sm90<1, 256>},
 };
 const int kBackwardRegistrySize = sizeof(kBackwardRegistry) / sizeof(kBackwardRegistry[0]);
 const RegistryEntry kFp8Registry[] = {

@@ -5,6 +5,8 @@
 //   dV, dK (64 x D) += P^T dO, dS^T Q                  wgmma, A (P^T, dS^T) from registers, B MN-major
 //   dQ (64 x 64) = dS K                                wgmma, A (dS^T in shared memory) and B MN-major;
 //                                                      warpgroup w: query rows 64w.. (kBlockQ = 128) or D columns 64w..
+// At head dim 256 (BwdTraits::kSplitD) a block takes 64 keys, and both warpgroups compute the item's S^T and dP^T
+// over them, each then dV, dK and dQ for D columns 128w.. (dQ in two 64-column shares, added by float2 atomics).
 // Tiles are 128-byte-swizzled panels of 64 columns (what the descriptors expect): K and V filled by cp.async from all
 // threads, each item's Q and dO by TMA boxes and its rows' lse2 and delta (the preprocess's padded copies) by bulk
 // copies that thread 0 issues onto the buffer's mbarrier. One barrier opens an item (every thread is done with the
@@ -38,11 +40,20 @@ template <class Element_, int kHeadDim_>
 struct BwdTraits {
   using Element = Element_;
   static constexpr int kHeadDim = kHeadDim_;
-  static constexpr int kBlockKV = 128;
+  // Head dim 256 (kSplitD): both warpgroups take the same 64 keys, each computes the item's whole S^T and dP^T (64 x
+  // 64, over all 256 columns) and half of D's gradient columns (dK, dV and dQ columns 128 wg..), so each warpgroup's
+  // registers hold what they hold at head dim 128 (dK and dV 64 x 128). Against splitting S^T and dP^T by query
+  // columns: 1.4x the products' FLOPs, but no P^T exchange through shared memory and no m64n32 products, which read
+  // shared memory at two thirds of the tensor rate. Its dQ goes to dq_accum by float2 atomics: K, V (32 KB each) and
+  // Q, dO twice (128 KB) leave no room for the stages.
+  static constexpr bool kSplitD = kHeadDim == 256;
+  static constexpr int kBlockKV = kSplitD ? 64 : 128;
   // Query rows per item: 128 at D = 64 (dQ splits by rows over the two warpgroups), 64 at D = 128 (by columns), so
   // each warpgroup's dQ is 64 x 64. 64 rows at D = 64 measured 35% slower (H200): twice the items and their fixed
   // costs, for no spills instead of ~150 bytes in the masked variants.
   static constexpr int kBlockQ = kHeadDim == 64 ? 128 : 64;
+  static constexpr int kOutCols = kSplitD ? kHeadDim / 2 : kHeadDim;  // dK / dV columns per warpgroup
+  static constexpr int kDQShares = kSplitD ? 2 : 1;                    // 64 x 64 dQ shares per warpgroup and item
   static constexpr int kNumThreads = 256;
   static constexpr int kAlignSlack = 1024;
   static constexpr int kRowBytes = 128;  // one panel row: 64 elements
@@ -61,12 +72,15 @@ struct BwdTraits {
   static constexpr int kDQRowsPerWarpgroup = 64;
   static constexpr int kDQHalfBytes = kDQRowsPerWarpgroup * 128;
   static constexpr int kDQStageBytes = 2 * kDQHalfBytes;
-  // K, V; Q and dO twice; dS^T; dQ staging (2 buffers x 2 warpgroups); float32 lse2 and delta twice; int32 segment
-  // ids of the query rows twice and of the keys (the kSegments variant); each tile a whole number of 1024-byte
-  // swizzle atoms from a base the kernel rounds up to 1024 bytes; the two Q / dO buffers' mbarriers.
-  static constexpr int kSmemBytes = 2 * kKVBytes + 4 * kQBytes + kScoreBytes + 4 * kDQStageBytes + 4 * kBlockQ * 4 +
+  static constexpr int kDQStagesBytes = kSplitD ? 0 : 4 * kDQStageBytes;  // 2 buffers x 2 warpgroups
+  // K, V; Q and dO twice; dS^T; the dQ stages; float32 lse2 and delta twice; int32 segment ids of the query rows
+  // twice and of the keys (the kSegments variant); each tile a whole number of 1024-byte swizzle atoms from a base
+  // the kernel rounds up to 1024 bytes; the two Q / dO buffers' mbarriers.
+  static constexpr int kSmemBytes = 2 * kKVBytes + 4 * kQBytes + kScoreBytes + kDQStagesBytes + 4 * kBlockQ * 4 +
                                     (2 * kBlockQ + kBlockKV) * 4 + 2 * 8 + kAlignSlack;
-  static_assert(kHeadDim == 64 || kHeadDim == 128, "the sm90 backward covers head dims 64 and 128");
+  static_assert(kHeadDim == 64 || kHeadDim == 128 || kHeadDim == 256,
+                "the sm90 backward covers head dims 64, 128 and 256");
+  static_assert(kSmemBytes <= 227 * 1024, "the sm90 backward's tiles exceed 227 KB of shared memory");
 };
 
 // Byte offset of (row, 16-byte chunk `chunk` of the row) in a panelled tile of kRows rows.
@@ -92,36 +106,58 @@ __device__ __forceinline__ void copy_panels(uint32_t smem_tile, const Element* g
   }
 }
 
-// Warpgroup wg's share of an item's dQ (64 x 64 of acc_dq, the wgmma accumulator layout): query rows 64 wg.. and
-// all 64 columns (kDQSplitRows, head dim 64), or all rows and D columns 64 wg.. (head dim 128).
+// Warpgroup wg's share `share` of an item's dQ (64 x 64 of acc_dq, the wgmma accumulator layout): query rows
+// 64 wg.. and all 64 columns (kDQSplitRows, head dim 64), all rows and D columns 64 wg.. (head dim 128), or all rows
+// and D columns 128 wg + 64 share.. (kSplitD, head dim 256).
 template <class T>
-__device__ __forceinline__ void dq_share_origin(int wg, int& row0, int& col0) {
+__device__ __forceinline__ void dq_share_origin(int wg, int share, int& row0, int& col0) {
   row0 = T::kDQSplitRows ? wg * 64 : 0;
-  col0 = T::kDQSplitRows ? 0 : wg * 64;
+  col0 = T::kDQSplitRows ? 0 : T::kSplitD ? wg * 128 + share * 64 : wg * 64;
+}
+
+// Calls `add(dq_row_pointer_at_column_c, value_pair)` for each of this thread's float2 pieces of a 64 x 64 share at
+// (row0, col0) of the item whose rows start at q0, rows past q_rows left alone.
+template <class Add>
+__device__ __forceinline__ void for_dq_share(const BackwardParams& bp, const float (&acc_dq)[32], int64_t batch,
+                                             int64_t head, int q0, int q_rows, int row0, int col0, int tid,
+                                             Add&& add) {
+  const AttentionParams& p = bp.p;
+  const int warp = (tid / 32) % 4, lane = tid % 32;
+  float* dq_base = bp.dq_accum + ((batch * p.seqlen_q + q0) * p.heads_q + head) * p.head_dim;
+  const int64_t dq_row_stride = int64_t{p.heads_q} * p.head_dim;
+#pragma unroll
+  for (int e = 0; e < 32; e += 2) {
+    const int r = row0 + warp * 16 + lane / 4 + 8 * ((e / 2) % 2);
+    const int c = col0 + 2 * (lane % 4) + 8 * (e / 4);
+    if (r >= q_rows) continue;
+    add(reinterpret_cast<float2*>(dq_base + r * dq_row_stride + c), make_float2(acc_dq[e], acc_dq[e + 1]));
+  }
 }
 
 // The deterministic variant: the share added into dq_accum by float2 read-modify-writes in the key blocks' turn
-// (common/backward_rows.cuh), rows past q_len left alone.
+// (common/backward_rows.cuh). kSplitD: the caller takes the turn around both shares.
 template <class T>
-__device__ __forceinline__ void add_dq_in_turn(const BackwardParams& bp, const BatchLengths& len,
-                                               const float (&acc_dq)[32], int64_t batch, int64_t head, int q0,
-                                               int q_rows, int kv_block, int wg, int tid) {
-  const AttentionParams& p = bp.p;
-  const int warp = (tid / 32) % 4, lane = tid % 32;
+__device__ __forceinline__ void add_dq_ordered(const BackwardParams& bp, const float (&acc_dq)[32], int64_t batch,
+                                               int64_t head, int q0, int q_rows, int wg, int share, int tid) {
   int wg_row0, wg_col0;
-  dq_share_origin<T>(wg, wg_row0, wg_col0);
-  float* dq_base = bp.dq_accum + ((batch * p.seqlen_q + q0) * p.heads_q + head) * p.head_dim;
-  const int64_t dq_row_stride = int64_t{p.heads_q} * p.head_dim;
-  const DQTurn turn = dq_turn<T::kBlockQ, T::kBlockKV>(bp, len, batch, head, q0 / T::kBlockQ, kv_block);
-  dq_wait_turn(turn, tid);
-#pragma unroll
-  for (int e = 0; e < 32; e += 2) {
-    const int r = wg_row0 + warp * 16 + lane / 4 + 8 * ((e / 2) % 2);
-    const int c = wg_col0 + 2 * (lane % 4) + 8 * (e / 4);
-    if (r >= q_rows) continue;
-    dq_add_ordered(reinterpret_cast<float2*>(dq_base + r * dq_row_stride + c), make_float2(acc_dq[e], acc_dq[e + 1]));
-  }
-  dq_pass_turn(turn, tid);
+  dq_share_origin<T>(wg, share, wg_row0, wg_col0);
+  for_dq_share(bp, acc_dq, batch, head, q0, q_rows, wg_row0, wg_col0, tid,
+               [](float2* dst, float2 value) { dq_add_ordered(dst, value); });
+}
+template <class T>
+__device__ __forceinline__ DQTurn dq_turn_of(const BackwardParams& bp, const BatchLengths& len, int64_t batch,
+                                             int64_t head, int q0, int kv_block) {
+  return dq_turn<T::kBlockQ, T::kBlockKV>(bp, len, batch, head, q0 / T::kBlockQ, kv_block);
+}
+
+// kSplitD's default variant: the share added into dq_accum by float2 atomics.
+template <class T>
+__device__ __forceinline__ void add_dq_atomic(const BackwardParams& bp, const float (&acc_dq)[32], int64_t batch,
+                                              int64_t head, int q0, int q_rows, int wg, int share, int tid) {
+  int wg_row0, wg_col0;
+  dq_share_origin<T>(wg, share, wg_row0, wg_col0);
+  for_dq_share(bp, acc_dq, batch, head, q0, q_rows, wg_row0, wg_col0, tid,
+               [](float2* dst, float2 value) { atomicAdd(dst, value); });
 }
 
 // The default variant: the share, rows past q_len as zeros, into this warpgroup's `stage`, then two TMA reduce-adds
@@ -136,7 +172,7 @@ __device__ __forceinline__ void reduce_dq_through_stage(const CUtensorMap* tma_d
                                                         int wg, int tid) {
   const int warp = (tid / 32) % 4;
   int wg_row0, wg_col0;
-  dq_share_origin<T>(wg, wg_row0, wg_col0);
+  dq_share_origin<T>(wg, 0, wg_row0, wg_col0);
   const int ln = lane_id_fresh();
   const int swizzle = ((ln % 4) / 2) ^ (ln / 4);
   char* row_base = stage + (warp * 16 + ln / 4) * 128 + (ln % 2) * 8;
@@ -208,30 +244,35 @@ __device__ __forceinline__ void item_scores(const AttentionParams& p, BatchLengt
 // and stored at (key r, query c) of the panelled dS^T tile, which dQ's product reads from shared memory: rdS[t] is
 // the four 8x8 matrices of k16 step t (columns 16t..), one stmatrix.x4 (fragments.cuh: lane l addresses row l % 8 of
 // matrix l / 8; the warp's 16 rows start at a multiple of 8, so the swizzle is by l % 8) instead of four 4-byte stores.
+// kSplitD: both warpgroups hold the same dS^T; warpgroup wg stores query columns 32 wg.. of it.
 template <class T>
 __device__ __forceinline__ void pack_and_store_ds(const float (&acc_dp)[T::kBlockQ / 2],
                                                   uint32_t (&rdS)[T::kBlockQ / 16][4], uint32_t sdS, int key_row0,
-                                                  int lane) {
-  const int warp_row0 = key_row0 - lane / 4;  // 64 wg + 16 warp
+                                                  int lane, int wg) {
+  const int warp_row0 = key_row0 - lane / 4;  // (64 wg unless kSplitD) + 16 warp
   const uint32_t st_base = sdS + (warp_row0 + fragment_row_of(0, lane)) * 128;
 #pragma unroll
   for (int t = 0; t < T::kBlockQ / 16; ++t) {
 #pragma unroll
     for (int j = 0; j < 4; ++j) rdS[t][j] = pack2<typename T::Element>(acc_dp[8 * t + 2 * j], acc_dp[8 * t + 2 * j + 1]);
-    stmatrix_x4(st_base + (t / 4) * T::kScorePanelBytes + fragment_chunk_of(t, lane) * 16, rdS[t]);
+    if (!T::kSplitD || t / 2 == wg) {
+      stmatrix_x4(st_base + (t / 4) * T::kScorePanelBytes + fragment_chunk_of(t, lane) * 16, rdS[t]);
+    }
   }
 }
 
 // dK and dV of the block's keys (zeros where no row sees the key) into the K and V tiles' panels, the layout their
 // TMA stores read; each warp's 4-byte stores meet no bank twice (8 rows, one 16-byte chunk each, swizzled apart).
+// (kSplitD: warpgroup wg's columns 128 wg..)
 template <class T>
-__device__ __forceinline__ void stage_dk_dv(const float (&acc_dk)[T::kHeadDim / 2],
-                                            const float (&acc_dv)[T::kHeadDim / 2], char* sK_ptr, char* sV_ptr,
-                                            int key_row0, int lane) {
+__device__ __forceinline__ void stage_dk_dv(const float (&acc_dk)[T::kOutCols / 2],
+                                            const float (&acc_dv)[T::kOutCols / 2], char* sK_ptr, char* sV_ptr,
+                                            int key_row0, int lane, int wg) {
   using Element = typename T::Element;
+  const int col0 = T::kSplitD ? wg * T::kOutCols : 0;
 #pragma unroll
-  for (int e = 0; e < T::kHeadDim / 2; e += 2) {
-    const int r = key_row0 + 8 * ((e / 2) % 2), c = 8 * (e / 4) + 2 * (lane % 4);
+  for (int e = 0; e < T::kOutCols / 2; e += 2) {
+    const int r = key_row0 + 8 * ((e / 2) % 2), c = col0 + 8 * (e / 4) + 2 * (lane % 4);
     const uint32_t offset = panel_offset<T::kBlockKV>(r, c / 8) + (c % 8) * 2;
     *reinterpret_cast<uint32_t*>(sK_ptr + offset) = pack2<Element>(acc_dk[e], acc_dk[e + 1]);
     *reinterpret_cast<uint32_t*>(sV_ptr + offset) = pack2<Element>(acc_dv[e], acc_dv[e + 1]);
@@ -264,7 +305,7 @@ __global__ void __launch_bounds__(T::kNumThreads, 1)
   const uint32_t sdS = sdO + 2 * T::kQBytes;  // dS^T
   char* sdS_ptr = smem + (sdS - sK);
   char* sdQ_ptr = sdS_ptr + T::kScoreBytes;  // (buffer, warpgroup) stages of T::kDQStageBytes
-  float* sLse2 = reinterpret_cast<float*>(sdQ_ptr + 4 * T::kDQStageBytes);  // 2 x kBlockQ
+  float* sLse2 = reinterpret_cast<float*>(sdQ_ptr + T::kDQStagesBytes);  // 2 x kBlockQ
   float* sDelta = sLse2 + 2 * kBlockQ;                                         // 2 x kBlockQ
   int* sSegQ = reinterpret_cast<int*>(sDelta + 2 * kBlockQ);                   // 2 x kBlockQ (kSegments)
   int* sSegK = sSegQ + 2 * kBlockQ;                                            // kBlockKV (kSegments)
@@ -362,19 +403,21 @@ __global__ void __launch_bounds__(T::kNumThreads, 1)
 
   // Descriptors (ptx.cuh smem_descriptor): K-major operands step 32 bytes per k16 inside a panel and a panel per 4
   // steps; MN-major ones step 16 rows (2048 bytes) per k16, their 64-column panels kPanelBytes apart (LBO).
-  const uint32_t wg_rows = wg * 64 * T::kRowBytes;  // this warpgroup's 64 keys of K and V
+  const uint32_t wg_rows = T::kSplitD ? 0 : wg * 64 * T::kRowBytes;  // this warpgroup's 64 keys of K and V
   const uint64_t k_desc0 = smem_descriptor(sK + wg_rows, 16, 1024);
   const uint64_t v_desc0 = smem_descriptor(sV + wg_rows, 16, 1024);
-  // dQ: rows 64 wg.. of dS (panel wg of dS^T) with all of K's columns, or all rows with K's panel wg.
+  // dQ: rows 64 wg.. of dS (panel wg of dS^T) with all of K's columns, or all rows with K's panel wg (kSplitD:
+  // panels 2 wg and 2 wg + 1, one per share).
   const uint64_t ds_desc0 = smem_descriptor(sdS + (T::kDQSplitRows ? wg * T::kScorePanelBytes : 0),
                                             T::kScorePanelBytes, 1024);
-  const uint64_t kmn_desc0 = smem_descriptor(sK + (T::kDQSplitRows ? 0 : wg * T::kKVPanelBytes), T::kKVPanelBytes,
-                                             1024);
+  const uint64_t kmn_desc0 = smem_descriptor(
+      sK + (T::kDQSplitRows ? 0 : wg * T::kDQShares * T::kKVPanelBytes), T::kKVPanelBytes, 1024);
   auto k_major_step = [](int kk, int panel_bytes) { return (kk / 4) * panel_bytes + (kk % 4) * 32; };
 
-  float acc_dk[kD / 2], acc_dv[kD / 2];
+  constexpr int kOut = T::kOutCols;  // dK / dV columns of this warpgroup: D, or D / 2 from column 128 wg (kSplitD)
+  float acc_dk[kOut / 2], acc_dv[kOut / 2];
 #pragma unroll
-  for (int i = 0; i < kD / 2; ++i) acc_dk[i] = acc_dv[i] = 0.0f;
+  for (int i = 0; i < kOut / 2; ++i) acc_dk[i] = acc_dv[i] = 0.0f;
 
   const int diag = len.kv_len - len.q_len;
   const int lo_off = p.window_left >= kUnbounded ? -kUnbounded : diag - p.window_left;
@@ -382,7 +425,7 @@ __global__ void __launch_bounds__(T::kNumThreads, 1)
   const float cap_slope = p.softcap * p.softcap_scale;
   // Accumulator element i of a 64 x N wgmma tile: row 16 warp + lane/4 + 8 ((i/2) % 2),
   // column 8 (i/4) + 2 (lane%4) + i%2.
-  const int key_row0 = wg * 64 + warp * 16 + lane / 4;  // + 8 ((i/2) % 2)
+  const int key_row0 = (T::kSplitD ? 0 : wg * 64) + warp * 16 + lane / 4;  // + 8 ((i/2) % 2)
   // dS^T computed in the exponentials' loop, after dP^T's wgmma, so P^T's and dP^T's float32 tiles die at once:
   // with a softcap (its slope needs the score), and at head dim 64, whose 128-row items otherwise spill ~175 bytes.
   constexpr bool kDSWithP = kSoftcap || kD == 64;
@@ -393,7 +436,7 @@ __global__ void __launch_bounds__(T::kNumThreads, 1)
     [[maybe_unused]] const bool test_hidden = !kItems || items.per_score(i);
     // This item's dQ stage held the share of the item before last: its reduce has read it (the barrier below tells
     // the warpgroup).
-    if (!kDeterministic && tid % 128 == 0) bulk_wait_group_read<1>();
+    if (!kDeterministic && !T::kSplitD && tid % 128 == 0) bulk_wait_group_read<1>();
     __syncthreads();
     mbarrier_wait(&q_full[buf], ((kItems ? n : i) / 2) % 2);  // the item's Q and dO
     const int q0 = (qb.begin + at.block) * kBlockQ;
@@ -451,11 +494,12 @@ __global__ void __launch_bounds__(T::kNumThreads, 1)
     for (int t = 0; t < kBlockQ / 16; ++t)
 #pragma unroll
       for (int j = 0; j < 4; ++j) rP[t][j] = pack2<Element>(acc_s[8 * t + 2 * j], acc_s[8 * t + 2 * j + 1]);
-    const uint64_t do_mn0 = smem_descriptor(sdOi, T::kQPanelBytes, 1024);
-    const uint64_t q_mn0 = smem_descriptor(sQi, T::kQPanelBytes, 1024);
+    const uint32_t out_panels = T::kSplitD ? wg * 2 * T::kQPanelBytes : 0;  // dO's and Q's columns of dV and dK
+    const uint64_t do_mn0 = smem_descriptor(sdOi + out_panels, T::kQPanelBytes, 1024);
+    const uint64_t q_mn0 = smem_descriptor(sQi + out_panels, T::kQPanelBytes, 1024);
     wgmma_fence();
 #pragma unroll
-    for (int t = 0; t < kBlockQ / 16; ++t) wgmma_rs<Element, kD>(acc_dv, rP[t], smem_offset(do_mn0, t * 2048), 1);
+    for (int t = 0; t < kBlockQ / 16; ++t) wgmma_rs<Element, kOut>(acc_dv, rP[t], smem_offset(do_mn0, t * 2048), 1);
     wgmma_commit();
     if constexpr (!kDSWithP) {
       wgmma_wait<1>();
@@ -466,11 +510,11 @@ __global__ void __launch_bounds__(T::kNumThreads, 1)
         acc_dp[e] = acc_s[e] * fmaf(acc_dp[e], p.scale, -delta[c]);  // delta scaled
       }
     }
-    pack_and_store_ds<T>(acc_dp, rdS, sdS, key_row0, lane);
+    pack_and_store_ds<T>(acc_dp, rdS, sdS, key_row0, lane, wg);
     fence_proxy_async_smem();  // dS^T written by this thread, read next by wgmma
     __syncthreads();           // both warpgroups' halves of dS^T are in place
 
-    // ---- dQ (this warpgroup's 64 x 64) = dS K, added into dq_accum while dK's products run -------------------------
+    // ---- dQ (this warpgroup's 64 x 64 shares) = dS K, added into dq_accum while dK's products run ------------------
     float acc_dq[32];
     wgmma_fence();
 #pragma unroll
@@ -479,7 +523,7 @@ __global__ void __launch_bounds__(T::kNumThreads, 1)
     }
     wgmma_commit();
 #pragma unroll
-    for (int t = 0; t < kBlockQ / 16; ++t) wgmma_rs<Element, kD>(acc_dk, rdS[t], smem_offset(q_mn0, t * 2048), 1);
+    for (int t = 0; t < kBlockQ / 16; ++t) wgmma_rs<Element, kOut>(acc_dk, rdS[t], smem_offset(q_mn0, t * 2048), 1);
     wgmma_commit();
     wgmma_wait<1>();
     fence_registers(acc_dq);
@@ -488,8 +532,36 @@ __global__ void __launch_bounds__(T::kNumThreads, 1)
 
     const int64_t head = kv_head * group + at.head;
     const int q_rows = min(kBlockQ, len.q_len - q0);  // rows past q_len get no gradient
-    if constexpr (kDeterministic) {
-      add_dq_in_turn<T>(bp, len, acc_dq, batch, head, q0, q_rows, kv_block, wg, tid);
+    if constexpr (T::kSplitD) {
+      // share 0 added, then share 1 (K's next panel) computed into the same registers beside dK's products
+      [[maybe_unused]] DQTurn turn{};
+      if constexpr (kDeterministic) {
+        turn = dq_turn_of<T>(bp, len, batch, head, q0, kv_block);
+        dq_wait_turn(turn, tid);
+        add_dq_ordered<T>(bp, acc_dq, batch, head, q0, q_rows, wg, 0, tid);
+      } else {
+        add_dq_atomic<T>(bp, acc_dq, batch, head, q0, q_rows, wg, 0, tid);
+      }
+      wgmma_fence();
+#pragma unroll
+      for (int t = 0; t < kBlockKV / 16; ++t) {
+        wgmma_ss_tt<Element, 64>(acc_dq, smem_offset(ds_desc0, t * 2048),
+                                 smem_offset(kmn_desc0, T::kKVPanelBytes + t * 2048), t > 0);
+      }
+      wgmma_commit();
+      wgmma_wait<0>();
+      fence_registers(acc_dq);
+      if constexpr (kDeterministic) {
+        add_dq_ordered<T>(bp, acc_dq, batch, head, q0, q_rows, wg, 1, tid);
+        dq_pass_turn(turn, tid);
+      } else {
+        add_dq_atomic<T>(bp, acc_dq, batch, head, q0, q_rows, wg, 1, tid);
+      }
+    } else if constexpr (kDeterministic) {
+      const DQTurn turn = dq_turn_of<T>(bp, len, batch, head, q0, kv_block);
+      dq_wait_turn(turn, tid);
+      add_dq_ordered<T>(bp, acc_dq, batch, head, q0, q_rows, wg, 0, tid);
+      dq_pass_turn(turn, tid);
     } else {
       reduce_dq_through_stage<T>(&tma_dq, acc_dq, sdQ_ptr + (buf * 2 + wg) * T::kDQStageBytes, batch, head, q0,
                                  q_rows, wg, tid);
@@ -507,7 +579,7 @@ __global__ void __launch_bounds__(T::kNumThreads, 1)
   // dK and dV through the K and V tiles (every product that read them was waited for in the loop; the barrier
   // covers both warpgroups) and a TMA store per panel of each; rows past seqlen_k are not written.
   __syncthreads();
-  stage_dk_dv<T>(acc_dk, acc_dv, smem, smem + T::kKVBytes, key_row0, lane);
+  stage_dk_dv<T>(acc_dk, acc_dv, smem, smem + T::kKVBytes, key_row0, lane, wg);
   fence_proxy_async_smem();
   __syncthreads();
   if (tid == 0) {
