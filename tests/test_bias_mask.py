@@ -237,7 +237,7 @@ def test_gradients_skip_tiles_of_zeros(device, head_dim, case):
 @pytest.mark.parametrize("head_dim", [64, 128, 256])
 @pytest.mark.parametrize("tensors", ["bias_mask", "alibi_segments"])
 def test_tensor_gradients_on_each_backward_tile(device, head_dim, tensors):
-    """Odd lengths, GQA and causal on each head dim's backward tile (on Hopper the sm90 family's at 64 and 128):
+    """Odd lengths, GQA and causal on each head dim's backward tile (on Hopper the sm90 family's):
     dq, dk, dv (and the bias's or slopes' gradient) with a bias and a padding mask, or with ALiBi slopes and segment
     ids, against the reference's."""
     seq_q, seq_k = 150, 333

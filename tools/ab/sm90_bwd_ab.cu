@@ -1,7 +1,6 @@
 // A/B timing of the sm90 family's backward without a package build: run_attention_bwd_sm90 (preprocess, kernel, dQ
-// conversion) for each row of the backward benchmark's grid (bf16 and fp16; head dims 64 and 128; causal and not;
-// 1024-16384 keys; batch x seq = 16384 tokens, heads x head_dim = 2048), launched back to back on one stream; head
-// dim 256 runs the sm80 family's backward (run_attention_bwd_sm80), as the package does on Hopper. An
+// conversion) for each row of the backward benchmark's grid (bf16 and fp16; head dims 64, 128 and 256; causal and
+// not; 1024-16384 keys; batch x seq = 16384 tokens, heads x head_dim = 2048), launched back to back on one stream. An
 // alternative is a patch applied to a copy of the tree (HARNESS=sm90_bwd_ab tools/ab/build.sh), never a switch in the
 // shipped headers.
 //   sm90_bwd_ab [--check] [--dtype bf16|fp16] [--softcap CAP] [D [S [causal]]]
@@ -26,7 +25,6 @@
 #include "cpu_reference.h"
 #include "ab_common.h"
 #include "harness_util.h"
-#include "sm80/bwd_launch.cuh"
 #include "sm90/bwd_launch.cuh"
 
 using namespace jax_flash;
@@ -106,10 +104,8 @@ struct Problem {
     bp.t = {gout, gdout, glse, nullptr, gdq, gdk, gdv};
     bp.dq_accum = gdq_accum;
     bp.delta = gdelta;
-    if (head_dim != 256) {  // the sm90 family (head dim 256 runs the sm80 family's backward)
-      bp.row_stats = gstats;
-      bp.stats_rows = stats_rows;
-    }
+    bp.row_stats = gstats;
+    bp.stats_rows = stats_rows;
     if (deterministic) {
       bp.dq_turns = gturns;
       bp.dq_turn_count = turn_count;
@@ -121,8 +117,8 @@ struct Problem {
 std::string run(const Problem& pr, cudaStream_t stream) {
   const BackwardParams bp = pr.backward_params();
   if (pr.head_dim == 256) {
-    return pr.dtype == kBf16 ? sm80::run_attention_bwd_sm80<kBf16, 256>(bp, stream)
-                             : sm80::run_attention_bwd_sm80<kFp16, 256>(bp, stream);
+    return pr.dtype == kBf16 ? sm90::run_attention_bwd_sm90<kBf16, 256>(bp, stream)
+                             : sm90::run_attention_bwd_sm90<kFp16, 256>(bp, stream);
   }
   if (pr.head_dim == 64) {
     return pr.dtype == kBf16 ? sm90::run_attention_bwd_sm90<kBf16, 64>(bp, stream)
@@ -188,7 +184,6 @@ int main(int argc, char** argv) {
           for (auto [seq, group, cap, det, batch] :
                {std::tuple{300, 1, 0.0f, false, 2}, {520, 4, 30.0f, false, 2}, {256, 2, 0.0f, false, 2},
                 {700, 4, 0.0f, true, 2}, {2100, 1, 0.0f, false, 20}}) {
-            if (head_dim == 256 && batch > 2) continue;  // the grid order is the sm90 family's
             const float err = check(dtype, head_dim, causal, seq, group, cap, det, batch);
             std::printf("check %s D=%d%s B=%d S=%d group %d softcap %g%s: max |gpu - cpu| / max |cpu| = %.4f %s\n",
                         dtype_short(dtype), head_dim, causal ? " causal" : "", batch, seq, group, cap,
