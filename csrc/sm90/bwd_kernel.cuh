@@ -43,9 +43,10 @@ struct BwdTraits {
   // Head dim 256 (kSplitD): both warpgroups take the same 64 keys, each computes the item's whole S^T and dP^T (64 x
   // 64, over all 256 columns) and half of D's gradient columns (dK, dV and dQ columns 128 wg..), so each warpgroup's
   // registers hold what they hold at head dim 128 (dK and dV 64 x 128). Against splitting S^T and dP^T by query
-  // columns: 1.4x the products' FLOPs, but no P^T exchange through shared memory and no m64n32 products, which read
-  // shared memory at two thirds of the tensor rate. Its dQ goes to dq_accum by float2 atomics: K, V (32 KB each) and
-  // Q, dO twice (128 KB) leave no room for the stages.
+  // columns: 1.4x the products' FLOPs, but no P^T exchange through shared memory and no m64n32 products (3 KB of
+  // operands read from shared memory per 64 x 32 x 16 step: about two thirds of the tensor rate by that bandwidth).
+  // Its dQ goes to dq_accum by float2 atomics: K, V (32 KB each) and Q, dO twice (128 KB) leave no room for the
+  // stages.
   static constexpr bool kSplitD = kHeadDim == 256;
   static constexpr int kBlockKV = kSplitD ? 64 : 128;
   // Query rows per item: 128 at D = 64 (dQ splits by rows over the two warpgroups), 64 at D = 128 (by columns), so
