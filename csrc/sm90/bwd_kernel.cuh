@@ -280,6 +280,111 @@ __device__ __forceinline__ void stage_dk_dv(const float (&acc_dk)[T::kOutCols / 
   }
 }
 
+// The K-major operand offset of k16 step kk: 32 bytes per step inside a 64-column panel, a panel per 4 steps.
+__device__ __forceinline__ uint32_t k_major_step(int kk, int panel_bytes) {
+  return (kk / 4) * panel_bytes + (kk % 4) * 32;
+}
+
+// An item's first products, S^T = K_wg Q^T and dP^T = V_wg dO^T (A and B K-major in shared memory), issued as two
+// wgmma groups.
+template <class T>
+__device__ __forceinline__ void issue_score_products(float (&acc_s)[T::kBlockQ / 2], float (&acc_dp)[T::kBlockQ / 2],
+                                                     uint64_t k_desc0, uint64_t v_desc0, uint32_t sQi,
+                                                     uint32_t sdOi) {
+  using Element = typename T::Element;
+  const uint64_t q_desc0 = smem_descriptor(sQi, 16, 1024), do_desc0 = smem_descriptor(sdOi, 16, 1024);
+  wgmma_fence();
+#pragma unroll
+  for (int kk = 0; kk < T::kHeadDim / 16; ++kk) {
+    wgmma_ss<Element, T::kBlockQ>(acc_s, smem_offset(k_desc0, k_major_step(kk, T::kKVPanelBytes)),
+                                  smem_offset(q_desc0, k_major_step(kk, T::kQPanelBytes)), kk > 0);
+  }
+  wgmma_commit();
+#pragma unroll
+  for (int kk = 0; kk < T::kHeadDim / 16; ++kk) {
+    wgmma_ss<Element, T::kBlockQ>(acc_dp, smem_offset(v_desc0, k_major_step(kk, T::kKVPanelBytes)),
+                                  smem_offset(do_desc0, k_major_step(kk, T::kQPanelBytes)), kk > 0);
+  }
+  wgmma_commit();
+}
+
+// kSplitD: the item's dQ share 0 (in acc_dq, computed) added, then share 1 (K's next panel) computed into the same
+// registers beside dK's products and added; the deterministic variant holds the key blocks' turn around both.
+// Returns with every wgmma of the item done.
+template <class T, bool kDeterministic>
+__device__ __forceinline__ void add_split_dq(const BackwardParams& bp, const BatchLengths& len, float (&acc_dq)[32],
+                                             uint64_t ds_desc0, uint64_t kmn_desc0, int64_t batch, int64_t head,
+                                             int q0, int q_rows, int kv_block, int wg, int tid) {
+  [[maybe_unused]] DQTurn turn{};
+  if constexpr (kDeterministic) {
+    turn = dq_turn_of<T>(bp, len, batch, head, q0, kv_block);
+    dq_wait_turn(turn, tid);
+    add_dq_ordered<T>(bp, acc_dq, batch, head, q0, q_rows, wg, 0, tid);
+  } else {
+    add_dq_atomic<T>(bp, acc_dq, batch, head, q0, q_rows, wg, 0, tid);
+  }
+  wgmma_fence();
+#pragma unroll
+  for (int t = 0; t < T::kBlockKV / 16; ++t) {
+    wgmma_ss_tt<typename T::Element, 64>(acc_dq, smem_offset(ds_desc0, t * 2048),
+                                         smem_offset(kmn_desc0, T::kKVPanelBytes + t * 2048), t > 0);
+  }
+  wgmma_commit();
+  wgmma_wait<0>();
+  fence_registers(acc_dq);
+  if constexpr (kDeterministic) {
+    add_dq_ordered<T>(bp, acc_dq, batch, head, q0, q_rows, wg, 1, tid);
+    dq_pass_turn(turn, tid);
+  } else {
+    add_dq_atomic<T>(bp, acc_dq, batch, head, q0, q_rows, wg, 1, tid);
+  }
+}
+
+// The block's K and V tiles (rows past kv_len as zeros) and, kSegments, its keys' segment ids, by cp.async.
+template <class T, bool kSegments>
+__device__ __forceinline__ void load_kv_block(const AttentionParams& p, const typename T::Element* gK,
+                                              const typename T::Element* gV, int64_t batch, int kv0,
+                                              const BatchLengths& len, uint32_t sK, uint32_t sV, int* sSegK,
+                                              int tid) {
+  using Element = typename T::Element;
+  copy_panels<Element, T::kBlockKV, T::kHeadDim, T::kNumThreads>(sK, gK + kv0 * p.k_seq_stride, p.k_seq_stride,
+                                                                 len.kv_len - kv0, tid);
+  copy_panels<Element, T::kBlockKV, T::kHeadDim, T::kNumThreads>(sV, gV + kv0 * p.v_seq_stride, p.v_seq_stride,
+                                                                 len.kv_len - kv0, tid);
+  if constexpr (kSegments) {
+    if (tid < T::kBlockKV) {
+      const int key = kv0 + tid;  // (keys past seqlen_k: zeros, hidden by the lengths' mask)
+      cp_async_4(smem_address(sSegK + tid),
+                 p.kv_segment_ids + batch * p.kv_segment_stride + min(key, p.seqlen_k - 1), key < p.seqlen_k);
+    }
+  }
+}
+
+// The block's end: dK and dV through the K and V tiles (every product that read them was waited for in the loop;
+// the barrier covers both warpgroups) and a TMA store per panel of each; rows past seqlen_k are not written. The
+// stages and tiles stay until the reduces and stores have read them.
+template <class T, bool kDeterministic>
+__device__ __forceinline__ void store_dk_dv(const float (&acc_dk)[T::kOutCols / 2],
+                                            const float (&acc_dv)[T::kOutCols / 2], char* smem,
+                                            const CUtensorMap& tma_dk, const CUtensorMap& tma_dv, int kv0,
+                                            int64_t kv_head, int64_t batch, int key_row0, int lane, int wg, int tid) {
+  __syncthreads();
+  stage_dk_dv<T>(acc_dk, acc_dv, smem, smem + T::kKVBytes, key_row0, lane, wg);
+  fence_proxy_async_smem();
+  __syncthreads();
+  if (tid == 0) {
+#pragma unroll
+    for (int panel = 0; panel < T::kPanels; ++panel) {
+      tma_store_4d(&tma_dk, smem + panel * T::kKVPanelBytes, panel * 64, kv0, static_cast<int>(kv_head),
+                   static_cast<int>(batch));
+      tma_store_4d(&tma_dv, smem + T::kKVBytes + panel * T::kKVPanelBytes, panel * 64, kv0,
+                   static_cast<int>(kv_head), static_cast<int>(batch));
+    }
+    bulk_commit_group();
+  }
+  if ((!kDeterministic && tid % 128 == 0) || tid == 0) bulk_wait_group_read<0>();
+}
+
 // kMask: some score may be hidden (window, lengths, or a partial last key block); kSoftcap: s = cap tanh(q.k scale
 // / cap); kTensors (with kMask): segment ids alone, or any of segment ids, bias or mask tensors and ALiBi slopes, per
 // score (common/backward_tensors.cuh). The segment-only variant keeps no bias or ALiBi state and compares the ids
@@ -332,19 +437,7 @@ __global__ void __launch_bounds__(T::kNumThreads, 1)
 
   const Element* gK = static_cast<const Element*>(p.k) + batch * p.k_batch_stride + kv_head * p.k_head_stride;
   const Element* gV = static_cast<const Element*>(p.v) + batch * p.v_batch_stride + kv_head * p.v_head_stride;
-  if (first_item < num_items) {
-    copy_panels<Element, kBlockKV, kD, T::kNumThreads>(sK, gK + kv0 * p.k_seq_stride, p.k_seq_stride,
-                                                       len.kv_len - kv0, tid);
-    copy_panels<Element, kBlockKV, kD, T::kNumThreads>(sV, gV + kv0 * p.v_seq_stride, p.v_seq_stride,
-                                                       len.kv_len - kv0, tid);
-    if constexpr (kSegments) {
-      if (tid < kBlockKV) {
-        const int key = kv0 + tid;  // (keys past seqlen_k: zeros, hidden by the lengths' mask)
-        cp_async_4(smem_address(sSegK + tid),
-                   p.kv_segment_ids + batch * p.kv_segment_stride + min(key, p.seqlen_k - 1), key < p.seqlen_k);
-      }
-    }
-  }
+  if (first_item < num_items) load_kv_block<T, kSegments>(p, gK, gV, batch, kv0, len, sK, sV, sSegK, tid);
   if (tid == 0) {
     mbarrier_init(&q_full[0], 1);
     mbarrier_init(&q_full[1], 1);
@@ -413,7 +506,6 @@ __global__ void __launch_bounds__(T::kNumThreads, 1)
                                             T::kScorePanelBytes, 1024);
   const uint64_t kmn_desc0 = smem_descriptor(
       sK + (T::kDQSplitRows ? 0 : wg * T::kDQShares * T::kKVPanelBytes), T::kKVPanelBytes, 1024);
-  auto k_major_step = [](int kk, int panel_bytes) { return (kk / 4) * panel_bytes + (kk % 4) * 32; };
 
   constexpr int kOut = T::kOutCols;  // dK / dV columns of this warpgroup: D, or D / 2 from column 128 wg (kSplitD)
   float acc_dk[kOut / 2], acc_dv[kOut / 2];
@@ -446,22 +538,7 @@ __global__ void __launch_bounds__(T::kNumThreads, 1)
     const float* delta = sDelta + buf * kBlockQ;
 
     float acc_s[kBlockQ / 2], acc_dp[kBlockQ / 2];
-    {
-      const uint64_t q_desc0 = smem_descriptor(sQi, 16, 1024), do_desc0 = smem_descriptor(sdOi, 16, 1024);
-      wgmma_fence();
-#pragma unroll
-      for (int kk = 0; kk < kD / 16; ++kk) {
-        wgmma_ss<Element, kBlockQ>(acc_s, smem_offset(k_desc0, k_major_step(kk, T::kKVPanelBytes)),
-                                   smem_offset(q_desc0, k_major_step(kk, T::kQPanelBytes)), kk > 0);
-      }
-      wgmma_commit();
-#pragma unroll
-      for (int kk = 0; kk < kD / 16; ++kk) {
-        wgmma_ss<Element, kBlockQ>(acc_dp, smem_offset(v_desc0, k_major_step(kk, T::kKVPanelBytes)),
-                                   smem_offset(do_desc0, k_major_step(kk, T::kQPanelBytes)), kk > 0);
-      }
-      wgmma_commit();
-    }
+    issue_score_products<T>(acc_s, acc_dp, k_desc0, v_desc0, sQi, sdOi);
     // The next item's loads go out behind this one's first products. Its buffers held the item before's, which every
     // thread finished before it passed the barrier above (so did its reads of dS^T).
     ItemRows next_rows{};
@@ -534,30 +611,8 @@ __global__ void __launch_bounds__(T::kNumThreads, 1)
     const int64_t head = kv_head * group + at.head;
     const int q_rows = min(kBlockQ, len.q_len - q0);  // rows past q_len get no gradient
     if constexpr (T::kSplitD) {
-      // share 0 added, then share 1 (K's next panel) computed into the same registers beside dK's products
-      [[maybe_unused]] DQTurn turn{};
-      if constexpr (kDeterministic) {
-        turn = dq_turn_of<T>(bp, len, batch, head, q0, kv_block);
-        dq_wait_turn(turn, tid);
-        add_dq_ordered<T>(bp, acc_dq, batch, head, q0, q_rows, wg, 0, tid);
-      } else {
-        add_dq_atomic<T>(bp, acc_dq, batch, head, q0, q_rows, wg, 0, tid);
-      }
-      wgmma_fence();
-#pragma unroll
-      for (int t = 0; t < kBlockKV / 16; ++t) {
-        wgmma_ss_tt<Element, 64>(acc_dq, smem_offset(ds_desc0, t * 2048),
-                                 smem_offset(kmn_desc0, T::kKVPanelBytes + t * 2048), t > 0);
-      }
-      wgmma_commit();
-      wgmma_wait<0>();
-      fence_registers(acc_dq);
-      if constexpr (kDeterministic) {
-        add_dq_ordered<T>(bp, acc_dq, batch, head, q0, q_rows, wg, 1, tid);
-        dq_pass_turn(turn, tid);
-      } else {
-        add_dq_atomic<T>(bp, acc_dq, batch, head, q0, q_rows, wg, 1, tid);
-      }
+      add_split_dq<T, kDeterministic>(bp, len, acc_dq, ds_desc0, kmn_desc0, batch, head, q0, q_rows, kv_block, wg,
+                                      tid);
     } else if constexpr (kDeterministic) {
       const DQTurn turn = dq_turn_of<T>(bp, len, batch, head, q0, kv_block);
       dq_wait_turn(turn, tid);
@@ -577,24 +632,7 @@ __global__ void __launch_bounds__(T::kNumThreads, 1)
     at = kItems ? coords_of(after) : step(at);
     i = after;
   }
-  // dK and dV through the K and V tiles (every product that read them was waited for in the loop; the barrier
-  // covers both warpgroups) and a TMA store per panel of each; rows past seqlen_k are not written.
-  __syncthreads();
-  stage_dk_dv<T>(acc_dk, acc_dv, smem, smem + T::kKVBytes, key_row0, lane, wg);
-  fence_proxy_async_smem();
-  __syncthreads();
-  if (tid == 0) {
-#pragma unroll
-    for (int panel = 0; panel < T::kPanels; ++panel) {
-      tma_store_4d(&tma_dk, smem + panel * T::kKVPanelBytes, panel * 64, kv0, static_cast<int>(kv_head),
-                   static_cast<int>(batch));
-      tma_store_4d(&tma_dv, smem + T::kKVBytes + panel * T::kKVPanelBytes, panel * 64, kv0,
-                   static_cast<int>(kv_head), static_cast<int>(batch));
-    }
-    bulk_commit_group();
-  }
-  // the stages and tiles stay until the reduces and stores have read them
-  if ((!kDeterministic && tid % 128 == 0) || tid == 0) bulk_wait_group_read<0>();
+  store_dk_dv<T, kDeterministic>(acc_dk, acc_dv, smem, tma_dk, tma_dv, kv0, kv_head, batch, key_row0, lane, wg, tid);
 }
 
 }  // namespace jax_flash::sm90
