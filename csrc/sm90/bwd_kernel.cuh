@@ -116,14 +116,17 @@ __device__ __forceinline__ void dq_share_origin(int wg, int share, int& row0, in
   col0 = T::kDQSplitRows ? 0 : T::kSplitD ? wg * 128 + share * 64 : wg * 64;
 }
 
-// Calls `add(dq_row_pointer_at_column_c, value_pair)` for each of this thread's float2 pieces of a 64 x 64 share at
-// (row0, col0) of the item whose rows start at q0, rows past q_rows left alone.
-template <class Add>
-__device__ __forceinline__ void for_dq_share(const BackwardParams& bp, const float (&acc_dq)[32], int64_t batch,
-                                             int64_t head, int q0, int q_rows, int row0, int col0, int tid,
-                                             Add&& add) {
+// This thread's float2 pieces of warpgroup wg's share `share` (dq_share_origin) of the item whose rows start at q0
+// added into dq_accum, rows past q_rows left alone: by read-modify-writes in the key blocks' turn (kOrdered, the
+// deterministic variant; the caller holds the turn: common/backward_rows.cuh) or by float2 atomics (kSplitD's
+// default variant).
+template <class T, bool kOrdered>
+__device__ __forceinline__ void add_dq_share(const BackwardParams& bp, const float (&acc_dq)[32], int64_t batch,
+                                             int64_t head, int q0, int q_rows, int wg, int share, int tid) {
   const AttentionParams& p = bp.p;
   const int warp = (tid / 32) % 4, lane = tid % 32;
+  int row0, col0;
+  dq_share_origin<T>(wg, share, row0, col0);
   float* dq_base = bp.dq_accum + ((batch * p.seqlen_q + q0) * p.heads_q + head) * p.head_dim;
   const int64_t dq_row_stride = int64_t{p.heads_q} * p.head_dim;
 #pragma unroll
@@ -131,34 +134,19 @@ __device__ __forceinline__ void for_dq_share(const BackwardParams& bp, const flo
     const int r = row0 + warp * 16 + lane / 4 + 8 * ((e / 2) % 2);
     const int c = col0 + 2 * (lane % 4) + 8 * (e / 4);
     if (r >= q_rows) continue;
-    add(reinterpret_cast<float2*>(dq_base + r * dq_row_stride + c), make_float2(acc_dq[e], acc_dq[e + 1]));
+    float2* dst = reinterpret_cast<float2*>(dq_base + r * dq_row_stride + c);
+    const float2 value = make_float2(acc_dq[e], acc_dq[e + 1]);
+    if constexpr (kOrdered) {
+      dq_add_ordered(dst, value);
+    } else {
+      atomicAdd(dst, value);
+    }
   }
-}
-
-// The deterministic variant: the share added into dq_accum by float2 read-modify-writes in the key blocks' turn
-// (common/backward_rows.cuh). kSplitD: the caller takes the turn around both shares.
-template <class T>
-__device__ __forceinline__ void add_dq_ordered(const BackwardParams& bp, const float (&acc_dq)[32], int64_t batch,
-                                               int64_t head, int q0, int q_rows, int wg, int share, int tid) {
-  int wg_row0, wg_col0;
-  dq_share_origin<T>(wg, share, wg_row0, wg_col0);
-  for_dq_share(bp, acc_dq, batch, head, q0, q_rows, wg_row0, wg_col0, tid,
-               [](float2* dst, float2 value) { dq_add_ordered(dst, value); });
 }
 template <class T>
 __device__ __forceinline__ DQTurn dq_turn_of(const BackwardParams& bp, const BatchLengths& len, int64_t batch,
                                              int64_t head, int q0, int kv_block) {
   return dq_turn<T::kBlockQ, T::kBlockKV>(bp, len, batch, head, q0 / T::kBlockQ, kv_block);
-}
-
-// kSplitD's default variant: the share added into dq_accum by float2 atomics.
-template <class T>
-__device__ __forceinline__ void add_dq_atomic(const BackwardParams& bp, const float (&acc_dq)[32], int64_t batch,
-                                              int64_t head, int q0, int q_rows, int wg, int share, int tid) {
-  int wg_row0, wg_col0;
-  dq_share_origin<T>(wg, share, wg_row0, wg_col0);
-  for_dq_share(bp, acc_dq, batch, head, q0, q_rows, wg_row0, wg_col0, tid,
-               [](float2* dst, float2 value) { atomicAdd(dst, value); });
 }
 
 // The default variant: the share, rows past q_len as zeros, into this warpgroup's `stage`, then two TMA reduce-adds
@@ -315,14 +303,13 @@ template <class T, bool kDeterministic>
 __device__ __forceinline__ void add_split_dq(const BackwardParams& bp, const BatchLengths& len, float (&acc_dq)[32],
                                              uint64_t ds_desc0, uint64_t kmn_desc0, int64_t batch, int64_t head,
                                              int q0, int q_rows, int kv_block, int wg, int tid) {
+  auto add = [&](int share) { add_dq_share<T, kDeterministic>(bp, acc_dq, batch, head, q0, q_rows, wg, share, tid); };
   [[maybe_unused]] DQTurn turn{};
   if constexpr (kDeterministic) {
     turn = dq_turn_of<T>(bp, len, batch, head, q0, kv_block);
     dq_wait_turn(turn, tid);
-    add_dq_ordered<T>(bp, acc_dq, batch, head, q0, q_rows, wg, 0, tid);
-  } else {
-    add_dq_atomic<T>(bp, acc_dq, batch, head, q0, q_rows, wg, 0, tid);
   }
+  add(0);
   wgmma_fence();
 #pragma unroll
   for (int t = 0; t < T::kBlockKV / 16; ++t) {
@@ -332,12 +319,8 @@ __device__ __forceinline__ void add_split_dq(const BackwardParams& bp, const Bat
   wgmma_commit();
   wgmma_wait<0>();
   fence_registers(acc_dq);
-  if constexpr (kDeterministic) {
-    add_dq_ordered<T>(bp, acc_dq, batch, head, q0, q_rows, wg, 1, tid);
-    dq_pass_turn(turn, tid);
-  } else {
-    add_dq_atomic<T>(bp, acc_dq, batch, head, q0, q_rows, wg, 1, tid);
-  }
+  add(1);
+  if constexpr (kDeterministic) dq_pass_turn(turn, tid);
 }
 
 // The block's K and V tiles (rows past kv_len as zeros) and, kSegments, its keys' segment ids, by cp.async.
@@ -616,7 +599,7 @@ __global__ void __launch_bounds__(T::kNumThreads, 1)
     } else if constexpr (kDeterministic) {
       const DQTurn turn = dq_turn_of<T>(bp, len, batch, head, q0, kv_block);
       dq_wait_turn(turn, tid);
-      add_dq_ordered<T>(bp, acc_dq, batch, head, q0, q_rows, wg, 0, tid);
+      add_dq_share<T, true>(bp, acc_dq, batch, head, q0, q_rows, wg, 0, tid);
       dq_pass_turn(turn, tid);
     } else {
       reduce_dq_through_stage<T>(&tma_dq, acc_dq, sdQ_ptr + (buf * 2 + wg) * T::kDQStageBytes, batch, head, q0,
