@@ -6,15 +6,17 @@
 //   dQ (64 x 64) = dS K                                wgmma, A (dS^T in shared memory) and B MN-major;
 //                                                      warpgroup w: query rows 64w.. (kBlockQ = 128) or D columns 64w..
 // At head dim 256 (BwdTraits::kSplitD) a block takes 64 keys, and both warpgroups compute the item's S^T and dP^T
-// over them, each then dV, dK and dQ for D columns 128w.. (dQ in two 64-column shares, added by float2 atomics).
+// over them, each then dV, dK and dQ for D columns 128w.. (dQ in two 64-column shares, a 32-column half at a time
+// through the warpgroup's 8 KB stage).
 // Tiles are 128-byte-swizzled panels of 64 columns (what the descriptors expect): K and V filled by cp.async from all
 // threads, each item's Q and dO by TMA boxes and its rows' lse2 and delta (the preprocess's padded copies) by bulk
 // copies that thread 0 issues onto the buffer's mbarrier. One barrier opens an item (every thread is done with the
 // item before; then its mbarrier) and one lets dQ read both halves of dS^T. The next item's loads go out behind this
 // item's first products; S^T's exponentials run beside dP^T's wgmma and dS^T's arithmetic beside dV's (head dim 128
 // without a softcap; elsewhere dS^T is computed in the exponentials' loop, after dP^T), and dQ's reduce-add beside
-// dK's products. dQ reaches dq_accum through shared memory and TMA reduce-adds (float2 atomics in the deterministic
-// variant, which takes turns). At the block's end dK and dV are staged in the K and V tiles and leave by TMA stores.
+// dK's products. dQ reaches dq_accum through shared memory and TMA reduce-adds (float2 read-modify-writes in the
+// deterministic variant, which takes turns). At the block's end dK and dV are staged in the K and V tiles and leave
+// by TMA stores.
 // Against atomics after every product with a closing barrier (H100, bf16, 16 heads x 128 / 32 x 64, 1024-16384
 // keys): head dim 128 +15-23% (causal +7-11%), head dim 64 +3-7% (causal -1 to +1%).
 #pragma once
@@ -45,8 +47,8 @@ struct BwdTraits {
   // registers hold what they hold at head dim 128 (dK and dV 64 x 128). Against splitting S^T and dP^T by query
   // columns: 1.4x the products' FLOPs, but no P^T exchange through shared memory and no m64n32 products (3 KB of
   // operands read from shared memory per 64 x 32 x 16 step: about two thirds of the tensor rate by that bandwidth).
-  // Its dQ goes to dq_accum by float2 atomics: K, V (32 KB each) and Q, dO twice (128 KB) leave no room for the
-  // stages.
+  // K, V (32 KB each) and Q, dO twice (128 KB) leave 16 KB for dQ's stages: one 32-column half (8 KB) per
+  // warpgroup, written once the reduce-add before it has read it (against float2 atomics, H200: +1 to +6%).
   static constexpr bool kSplitD = kHeadDim == 256;
   static constexpr int kBlockKV = kSplitD ? 64 : 128;
   // Query rows per item: 128 at D = 64 (dQ splits by rows over the two warpgroups), 64 at D = 128 (by columns), so
@@ -73,7 +75,8 @@ struct BwdTraits {
   static constexpr int kDQRowsPerWarpgroup = 64;
   static constexpr int kDQHalfBytes = kDQRowsPerWarpgroup * 128;
   static constexpr int kDQStageBytes = 2 * kDQHalfBytes;
-  static constexpr int kDQStagesBytes = kSplitD ? 0 : 4 * kDQStageBytes;  // 2 buffers x 2 warpgroups
+  // 2 buffers x 2 warpgroups; kSplitD: one 32-column half per warpgroup (the 16 KB that are left)
+  static constexpr int kDQStagesBytes = kSplitD ? 2 * kDQHalfBytes : 4 * kDQStageBytes;
   // K, V; Q and dO twice; dS^T; the dQ stages; float32 lse2 and delta twice; int32 segment ids of the query rows
   // twice and of the keys (the kSegments variant); each tile a whole number of 1024-byte swizzle atoms from a base
   // the kernel rounds up to 1024 bytes; the two Q / dO buffers' mbarriers.
@@ -116,12 +119,11 @@ __device__ __forceinline__ void dq_share_origin(int wg, int share, int& row0, in
   col0 = T::kDQSplitRows ? 0 : T::kSplitD ? wg * 128 + share * 64 : wg * 64;
 }
 
-// This thread's float2 pieces of warpgroup wg's share `share` (dq_share_origin) of the item whose rows start at q0
-// added into dq_accum, rows past q_rows left alone: by read-modify-writes in the key blocks' turn (kOrdered, the
-// deterministic variant; the caller holds the turn: common/backward_rows.cuh) or by float2 atomics (kSplitD's
-// default variant).
-template <class T, bool kOrdered>
-__device__ __forceinline__ void add_dq_share(const BackwardParams& bp, const float (&acc_dq)[32], int64_t batch,
+// The deterministic variant: this thread's float2 pieces of warpgroup wg's share `share` (dq_share_origin) of the
+// item whose rows start at q0 added into dq_accum by read-modify-writes in the key blocks' turn (the caller holds
+// the turn: common/backward_rows.cuh), rows past q_rows left alone.
+template <class T>
+__device__ __forceinline__ void add_dq_ordered(const BackwardParams& bp, const float (&acc_dq)[32], int64_t batch,
                                              int64_t head, int q0, int q_rows, int wg, int share, int tid) {
   const AttentionParams& p = bp.p;
   const int warp = (tid / 32) % 4, lane = tid % 32;
@@ -134,13 +136,7 @@ __device__ __forceinline__ void add_dq_share(const BackwardParams& bp, const flo
     const int r = row0 + warp * 16 + lane / 4 + 8 * ((e / 2) % 2);
     const int c = col0 + 2 * (lane % 4) + 8 * (e / 4);
     if (r >= q_rows) continue;
-    float2* dst = reinterpret_cast<float2*>(dq_base + r * dq_row_stride + c);
-    const float2 value = make_float2(acc_dq[e], acc_dq[e + 1]);
-    if constexpr (kOrdered) {
-      dq_add_ordered(dst, value);
-    } else {
-      atomicAdd(dst, value);
-    }
+    dq_add_ordered(reinterpret_cast<float2*>(dq_base + r * dq_row_stride + c), make_float2(acc_dq[e], acc_dq[e + 1]));
   }
 }
 template <class T>
@@ -149,19 +145,15 @@ __device__ __forceinline__ DQTurn dq_turn_of(const BackwardParams& bp, const Bat
   return dq_turn<T::kBlockQ, T::kBlockKV>(bp, len, batch, head, q0 / T::kBlockQ, kv_block);
 }
 
-// The default variant: the share, rows past q_len as zeros, into this warpgroup's `stage`, then two TMA reduce-adds
-// into dq_accum issued by the warpgroup's first thread (the caller waits for their reads before reusing the stage).
-// Element (r, c) lies in half c / 32 at row r's 128 bytes, 16-byte chunk (c % 32) / 4 swizzled by r % 8 (a warp's
-// float2 stores meet no bank twice). Row r = 16 warp + lane / 4 (+ 8), column c = 2 (lane % 4) + 8 (e / 4):
-// r % 8 = lane / 4 and the chunk is (lane % 4) / 2 + 2 ((e / 4) % 4). The lane is read fresh so the 16 addresses
-// are not kept across the caller's loop.
-template <class T>
-__device__ __forceinline__ void reduce_dq_through_stage(const CUtensorMap* tma_dq, const float (&acc_dq)[32],
-                                                        char* stage, int64_t batch, int64_t head, int q0, int q_rows,
-                                                        int wg, int tid) {
+// A share's 32-column halves kFirst.. kFirst + kHalves - 1, rows past q_len as zeros, into `stage` (half h at
+// (h - kFirst) kDQHalfBytes), then the warpgroup's barrier. Element (r, c) lies in half c / 32 at row r's 128 bytes,
+// 16-byte chunk (c % 32) / 4 swizzled by r % 8 (a warp's float2 stores meet no bank twice). Row r = 16 warp +
+// lane / 4 (+ 8), column c = 2 (lane % 4) + 8 (e / 4): r % 8 = lane / 4 and the chunk is (lane % 4) / 2 +
+// 2 ((e / 4) % 4). The lane is read fresh so the 16 addresses are not kept across the caller's loop.
+template <class T, int kFirst, int kHalves>
+__device__ __forceinline__ void stage_dq_halves(const float (&acc_dq)[32], char* stage, int q_rows, int wg_row0,
+                                                int wg, int tid) {
   const int warp = (tid / 32) % 4;
-  int wg_row0, wg_col0;
-  dq_share_origin<T>(wg, 0, wg_row0, wg_col0);
   const int ln = lane_id_fresh();
   const int swizzle = ((ln % 4) / 2) ^ (ln / 4);
   char* row_base = stage + (warp * 16 + ln / 4) * 128 + (ln % 2) * 8;
@@ -169,9 +161,9 @@ __device__ __forceinline__ void reduce_dq_through_stage(const CUtensorMap* tma_d
   // (a share whose rows are all live, as every item's but a sequence's last query block, stores without the selects)
   auto store = [&](auto all_live) {
 #pragma unroll
-    for (int e = 0; e < 32; e += 2) {
+    for (int e = 16 * kFirst; e < 16 * (kFirst + kHalves); e += 2) {
       const int down = 8 * ((e / 2) % 2);
-      const int offset = (e / 16) * T::kDQHalfBytes + down * 128 + ((swizzle ^ (2 * ((e / 4) % 4))) * 16);
+      const int offset = (e / 16 - kFirst) * T::kDQHalfBytes + down * 128 + ((swizzle ^ (2 * ((e / 4) % 4))) * 16);
       *reinterpret_cast<float2*>(row_base + offset) = decltype(all_live)::value || row_live > down
                                                           ? make_float2(acc_dq[e], acc_dq[e + 1])
                                                           : make_float2(0.0f, 0.0f);
@@ -181,6 +173,17 @@ __device__ __forceinline__ void reduce_dq_through_stage(const CUtensorMap* tma_d
   else store(std::false_type{});
   fence_proxy_async_smem();  // the stores reach the async proxy the reduce reads through
   named_barrier_sync(1 + wg, 128);
+}
+
+// The default variant: the share into this warpgroup's `stage` (both halves), then two TMA reduce-adds into
+// dq_accum issued by the warpgroup's first thread (the caller waits for their reads before reusing the stage).
+template <class T>
+__device__ __forceinline__ void reduce_dq_through_stage(const CUtensorMap* tma_dq, const float (&acc_dq)[32],
+                                                        char* stage, int64_t batch, int64_t head, int q0, int q_rows,
+                                                        int wg, int tid) {
+  int wg_row0, wg_col0;
+  dq_share_origin<T>(wg, 0, wg_row0, wg_col0);
+  stage_dq_halves<T, 0, 2>(acc_dq, stage, q_rows, wg_row0, wg, tid);
   if (tid % 128 == 0) {
     const int row = q0 + wg_row0;
     tma_reduce_add_4d(tma_dq, stage, wg_col0, row, static_cast<int>(head), static_cast<int>(batch));
@@ -188,6 +191,28 @@ __device__ __forceinline__ void reduce_dq_through_stage(const CUtensorMap* tma_d
                       static_cast<int>(batch));
     bulk_commit_group();
   }
+}
+
+// kSplitD's default variant: share `share` through this warpgroup's one-half `stage` (8 KB), a half at a time, each
+// written once the reduce before it has read the stage.
+template <class T>
+__device__ __forceinline__ void reduce_dq_by_halves(const CUtensorMap* tma_dq, const float (&acc_dq)[32],
+                                                    char* stage, int64_t batch, int64_t head, int q0, int q_rows,
+                                                    int wg, int share, int tid) {
+  int wg_row0, wg_col0;
+  dq_share_origin<T>(wg, share, wg_row0, wg_col0);
+  auto half = [&](auto first) {
+    if (tid % 128 == 0) bulk_wait_group_read<0>();
+    named_barrier_sync(1 + wg, 128);
+    stage_dq_halves<T, decltype(first)::value, 1>(acc_dq, stage, q_rows, wg_row0, wg, tid);
+    if (tid % 128 == 0) {
+      tma_reduce_add_4d(tma_dq, stage, wg_col0 + 32 * decltype(first)::value, q0 + wg_row0, static_cast<int>(head),
+                        static_cast<int>(batch));
+      bulk_commit_group();
+    }
+  };
+  half(std::integral_constant<int, 0>{});
+  half(std::integral_constant<int, 1>{});
 }
 
 // An item's query head within the group and query block among those that see the block's keys.
@@ -297,13 +322,20 @@ __device__ __forceinline__ void issue_score_products(float (&acc_s)[T::kBlockQ /
 }
 
 // kSplitD: the item's dQ share 0 (in acc_dq, computed) added, then share 1 (K's next panel) computed into the same
-// registers beside dK's products and added; the deterministic variant holds the key blocks' turn around both.
-// Returns with every wgmma of the item done.
+// registers beside dK's products and added, through the warpgroup's `stage` (the deterministic variant: in the key
+// blocks' turn, held around both). Returns with every wgmma of the item done.
 template <class T, bool kDeterministic>
 __device__ __forceinline__ void add_split_dq(const BackwardParams& bp, const BatchLengths& len, float (&acc_dq)[32],
-                                             uint64_t ds_desc0, uint64_t kmn_desc0, int64_t batch, int64_t head,
-                                             int q0, int q_rows, int kv_block, int wg, int tid) {
-  auto add = [&](int share) { add_dq_share<T, kDeterministic>(bp, acc_dq, batch, head, q0, q_rows, wg, share, tid); };
+                                             uint64_t ds_desc0, uint64_t kmn_desc0, const CUtensorMap* tma_dq,
+                                             char* stage, int64_t batch, int64_t head, int q0, int q_rows,
+                                             int kv_block, int wg, int tid) {
+  auto add = [&](int share) {
+    if constexpr (kDeterministic) {
+      add_dq_ordered<T>(bp, acc_dq, batch, head, q0, q_rows, wg, share, tid);
+    } else {
+      reduce_dq_by_halves<T>(tma_dq, acc_dq, stage, batch, head, q0, q_rows, wg, share, tid);
+    }
+  };
   [[maybe_unused]] DQTurn turn{};
   if constexpr (kDeterministic) {
     turn = dq_turn_of<T>(bp, len, batch, head, q0, kv_block);
@@ -393,7 +425,7 @@ __global__ void __launch_bounds__(T::kNumThreads, 1)
   const uint32_t sdO = sQ + 2 * T::kQBytes;   // 2 buffers
   const uint32_t sdS = sdO + 2 * T::kQBytes;  // dS^T
   char* sdS_ptr = smem + (sdS - sK);
-  char* sdQ_ptr = sdS_ptr + T::kScoreBytes;  // (buffer, warpgroup) stages of T::kDQStageBytes
+  char* sdQ_ptr = sdS_ptr + T::kScoreBytes;  // (buffer, warpgroup) stages of kDQStageBytes (kSplitD: kDQHalfBytes)
   float* sLse2 = reinterpret_cast<float*>(sdQ_ptr + T::kDQStagesBytes);  // 2 x kBlockQ
   float* sDelta = sLse2 + 2 * kBlockQ;                                         // 2 x kBlockQ
   int* sSegQ = reinterpret_cast<int*>(sDelta + 2 * kBlockQ);                   // 2 x kBlockQ (kSegments)
@@ -594,12 +626,12 @@ __global__ void __launch_bounds__(T::kNumThreads, 1)
     const int64_t head = kv_head * group + at.head;
     const int q_rows = min(kBlockQ, len.q_len - q0);  // rows past q_len get no gradient
     if constexpr (T::kSplitD) {
-      add_split_dq<T, kDeterministic>(bp, len, acc_dq, ds_desc0, kmn_desc0, batch, head, q0, q_rows, kv_block, wg,
-                                      tid);
+      add_split_dq<T, kDeterministic>(bp, len, acc_dq, ds_desc0, kmn_desc0, &tma_dq, sdQ_ptr + wg * T::kDQHalfBytes,
+                                      batch, head, q0, q_rows, kv_block, wg, tid);
     } else if constexpr (kDeterministic) {
       const DQTurn turn = dq_turn_of<T>(bp, len, batch, head, q0, kv_block);
       dq_wait_turn(turn, tid);
-      add_dq_share<T, true>(bp, acc_dq, batch, head, q0, q_rows, wg, 0, tid);
+      add_dq_ordered<T>(bp, acc_dq, batch, head, q0, q_rows, wg, 0, tid);
       dq_pass_turn(turn, tid);
     } else {
       reduce_dq_through_stage<T>(&tma_dq, acc_dq, sdQ_ptr + (buf * 2 + wg) * T::kDQStageBytes, batch, head, q0,
