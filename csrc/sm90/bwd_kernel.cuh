@@ -116,7 +116,7 @@ __device__ __forceinline__ void copy_panels(uint32_t smem_tile, const Element* g
 template <class T>
 __device__ __forceinline__ void dq_share_origin(int wg, int share, int& row0, int& col0) {
   row0 = T::kDQSplitRows ? wg * 64 : 0;
-  col0 = T::kDQSplitRows ? 0 : T::kSplitD ? wg * 128 + share * 64 : wg * 64;
+  col0 = T::kDQSplitRows ? 0 : (wg * T::kDQShares + share) * 64;
 }
 
 // The deterministic variant: this thread's float2 pieces of warpgroup wg's share `share` (dq_share_origin) of the
@@ -124,7 +124,7 @@ __device__ __forceinline__ void dq_share_origin(int wg, int share, int& row0, in
 // the turn: common/backward_rows.cuh), rows past q_rows left alone.
 template <class T>
 __device__ __forceinline__ void add_dq_ordered(const BackwardParams& bp, const float (&acc_dq)[32], int64_t batch,
-                                             int64_t head, int q0, int q_rows, int wg, int share, int tid) {
+                                               int64_t head, int q0, int q_rows, int wg, int share, int tid) {
   const AttentionParams& p = bp.p;
   const int warp = (tid / 32) % 4, lane = tid % 32;
   int row0, col0;
