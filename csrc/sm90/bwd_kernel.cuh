@@ -6,8 +6,8 @@
 //   dQ (64 x 64) = dS K                                wgmma, A (dS^T in shared memory) and B MN-major;
 //                                                      warpgroup w: query rows 64w.. (kBlockQ = 128) or D columns 64w..
 // At head dim 256 (BwdTraits::kSplitD) a block takes 64 keys, and both warpgroups compute the item's S^T and dP^T
-// over them, each then dV, dK and dQ for D columns 128w.. (dQ in two 64-column shares, a 32-column half at a time
-// through the warpgroup's 8 KB stage).
+// over them, each then dV, dK and dQ for D columns 128w.. (dQ in two 64-column shares, staged in the item's dO and Q
+// panels of those columns once its last products have read them).
 // Tiles are 128-byte-swizzled panels of 64 columns (what the descriptors expect): K and V filled by cp.async from all
 // threads, each item's Q and dO by TMA boxes and its rows' lse2 and delta (the preprocess's padded copies) by bulk
 // copies that thread 0 issues onto the buffer's mbarrier. One barrier opens an item (every thread is done with the
@@ -47,8 +47,10 @@ struct BwdTraits {
   // registers hold what they hold at head dim 128 (dK and dV 64 x 128). Against splitting S^T and dP^T by query
   // columns: 1.4x the products' FLOPs, but no P^T exchange through shared memory and no m64n32 products (3 KB of
   // operands read from shared memory per 64 x 32 x 16 step: about two thirds of the tensor rate by that bandwidth).
-  // K, V (32 KB each) and Q, dO twice (128 KB) leave 16 KB for dQ's stages: one 32-column half (8 KB) per
-  // warpgroup, written once the reduce-add before it has read it (against float2 atomics, H200: +1 to +6%).
+  // K, V (32 KB each) and Q, dO twice (128 KB) leave no room for the stages of the other head dims: a warpgroup
+  // stages the item's first dQ share in its dO panels (2 wg, 2 wg + 1) once dV's product is done and the second in
+  // its Q panels once dK's is (after the dS^T barrier each warpgroup's products read only its own column panels),
+  // and the reducing threads wait for those reads only before the item after next is loaded into the buffer.
   static constexpr bool kSplitD = kHeadDim == 256;
   static constexpr int kBlockKV = kSplitD ? 64 : 128;
   // Query rows per item: 128 at D = 64 (dQ splits by rows over the two warpgroups), 64 at D = 128 (by columns), so
@@ -75,8 +77,7 @@ struct BwdTraits {
   static constexpr int kDQRowsPerWarpgroup = 64;
   static constexpr int kDQHalfBytes = kDQRowsPerWarpgroup * 128;
   static constexpr int kDQStageBytes = 2 * kDQHalfBytes;
-  // 2 buffers x 2 warpgroups; kSplitD: one 32-column half per warpgroup (the 16 KB that are left)
-  static constexpr int kDQStagesBytes = kSplitD ? 2 * kDQHalfBytes : 4 * kDQStageBytes;
+  static constexpr int kDQStagesBytes = kSplitD ? 0 : 4 * kDQStageBytes;  // 2 buffers x 2 warpgroups
   // K, V; Q and dO twice; dS^T; the dQ stages; float32 lse2 and delta twice; int32 segment ids of the query rows
   // twice and of the keys (the kSegments variant); each tile a whole number of 1024-byte swizzle atoms from a base
   // the kernel rounds up to 1024 bytes; the two Q / dO buffers' mbarriers.
@@ -145,15 +146,20 @@ __device__ __forceinline__ DQTurn dq_turn_of(const BackwardParams& bp, const Bat
   return dq_turn<T::kBlockQ, T::kBlockKV>(bp, len, batch, head, q0 / T::kBlockQ, kv_block);
 }
 
-// A share's 32-column halves kFirst.. kFirst + kHalves - 1, rows past q_len as zeros, into `stage` (half h at
-// (h - kFirst) kDQHalfBytes), then the warpgroup's barrier. Element (r, c) lies in half c / 32 at row r's 128 bytes,
-// 16-byte chunk (c % 32) / 4 swizzled by r % 8 (a warp's float2 stores meet no bank twice). Row r = 16 warp +
-// lane / 4 (+ 8), column c = 2 (lane % 4) + 8 (e / 4): r % 8 = lane / 4 and the chunk is (lane % 4) / 2 +
-// 2 ((e / 4) % 4). The lane is read fresh so the 16 addresses are not kept across the caller's loop.
-template <class T, int kFirst, int kHalves>
-__device__ __forceinline__ void stage_dq_halves(const float (&acc_dq)[32], char* stage, int q_rows, int wg_row0,
-                                                int wg, int tid) {
+// The default variant: share `share` (dq_share_origin), rows past q_len as zeros, into this warpgroup's `stage`
+// (two 32-column halves of 64 rows x 128 bytes), then two TMA reduce-adds into dq_accum issued by the warpgroup's
+// first thread (the caller waits for their reads before the stage is written again). Element (r, c) lies in half
+// c / 32 at row r's 128 bytes, 16-byte chunk (c % 32) / 4 swizzled by r % 8 (a warp's float2 stores meet no bank
+// twice). Row r = 16 warp + lane / 4 (+ 8), column c = 2 (lane % 4) + 8 (e / 4): r % 8 = lane / 4 and the chunk
+// is (lane % 4) / 2 + 2 ((e / 4) % 4). The lane is read fresh so the 16 addresses are not kept across the caller's
+// loop.
+template <class T>
+__device__ __forceinline__ void reduce_dq_through_stage(const CUtensorMap* tma_dq, const float (&acc_dq)[32],
+                                                        char* stage, int64_t batch, int64_t head, int q0, int q_rows,
+                                                        int wg, int share, int tid) {
   const int warp = (tid / 32) % 4;
+  int wg_row0, wg_col0;
+  dq_share_origin<T>(wg, share, wg_row0, wg_col0);
   const int ln = lane_id_fresh();
   const int swizzle = ((ln % 4) / 2) ^ (ln / 4);
   char* row_base = stage + (warp * 16 + ln / 4) * 128 + (ln % 2) * 8;
@@ -161,9 +167,9 @@ __device__ __forceinline__ void stage_dq_halves(const float (&acc_dq)[32], char*
   // (a share whose rows are all live, as every item's but a sequence's last query block, stores without the selects)
   auto store = [&](auto all_live) {
 #pragma unroll
-    for (int e = 16 * kFirst; e < 16 * (kFirst + kHalves); e += 2) {
+    for (int e = 0; e < 32; e += 2) {
       const int down = 8 * ((e / 2) % 2);
-      const int offset = (e / 16 - kFirst) * T::kDQHalfBytes + down * 128 + ((swizzle ^ (2 * ((e / 4) % 4))) * 16);
+      const int offset = (e / 16) * T::kDQHalfBytes + down * 128 + ((swizzle ^ (2 * ((e / 4) % 4))) * 16);
       *reinterpret_cast<float2*>(row_base + offset) = decltype(all_live)::value || row_live > down
                                                           ? make_float2(acc_dq[e], acc_dq[e + 1])
                                                           : make_float2(0.0f, 0.0f);
@@ -173,17 +179,6 @@ __device__ __forceinline__ void stage_dq_halves(const float (&acc_dq)[32], char*
   else store(std::false_type{});
   fence_proxy_async_smem();  // the stores reach the async proxy the reduce reads through
   named_barrier_sync(1 + wg, 128);
-}
-
-// The default variant: the share into this warpgroup's `stage` (both halves), then two TMA reduce-adds into
-// dq_accum issued by the warpgroup's first thread (the caller waits for their reads before reusing the stage).
-template <class T>
-__device__ __forceinline__ void reduce_dq_through_stage(const CUtensorMap* tma_dq, const float (&acc_dq)[32],
-                                                        char* stage, int64_t batch, int64_t head, int q0, int q_rows,
-                                                        int wg, int tid) {
-  int wg_row0, wg_col0;
-  dq_share_origin<T>(wg, 0, wg_row0, wg_col0);
-  stage_dq_halves<T, 0, 2>(acc_dq, stage, q_rows, wg_row0, wg, tid);
   if (tid % 128 == 0) {
     const int row = q0 + wg_row0;
     tma_reduce_add_4d(tma_dq, stage, wg_col0, row, static_cast<int>(head), static_cast<int>(batch));
@@ -191,28 +186,6 @@ __device__ __forceinline__ void reduce_dq_through_stage(const CUtensorMap* tma_d
                       static_cast<int>(batch));
     bulk_commit_group();
   }
-}
-
-// kSplitD's default variant: share `share` through this warpgroup's one-half `stage` (8 KB), a half at a time, each
-// written once the reduce before it has read the stage.
-template <class T>
-__device__ __forceinline__ void reduce_dq_by_halves(const CUtensorMap* tma_dq, const float (&acc_dq)[32],
-                                                    char* stage, int64_t batch, int64_t head, int q0, int q_rows,
-                                                    int wg, int share, int tid) {
-  int wg_row0, wg_col0;
-  dq_share_origin<T>(wg, share, wg_row0, wg_col0);
-  auto half = [&](auto first) {
-    if (tid % 128 == 0) bulk_wait_group_read<0>();
-    named_barrier_sync(1 + wg, 128);
-    stage_dq_halves<T, decltype(first)::value, 1>(acc_dq, stage, q_rows, wg_row0, wg, tid);
-    if (tid % 128 == 0) {
-      tma_reduce_add_4d(tma_dq, stage, wg_col0 + 32 * decltype(first)::value, q0 + wg_row0, static_cast<int>(head),
-                        static_cast<int>(batch));
-      bulk_commit_group();
-    }
-  };
-  half(std::integral_constant<int, 0>{});
-  half(std::integral_constant<int, 1>{});
 }
 
 // An item's query head within the group and query block among those that see the block's keys.
@@ -322,18 +295,18 @@ __device__ __forceinline__ void issue_score_products(float (&acc_s)[T::kBlockQ /
 }
 
 // kSplitD: the item's dQ share 0 (in acc_dq, computed) added, then share 1 (K's next panel) computed into the same
-// registers beside dK's products and added, through the warpgroup's `stage` (the deterministic variant: in the key
+// registers beside dK's products and added, share s staged in `stages[s]` (the deterministic variant: in the key
 // blocks' turn, held around both). Returns with every wgmma of the item done.
 template <class T, bool kDeterministic>
 __device__ __forceinline__ void add_split_dq(const BackwardParams& bp, const BatchLengths& len, float (&acc_dq)[32],
                                              uint64_t ds_desc0, uint64_t kmn_desc0, const CUtensorMap* tma_dq,
-                                             char* stage, int64_t batch, int64_t head, int q0, int q_rows,
-                                             int kv_block, int wg, int tid) {
+                                             char* const (&stages)[2], int64_t batch, int64_t head, int q0,
+                                             int q_rows, int kv_block, int wg, int tid) {
   auto add = [&](int share) {
     if constexpr (kDeterministic) {
       add_dq_ordered<T>(bp, acc_dq, batch, head, q0, q_rows, wg, share, tid);
     } else {
-      reduce_dq_by_halves<T>(tma_dq, acc_dq, stage, batch, head, q0, q_rows, wg, share, tid);
+      reduce_dq_through_stage<T>(tma_dq, acc_dq, stages[share], batch, head, q0, q_rows, wg, share, tid);
     }
   };
   [[maybe_unused]] DQTurn turn{};
@@ -556,6 +529,13 @@ __global__ void __launch_bounds__(T::kNumThreads, 1)
     issue_score_products<T>(acc_s, acc_dp, k_desc0, v_desc0, sQi, sdOi);
     // The next item's loads go out behind this one's first products. Its buffers held the item before's, which every
     // thread finished before it passed the barrier above (so did its reads of dS^T).
+    if constexpr (T::kSplitD && !kDeterministic) {
+      // The buffer the next item's loads fill held the item before's dQ shares: both reducing threads wait for
+      // their reads (issued an opening barrier and this item's first products ago), and thread 0 for the other's.
+      if (tid % 128 == 0) bulk_wait_group_read<0>();
+      if (tid / 32 == 0) named_barrier_sync(3, 64);
+      if (tid / 32 == 4) named_barrier_arrive(3, 64);
+    }
     ItemRows next_rows{};
     const int next_item = kItems ? items.following(p, i, lane) : i + 1;
     const ItemCoords next_at = kItems ? coords_of(next_item) : step(at);
@@ -626,8 +606,11 @@ __global__ void __launch_bounds__(T::kNumThreads, 1)
     const int64_t head = kv_head * group + at.head;
     const int q_rows = min(kBlockQ, len.q_len - q0);  // rows past q_len get no gradient
     if constexpr (T::kSplitD) {
-      add_split_dq<T, kDeterministic>(bp, len, acc_dq, ds_desc0, kmn_desc0, &tma_dq, sdQ_ptr + wg * T::kDQHalfBytes,
-                                      batch, head, q0, q_rows, kv_block, wg, tid);
+      // this warpgroup's column panels of the item's dO (share 0) and Q (share 1)
+      const uint32_t own_panels = buf * T::kQBytes + wg * 2 * T::kQPanelBytes;
+      char* const stages[2] = {smem + (sdO - sK) + own_panels, smem + (sQ - sK) + own_panels};
+      add_split_dq<T, kDeterministic>(bp, len, acc_dq, ds_desc0, kmn_desc0, &tma_dq, stages, batch, head, q0, q_rows,
+                                      kv_block, wg, tid);
     } else if constexpr (kDeterministic) {
       const DQTurn turn = dq_turn_of<T>(bp, len, batch, head, q0, kv_block);
       dq_wait_turn(turn, tid);
@@ -635,7 +618,7 @@ __global__ void __launch_bounds__(T::kNumThreads, 1)
       dq_pass_turn(turn, tid);
     } else {
       reduce_dq_through_stage<T>(&tma_dq, acc_dq, sdQ_ptr + (buf * 2 + wg) * T::kDQStageBytes, batch, head, q0,
-                                 q_rows, wg, tid);
+                                 q_rows, wg, 0, tid);
     }
     wgmma_wait<0>();
     fence_registers(acc_dk);
