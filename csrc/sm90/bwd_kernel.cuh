@@ -398,7 +398,7 @@ __global__ void __launch_bounds__(T::kNumThreads, 1)
   const uint32_t sdO = sQ + 2 * T::kQBytes;   // 2 buffers
   const uint32_t sdS = sdO + 2 * T::kQBytes;  // dS^T
   char* sdS_ptr = smem + (sdS - sK);
-  char* sdQ_ptr = sdS_ptr + T::kScoreBytes;  // (buffer, warpgroup) stages of kDQStageBytes (kSplitD: kDQHalfBytes)
+  char* sdQ_ptr = sdS_ptr + T::kScoreBytes;  // (buffer, warpgroup) stages of kDQStageBytes (kSplitD: none)
   float* sLse2 = reinterpret_cast<float*>(sdQ_ptr + T::kDQStagesBytes);  // 2 x kBlockQ
   float* sDelta = sLse2 + 2 * kBlockQ;                                         // 2 x kBlockQ
   int* sSegQ = reinterpret_cast<int*>(sDelta + 2 * kBlockQ);                   // 2 x kBlockQ (kSegments)
