@@ -286,7 +286,7 @@ def test_gpu_grad_odd_and_empty_lengths(seq_q, seq_k):
 @pytest.mark.parametrize("head_dim", [128, 256])
 def test_gpu_grad_long_sequence(head_dim):
     """Many key blocks adding into one dQ row (TMA reduce-adds from each warpgroup's stage: two buffers of a whole
-    share at head dim 128, one 32-column half at 256) and every query block of a long causal mask."""
+    share at head dim 128, the item's own dO and Q panels at 256) and every query block of a long causal mask."""
     q, k, v = random_qkv(11, 1, 4096, 4096, 4, 4, head_dim, jnp.bfloat16, GPU_DEVICES[0])
     assert_grads_close(q, k, v, causal=True)
 
