@@ -6,6 +6,7 @@
 #include <cuda_fp16.h>
 
 #include <cstdint>
+#include <type_traits>
 
 namespace jax_flash {
 
@@ -37,6 +38,16 @@ template <>
 __device__ __forceinline__ uint32_t pack2<__nv_bfloat16>(float lo, float hi) {
   __nv_bfloat162 h = __floats2bfloat162_rn(lo, hi);
   return *reinterpret_cast<uint32_t*>(&h);
+}
+
+// One register of two 16-bit elements -> two fp32 values (pack2's inverse).
+template <typename Element>
+__device__ __forceinline__ float2 unpack2(uint32_t packed) {
+  if constexpr (std::is_same_v<Element, __half>) {
+    return __half22float2(*reinterpret_cast<const __half2*>(&packed));
+  } else {
+    return __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&packed));
+  }
 }
 
 // 2^x in one MUFU.EX2 (flushes subnormal results to zero, which a softmax weight can afford).

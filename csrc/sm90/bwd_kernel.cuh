@@ -5,9 +5,10 @@
 //   dV, dK (64 x D) += P^T dO, dS^T Q                  wgmma, A (P^T, dS^T) from registers, B MN-major
 //   dQ (64 x 64) = dS K                                wgmma, A (dS^T in shared memory) and B MN-major;
 //                                                      warpgroup w: query rows 64w.. (kBlockQ = 128) or D columns 64w..
-// At head dim 256 (BwdTraits::kSplitD) a block takes 64 keys, and both warpgroups compute the item's S^T and dP^T
-// over them, each then dV, dK and dQ for D columns 128w.. (dQ in two 64-column shares, staged in the item's dO and Q
-// panels of those columns once its last products have read them).
+// At head dim 256 (BwdTraits::kSplitD) a block takes 64 keys: warpgroup 0 computes the item's S^T and P^T over them,
+// warpgroup 1 its dP^T and, from P^T passed through shared memory, dS^T (the soft-capped variants: both warpgroups
+// both products); each then dV, dK and dQ for D columns 128w.. (dQ in two 64-column shares, staged in the item's
+// dO and Q panels of those columns once its last products have read them).
 // Tiles are 128-byte-swizzled panels of 64 columns (what the descriptors expect): K and V filled by cp.async from all
 // threads, each item's Q and dO by TMA boxes and its rows' lse2 and delta (the preprocess's padded copies) by bulk
 // copies that thread 0 issues onto the buffer's mbarrier. One barrier opens an item (every thread is done with the
@@ -42,11 +43,11 @@ template <class Element_, int kHeadDim_>
 struct BwdTraits {
   using Element = Element_;
   static constexpr int kHeadDim = kHeadDim_;
-  // Head dim 256 (kSplitD): both warpgroups take the same 64 keys, each computes the item's whole S^T and dP^T (64 x
-  // 64, over all 256 columns) and half of D's gradient columns (dK, dV and dQ columns 128 wg..), so each warpgroup's
-  // registers hold what they hold at head dim 128 (dK and dV 64 x 128). Against splitting S^T and dP^T by query
-  // columns: 1.4x the products' FLOPs, but no P^T exchange through shared memory and no m64n32 products (3 KB of
-  // operands read from shared memory per 64 x 32 x 16 step: about two thirds of the tensor rate by that bandwidth).
+  // Head dim 256 (kSplitD): both warpgroups take the same 64 keys and half of D's gradient columns each (dK, dV and
+  // dQ columns 128 wg..), so each warpgroup's registers hold what they hold at head dim 128 (dK and dV 64 x 128).
+  // The item's S^T and dP^T (64 x 64 over all 256 columns) are computed once, one per warpgroup (kExchangeBytes);
+  // splitting them by query columns instead would take m64n32 products (3 KB of operands read from shared memory
+  // per 64 x 32 x 16 step: about two thirds of the tensor rate by that bandwidth).
   // K, V (32 KB each) and Q, dO twice (128 KB) leave no room for the stages of the other head dims: a warpgroup
   // stages the item's first dQ share in its dO panels (2 wg, 2 wg + 1) once dV's product is done and the second in
   // its Q panels once dK's is (after the dS^T barrier each warpgroup's products read only its own column panels),
@@ -69,6 +70,12 @@ struct BwdTraits {
   static constexpr int kQBytes = kQPanelBytes * kPanels;
   static constexpr int kScorePanelBytes = kBlockKV * kRowBytes;  // dS^T (kBlockKV, kBlockQ): kBlockQ / 64 panels
   static constexpr int kScoreBytes = kScorePanelBytes * (kBlockQ / 64);
+  // kSplitD without a softcap (kExchange): warpgroup 0 computes S^T and warpgroup 1 dP^T, once each, and P^T passes
+  // from the one to the other through this tile (16-bit, as dV's product takes it), dS^T back through the dS^T
+  // tile: half the score products' FLOPs and about 96 of an item's 576 KB of shared-memory traffic (H200: +5 to +11%
+  // against both warpgroups computing both). The soft-capped variants need each score's slope beside dP^T: both
+  // warpgroups compute both products there.
+  static constexpr int kExchangeBytes = kSplitD ? kScoreBytes : 0;
   static constexpr bool kDQSplitRows = kBlockQ == 128;
   // Each warpgroup's dQ share of an item, 64 x 64 float32, is staged in shared memory (two 32-column halves of 128-byte
   // swizzled rows, one TMA box each) and added to dq_accum by TMA reduce-adds; two buffers per warpgroup, so an
@@ -78,11 +85,11 @@ struct BwdTraits {
   static constexpr int kDQHalfBytes = kDQRowsPerWarpgroup * 128;
   static constexpr int kDQStageBytes = 2 * kDQHalfBytes;
   static constexpr int kDQStagesBytes = kSplitD ? 0 : 4 * kDQStageBytes;  // 2 buffers x 2 warpgroups
-  // K, V; Q and dO twice; dS^T; the dQ stages; float32 lse2 and delta twice; int32 segment ids of the query rows
-  // twice and of the keys (the kSegments variant); each tile a whole number of 1024-byte swizzle atoms from a base
-  // the kernel rounds up to 1024 bytes; the two Q / dO buffers' mbarriers.
-  static constexpr int kSmemBytes = 2 * kKVBytes + 4 * kQBytes + kScoreBytes + kDQStagesBytes + 4 * kBlockQ * 4 +
-                                    (2 * kBlockQ + kBlockKV) * 4 + 2 * 8 + kAlignSlack;
+  // K, V; Q and dO twice; dS^T; P^T's exchange tile (kSplitD); the dQ stages; float32 lse2 and delta twice; int32
+  // segment ids of the query rows twice and of the keys (the kSegments variant); each tile a whole number of
+  // 1024-byte swizzle atoms from a base the kernel rounds up to 1024 bytes; the two Q / dO buffers' mbarriers.
+  static constexpr int kSmemBytes = 2 * kKVBytes + 4 * kQBytes + kScoreBytes + kExchangeBytes + kDQStagesBytes +
+                                    4 * kBlockQ * 4 + (2 * kBlockQ + kBlockKV) * 4 + 2 * 8 + kAlignSlack;
   static_assert(kHeadDim == 64 || kHeadDim == 128 || kHeadDim == 256,
                 "the sm90 backward covers head dims 64, 128 and 256");
   static_assert(kSmemBytes <= 227 * 1024, "the sm90 backward's tiles exceed 227 KB of shared memory");
@@ -231,8 +238,9 @@ __device__ __forceinline__ void item_scores(const AttentionParams& p, BatchLengt
 // and stored at (key r, query c) of the panelled dS^T tile, which dQ's product reads from shared memory: rdS[t] is
 // the four 8x8 matrices of k16 step t (columns 16t..), one stmatrix.x4 (fragments.cuh: lane l addresses row l % 8 of
 // matrix l / 8; the warp's 16 rows start at a multiple of 8, so the swizzle is by l % 8) instead of four 4-byte stores.
-// kSplitD: both warpgroups hold the same dS^T; warpgroup wg stores query columns 32 wg.. of it.
-template <class T>
+// kSplitD with a softcap: both warpgroups hold the same dS^T; warpgroup wg stores query columns 32 wg.. of it.
+// kAll (kExchange: one warpgroup computes all of dS^T) stores every column.
+template <class T, bool kAll = false>
 __device__ __forceinline__ void pack_and_store_ds(const float (&acc_dp)[T::kBlockQ / 2],
                                                   uint32_t (&rdS)[T::kBlockQ / 16][4], uint32_t sdS, int key_row0,
                                                   int lane, int wg) {
@@ -242,9 +250,30 @@ __device__ __forceinline__ void pack_and_store_ds(const float (&acc_dp)[T::kBloc
   for (int t = 0; t < T::kBlockQ / 16; ++t) {
 #pragma unroll
     for (int j = 0; j < 4; ++j) rdS[t][j] = pack2<typename T::Element>(acc_dp[8 * t + 2 * j], acc_dp[8 * t + 2 * j + 1]);
-    if (!T::kSplitD || t / 2 == wg) {
+    if (kAll || !T::kSplitD || t / 2 == wg) {
       stmatrix_x4(st_base + (t / 4) * T::kScorePanelBytes + fragment_chunk_of(t, lane) * 16, rdS[t]);
     }
+  }
+}
+
+// kExchange: a 16-bit (kBlockKV, kBlockQ) score tile held as A fragments (r[t]: k16 step t, pack_and_store_ds's
+// layout) stored to / loaded from its panelled shared-memory tile, by the same lane addressing.
+template <class T>
+__device__ __forceinline__ void store_score_fragments(const uint32_t (&r)[T::kBlockQ / 16][4], uint32_t tile,
+                                                      int key_row0, int lane) {
+  const uint32_t base = tile + (key_row0 - lane / 4 + fragment_row_of(0, lane)) * 128;
+#pragma unroll
+  for (int t = 0; t < T::kBlockQ / 16; ++t) {
+    stmatrix_x4(base + (t / 4) * T::kScorePanelBytes + fragment_chunk_of(t, lane) * 16, r[t]);
+  }
+}
+template <class T>
+__device__ __forceinline__ void load_score_fragments(uint32_t (&r)[T::kBlockQ / 16][4], uint32_t tile, int key_row0,
+                                                     int lane) {
+  const uint32_t base = tile + (key_row0 - lane / 4 + fragment_row_of(0, lane)) * 128;
+#pragma unroll
+  for (int t = 0; t < T::kBlockQ / 16; ++t) {
+    ldmatrix_x4(r[t], base + (t / 4) * T::kScorePanelBytes + fragment_chunk_of(t, lane) * 16);
   }
 }
 
@@ -290,6 +319,20 @@ __device__ __forceinline__ void issue_score_products(float (&acc_s)[T::kBlockQ /
   for (int kk = 0; kk < T::kHeadDim / 16; ++kk) {
     wgmma_ss<Element, T::kBlockQ>(acc_dp, smem_offset(v_desc0, k_major_step(kk, T::kKVPanelBytes)),
                                   smem_offset(do_desc0, k_major_step(kk, T::kQPanelBytes)), kk > 0);
+  }
+  wgmma_commit();
+}
+
+// kExchange: one of them, S^T = K Q^T (warpgroup 0: a_desc0 K's, sBi the item's Q) or dP^T = V dO^T (warpgroup 1),
+// as one wgmma group.
+template <class T>
+__device__ __forceinline__ void issue_score_product(float (&acc)[T::kBlockQ / 2], uint64_t a_desc0, uint32_t sBi) {
+  const uint64_t b_desc0 = smem_descriptor(sBi, 16, 1024);
+  wgmma_fence();
+#pragma unroll
+  for (int kk = 0; kk < T::kHeadDim / 16; ++kk) {
+    wgmma_ss<typename T::Element, T::kBlockQ>(acc, smem_offset(a_desc0, k_major_step(kk, T::kKVPanelBytes)),
+                                              smem_offset(b_desc0, k_major_step(kk, T::kQPanelBytes)), kk > 0);
   }
   wgmma_commit();
 }
@@ -398,7 +441,8 @@ __global__ void __launch_bounds__(T::kNumThreads, 1)
   const uint32_t sdO = sQ + 2 * T::kQBytes;   // 2 buffers
   const uint32_t sdS = sdO + 2 * T::kQBytes;  // dS^T
   char* sdS_ptr = smem + (sdS - sK);
-  char* sdQ_ptr = sdS_ptr + T::kScoreBytes;  // (buffer, warpgroup) stages of kDQStageBytes (kSplitD: none)
+  const uint32_t sP = sdS + T::kScoreBytes;  // kExchange: P^T
+  char* sdQ_ptr = sdS_ptr + T::kScoreBytes + T::kExchangeBytes;  // (buffer, warpgroup) stages (kSplitD: none)
   float* sLse2 = reinterpret_cast<float*>(sdQ_ptr + T::kDQStagesBytes);  // 2 x kBlockQ
   float* sDelta = sLse2 + 2 * kBlockQ;                                         // 2 x kBlockQ
   int* sSegQ = reinterpret_cast<int*>(sDelta + 2 * kBlockQ);                   // 2 x kBlockQ (kSegments)
@@ -510,6 +554,7 @@ __global__ void __launch_bounds__(T::kNumThreads, 1)
   // dS^T computed in the exponentials' loop, after dP^T's wgmma, so P^T's and dP^T's float32 tiles die at once:
   // with a softcap (its slope needs the score), and at head dim 64, whose 128-row items otherwise spill ~175 bytes.
   constexpr bool kDSWithP = kSoftcap || kD == 64;
+  constexpr bool kExchange = T::kSplitD && !kSoftcap;  // (BwdTraits::kExchangeBytes)
 
   // i: the item; n: its place in the walk, by which buffers alternate (i itself where every item is visited)
   for (int i = first_item, n = 0; i < num_items; ++n) {
@@ -525,8 +570,13 @@ __global__ void __launch_bounds__(T::kNumThreads, 1)
     const float* lse2 = sLse2 + buf * kBlockQ;
     const float* delta = sDelta + buf * kBlockQ;
 
-    float acc_s[kBlockQ / 2], acc_dp[kBlockQ / 2];
-    issue_score_products<T>(acc_s, acc_dp, k_desc0, v_desc0, sQi, sdOi);
+    float acc_s[kBlockQ / 2];  // (kExchange: warpgroup 0's S^T, warpgroup 1's dP^T)
+    [[maybe_unused]] float acc_dp[kBlockQ / 2];
+    if constexpr (kExchange) {
+      issue_score_product<T>(acc_s, wg == 0 ? k_desc0 : v_desc0, wg == 0 ? sQi : sdOi);
+    } else {
+      issue_score_products<T>(acc_s, acc_dp, k_desc0, v_desc0, sQi, sdOi);
+    }
     // The next item's loads go out behind this one's first products. Its buffers held the item before's, which every
     // thread finished before it passed the barrier above (so did its reads of dS^T).
     if constexpr (T::kSplitD && !kDeterministic) {
@@ -540,52 +590,102 @@ __global__ void __launch_bounds__(T::kNumThreads, 1)
     const int next_item = kItems ? items.following(p, i, lane) : i + 1;
     const ItemCoords next_at = kItems ? coords_of(next_item) : step(at);
     if (next_item < num_items) next_rows = load_item(next_at, (kItems ? n : i) + 1);
-    wgmma_wait<1>();
-    fence_registers(acc_s);
-    if constexpr (kDSWithP) {
-      wgmma_wait<0>();
-      fence_registers(acc_dp);
-    }
-    const bool whole = !kMask || (kv0 + kBlockKV <= len.kv_len && q0 + kBlockQ <= len.q_len &&
-                                  kv0 + kBlockKV - 1 - q0 <= hi_off && kv0 - (q0 + kBlockQ - 1) >= lo_off);
-    [[maybe_unused]] const AlibiTerm alibi =
-        kAny ? AlibiTerm(p, batch, kv_head * group + at.head, q0 + 2 * (lane % 4), kv0 + key_row0, len)
-             : AlibiTerm{};
-    const ScoreItem item{batch, kAny ? kv_head * group + at.head : 0, kv0, q0, lo_off, hi_off, whole,
-                         test_hidden};
-    const int* seg_q = sSegQ + buf * kBlockQ;
-    // The soft-capped and tensor variants keep the window / lengths test in one loop: two copies of theirs spilled
-    // 20-780 bytes more (soft-capped: 24-48 bytes, and causal soft-capped calls ran within 1.5% either way, H100).
-    constexpr bool kSplitMask = kMask && !kSoftcap && !kAny;
-    const bool reads = kAny ? item_reads_tensors(p, test_hidden) : kSegments;
-    run_score_loop<kMask, kSplitMask>(item, reads, [&](const ScoreItem& it, auto test_mask, auto with_reads) {
-      item_scores<T, decltype(test_mask)::value, kSoftcap, kDSWithP, kTensors, decltype(with_reads)::value>(
-          p, len, it, alibi, key_row0, lane, cap_slope, lse2, delta, seg_q, sSegK, acc_s, acc_dp);
-    });
     uint32_t rP[kBlockQ / 16][4], rdS[kBlockQ / 16][4];
-#pragma unroll
-    for (int t = 0; t < kBlockQ / 16; ++t)
-#pragma unroll
-      for (int j = 0; j < 4; ++j) rP[t][j] = pack2<Element>(acc_s[8 * t + 2 * j], acc_s[8 * t + 2 * j + 1]);
     const uint32_t out_panels = T::kSplitD ? wg * 2 * T::kQPanelBytes : 0;  // dO's and Q's columns of dV and dK
-    const uint64_t do_mn0 = smem_descriptor(sdOi + out_panels, T::kQPanelBytes, 1024);
-    const uint64_t q_mn0 = smem_descriptor(sQi + out_panels, T::kQPanelBytes, 1024);
-    wgmma_fence();
+    uint64_t q_mn0;
+    if constexpr (kExchange) {
+      const uint64_t do_mn0 = smem_descriptor(sdOi + out_panels, T::kQPanelBytes, 1024);
+      q_mn0 = smem_descriptor(sQi + out_panels, T::kQPanelBytes, 1024);
+      wgmma_wait<0>();
+      fence_registers(acc_s);
+      const bool whole = !kMask || (kv0 + kBlockKV <= len.kv_len && q0 + kBlockQ <= len.q_len &&
+                                    kv0 + kBlockKV - 1 - q0 <= hi_off && kv0 - (q0 + kBlockQ - 1) >= lo_off);
+      [[maybe_unused]] const AlibiTerm alibi =
+          kAny ? AlibiTerm(p, batch, kv_head * group + at.head, q0 + 2 * (lane % 4), kv0 + key_row0, len)
+               : AlibiTerm{};
+      const ScoreItem item{batch, kAny ? kv_head * group + at.head : 0, kv0, q0, lo_off, hi_off, whole,
+                           test_hidden};
+      const int* seg_q = sSegQ + buf * kBlockQ;
+      // The soft-capped and tensor variants keep the window / lengths test in one loop: two copies of theirs spilled
+      // 20-780 bytes more (soft-capped: 24-48 bytes, and causal soft-capped calls ran within 1.5% either way, H100).
+      constexpr bool kSplitMask = kMask && !kSoftcap && !kAny;
+      const bool reads = kAny ? item_reads_tensors(p, test_hidden) : kSegments;
+      if (wg == 0) {  // P^T, into the exchange tile for warpgroup 1
+        run_score_loop<kMask, kSplitMask>(item, reads, [&](const ScoreItem& it, auto test_mask, auto with_reads) {
+          item_scores<T, decltype(test_mask)::value, false, false, kTensors, decltype(with_reads)::value>(
+              p, len, it, alibi, key_row0, lane, cap_slope, lse2, delta, seg_q, sSegK, acc_s, acc_s);
+        });
 #pragma unroll
-    for (int t = 0; t < kBlockQ / 16; ++t) wgmma_rs<Element, kOut>(acc_dv, rP[t], smem_offset(do_mn0, t * 2048), 1);
-    wgmma_commit();
-    if constexpr (!kDSWithP) {
-      wgmma_wait<1>();
-      fence_registers(acc_dp);
+        for (int t = 0; t < kBlockQ / 16; ++t)
 #pragma unroll
-      for (int e = 0; e < kBlockQ / 2; ++e) {
-        const int c = 8 * (e / 4) + 2 * (lane % 4) + e % 2;
-        acc_dp[e] = acc_s[e] * fmaf(acc_dp[e], p.scale, -delta[c]);  // delta scaled
+          for (int j = 0; j < 4; ++j) rP[t][j] = pack2<Element>(acc_s[8 * t + 2 * j], acc_s[8 * t + 2 * j + 1]);
+        store_score_fragments<T>(rP, sP, key_row0, lane);
       }
+      __syncthreads();  // P^T in place
+      if (wg == 1) load_score_fragments<T>(rP, sP, key_row0, lane);
+      wgmma_fence();
+#pragma unroll
+      for (int t = 0; t < kBlockQ / 16; ++t) wgmma_rs<Element, kOut>(acc_dv, rP[t], smem_offset(do_mn0, t * 2048), 1);
+      wgmma_commit();
+      if (wg == 1) {  // dS^T = P^T (dP^T - delta), from the 16-bit P^T, into the dS^T tile for both
+#pragma unroll
+        for (int e = 0; e < kBlockQ / 2; e += 2) {
+          const float2 prob = unpack2<Element>(rP[e / 8][(e % 8) / 2]);
+          const int c = 8 * (e / 4) + 2 * (lane % 4);
+          acc_s[e] = prob.x * fmaf(acc_s[e], p.scale, -delta[c]);  // delta scaled
+          acc_s[e + 1] = prob.y * fmaf(acc_s[e + 1], p.scale, -delta[c + 1]);
+        }
+        pack_and_store_ds<T, true>(acc_s, rdS, sdS, key_row0, lane, wg);
+      }
+      fence_proxy_async_smem();  // dS^T written, read next by wgmma
+      __syncthreads();           // dS^T in place
+      if (wg == 0) load_score_fragments<T>(rdS, sdS, key_row0, lane);
+    } else {
+      wgmma_wait<1>();
+      fence_registers(acc_s);
+      if constexpr (kDSWithP) {
+        wgmma_wait<0>();
+        fence_registers(acc_dp);
+      }
+      const bool whole = !kMask || (kv0 + kBlockKV <= len.kv_len && q0 + kBlockQ <= len.q_len &&
+                                    kv0 + kBlockKV - 1 - q0 <= hi_off && kv0 - (q0 + kBlockQ - 1) >= lo_off);
+      [[maybe_unused]] const AlibiTerm alibi =
+          kAny ? AlibiTerm(p, batch, kv_head * group + at.head, q0 + 2 * (lane % 4), kv0 + key_row0, len)
+               : AlibiTerm{};
+      const ScoreItem item{batch, kAny ? kv_head * group + at.head : 0, kv0, q0, lo_off, hi_off, whole,
+                           test_hidden};
+      const int* seg_q = sSegQ + buf * kBlockQ;
+      // The soft-capped and tensor variants keep the window / lengths test in one loop: two copies of theirs spilled
+      // 20-780 bytes more (soft-capped: 24-48 bytes, and causal soft-capped calls ran within 1.5% either way, H100).
+      constexpr bool kSplitMask = kMask && !kSoftcap && !kAny;
+      const bool reads = kAny ? item_reads_tensors(p, test_hidden) : kSegments;
+      run_score_loop<kMask, kSplitMask>(item, reads, [&](const ScoreItem& it, auto test_mask, auto with_reads) {
+        item_scores<T, decltype(test_mask)::value, kSoftcap, kDSWithP, kTensors, decltype(with_reads)::value>(
+            p, len, it, alibi, key_row0, lane, cap_slope, lse2, delta, seg_q, sSegK, acc_s, acc_dp);
+      });
+#pragma unroll
+      for (int t = 0; t < kBlockQ / 16; ++t)
+#pragma unroll
+        for (int j = 0; j < 4; ++j) rP[t][j] = pack2<Element>(acc_s[8 * t + 2 * j], acc_s[8 * t + 2 * j + 1]);
+      const uint64_t do_mn0 = smem_descriptor(sdOi + out_panels, T::kQPanelBytes, 1024);
+      q_mn0 = smem_descriptor(sQi + out_panels, T::kQPanelBytes, 1024);
+      wgmma_fence();
+#pragma unroll
+      for (int t = 0; t < kBlockQ / 16; ++t) wgmma_rs<Element, kOut>(acc_dv, rP[t], smem_offset(do_mn0, t * 2048), 1);
+      wgmma_commit();
+      if constexpr (!kDSWithP) {
+        wgmma_wait<1>();
+        fence_registers(acc_dp);
+#pragma unroll
+        for (int e = 0; e < kBlockQ / 2; ++e) {
+          const int c = 8 * (e / 4) + 2 * (lane % 4) + e % 2;
+          acc_dp[e] = acc_s[e] * fmaf(acc_dp[e], p.scale, -delta[c]);  // delta scaled
+        }
+      }
+      pack_and_store_ds<T>(acc_dp, rdS, sdS, key_row0, lane, wg);
+      fence_proxy_async_smem();  // dS^T written by this thread, read next by wgmma
+      __syncthreads();           // both warpgroups' halves of dS^T are in place
     }
-    pack_and_store_ds<T>(acc_dp, rdS, sdS, key_row0, lane, wg);
-    fence_proxy_async_smem();  // dS^T written by this thread, read next by wgmma
-    __syncthreads();           // both warpgroups' halves of dS^T are in place
 
     // ---- dQ (this warpgroup's 64 x 64 shares) = dS K, added into dq_accum while dK's products run ------------------
     float acc_dq[32];
