@@ -9,15 +9,15 @@
 // warpgroup 1 its dP^T and, from P^T passed through shared memory, dS^T (the soft-capped variants: both warpgroups
 // both products); each then dV, dK and dQ for D columns 128w.. (dQ in two 64-column shares, staged in the item's
 // dO and Q panels of those columns once its last products have read them).
-// Tiles are 128-byte-swizzled panels of 64 columns (what the descriptors expect): K and V filled by cp.async from all
-// threads, each item's Q and dO by TMA boxes and its rows' lse2 and delta (the preprocess's padded copies) by bulk
-// copies that thread 0 issues onto the buffer's mbarrier. One barrier opens an item (every thread is done with the
-// item before; then its mbarrier) and one lets dQ read both halves of dS^T. The next item's loads go out behind this
-// item's first products; S^T's exponentials run beside dP^T's wgmma and dS^T's arithmetic beside dV's (head dim 128
-// without a softcap; elsewhere dS^T is computed in the exponentials' loop, after dP^T), and dQ's reduce-add beside
-// dK's products. dQ reaches dq_accum through shared memory and TMA reduce-adds (float2 read-modify-writes in the
-// deterministic variant, which takes turns). At the block's end dK and dV are staged in the K and V tiles and leave
-// by TMA stores.
+// Tiles are 128-byte-swizzled panels of 64 columns (what the descriptors expect): K and V filled by cp.async from
+// all threads, each item's Q and dO by TMA boxes and its rows' lse2 and delta (the preprocess's padded copies) by
+// bulk copies that thread 0 issues onto the buffer's mbarrier. One barrier opens an item (every thread is done with
+// the item before; then its mbarrier) and one lets dQ read both halves of dS^T (head dim 256 without a softcap: one
+// before it passes P^T). The next item's loads go out behind this item's first products; S^T's exponentials run
+// beside dP^T's wgmma and dS^T's arithmetic beside dV's (head dim 128 without a softcap; elsewhere dS^T is computed
+// in the exponentials' loop, after dP^T), and dQ's reduce-add beside dK's products. dQ reaches dq_accum through
+// shared memory and TMA reduce-adds (float2 read-modify-writes in the deterministic variant, which takes turns). At
+// the block's end dK and dV are staged in the K and V tiles and leave by TMA stores.
 // Against atomics after every product with a closing barrier (H100, bf16, 16 heads x 128 / 32 x 64, 1024-16384
 // keys): head dim 128 +15-23% (causal +7-11%), head dim 64 +3-7% (causal -1 to +1%).
 #pragma once
