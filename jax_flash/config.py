@@ -208,7 +208,7 @@ class KernelConfig:
     def smem_bytes(self, head_dim: int, elem_bytes: int = 2) -> int:
         if self.family == "sm90":  # Q x 1-2 [+ O] + stages x (K + V) [+ P per consumer] + barriers + 2 tile slots + 1024
             q_buffers = self.sm90_q_buffers(head_dim, elem_bytes)
-            o_buffer = not self.sm90_o_in_q(head_dim, elem_bytes)
+            o_buffer = not self.sm90_o_in_kv(head_dim, elem_bytes)
             return self._sm90_smem_bytes(head_dim, elem_bytes, q_buffers, o_buffer)
         # sQ (block_q, D) + sK (block_kv, D) + sV (block_kv, D), as csrc/sm80/traits.cuh (the registry reports the
         # compiled number; tests/test_api.py compares them)
@@ -231,9 +231,9 @@ class KernelConfig:
         """Q buffers of an sm90 kernel: 2 (the next tile's Q loads during this one) where 227 KB allow, else 1."""
         return 2 if self._sm90_smem_bytes(head_dim, elem_bytes, 2) <= _MAX_SMEM_BYTES else 1
 
-    def sm90_o_in_q(self, head_dim: int, elem_bytes: int = 2) -> bool:
-        """Whether an sm90 kernel stages O in its (single) Q buffer because a separate O buffer does not fit (head
-        dim 256; csrc/sm90/traits.cuh, kOInQ)."""
+    def sm90_o_in_kv(self, head_dim: int, elem_bytes: int = 2) -> bool:
+        """Whether an sm90 kernel stages O in the K / V stage of each tile's last key block because a separate O
+        buffer does not fit beside one Q buffer (head dim 256; csrc/sm90/traits.cuh, kOInKV)."""
         return self._sm90_smem_bytes(head_dim, elem_bytes, 1) > _MAX_SMEM_BYTES
 
     def estimated_registers(self, head_dim: int) -> int:
@@ -469,8 +469,9 @@ DECODE_CONFIGS: dict[int, tuple[KernelConfig, ...]] = {
 # The Hopper family (csrc/sm90/): built for every dtype at these head dims; cfg=None picks among them on sm_90
 # (jax_flash/selection.py). Head dim 64: three consumer warpgroups (192 x 128 tiles; the two-consumer 128- and
 # 192-key configs stay as alternatives). Head dims 128 and 256: pingpong without a right bound, none with one (it is
-# also the pingpong ablation of `--configs compiled`). Head dim 256: 80-key blocks, the most that fit beside Q with
-# O staged in Q (csrc/sm90/traits.cuh, kOInQ; 64-key blocks were 4-8% slower).
+# also the pingpong ablation of `--configs compiled`). Head dim 256: 80-key blocks, the most that fit beside one Q
+# buffer with no O buffer of its own (O staged in the last key block's K / V: csrc/sm90/traits.cuh, kOInKV; 64-key
+# blocks were 4-8% slower).
 SM90_CONFIGS: dict[int, tuple[KernelConfig, ...]] = {
     64: (KernelConfig.sm90(block_kv=128), KernelConfig.sm90(block_kv=192),
          KernelConfig.sm90(block_kv=128, consumer_warpgroups=3), KernelConfig.sm90(block_kv=208)),

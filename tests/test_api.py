@@ -183,8 +183,8 @@ def test_sm90_config_validation():
     assert cfg.to_attrs()["family"] == 90 and KernelConfig().to_attrs()["family"] == 80
     assert cfg.fits(128) is None
     assert "head_dim in (64, 128, 256)" in cfg.fits(96)
-    # head dim 256: O is staged in the single Q buffer (no room for its own), 80-key blocks fit and 128-key ones not
-    assert KernelConfig.sm90(block_kv=80).sm90_o_in_q(256) and not KernelConfig.sm90().sm90_o_in_q(128)
+    # head dim 256: O is staged in the last key block's K / V (no room for its own), 80-key blocks fit, 128-key not
+    assert KernelConfig.sm90(block_kv=80).sm90_o_in_kv(256) and not KernelConfig.sm90().sm90_o_in_kv(128)
     assert KernelConfig.sm90(block_kv=80).fits(256) is None
     assert KernelConfig.sm90(block_kv=80).smem_bytes(256) == 64 * 1024 + 4 * 80 * 512 + 8 * 14 + 2 * 44 + 16 + 1024
     assert "bytes of shared memory" in KernelConfig.sm90(block_kv=128).fits(256)
@@ -218,10 +218,11 @@ def test_sm90_config_validation():
 def test_sm90_wide_key_blocks_validation():
     assert KernelConfig.sm90(block_kv=192).fits(64) is None and KernelConfig.sm90(block_kv=160).fits(128) is None
     # 128 x 192 at head dim 128: the K/V ring (2 x 2 x 48 KB) with Q and O (64 KB) exceeds 227 KB of shared memory,
-    # so O would be staged in Q; but S (96) + P (48) + O (64) + state is over a consumer's 232 registers
+    # so O would be staged in the K / V stages; but S (96) + P (48) + O (64) + state is over a consumer's 232
+    # registers
     wide = KernelConfig.sm90(block_kv=192)
     # (+ 32 bytes: the split tail's state, head dim 128 with two pingpong consumers)
-    assert wide.sm90_o_in_q(128) and wide.smem_bytes(128) == 32768 + 4 * 49152 + 8 * 14 + 2 * 44 + 16 + 32 + 1024
+    assert wide.sm90_o_in_kv(128) and wide.smem_bytes(128) == 32768 + 4 * 49152 + 8 * 14 + 2 * 44 + 16 + 32 + 1024
     assert "needs about 248 registers per consumer thread at head_dim=128 (limit 232)" in wide.fits(128)
     assert KernelConfig.sm90(block_kv=160).smem_bytes(128) == 230608 + 8 + 32
     # Q is double-buffered where 227 KB allow: 128 x 128 at head dim 128 fits (2 Q + O + 4 x 32 KB + barriers),

@@ -10,7 +10,8 @@
 #include "common/params.h"
 #include "sm90/fragments.cuh"
 #include "sm90/mainloop.cuh"  // ConsumerTile
-#include "sm90/pingpong.cuh"  // sync_consumer
+#include "sm90/pingpong.cuh"  // sync_consumer, kLastKReadBarrier
+#include "sm90/pipeline.cuh"
 #include "sm90/ptx.cuh"
 #include "sm90/shared_storage.cuh"
 
@@ -108,10 +109,30 @@ struct Epilogue {
         *reinterpret_cast<float2*>(o + 8 * n) = make_float2(m.acc_o[0][n][2 * h], m.acc_o[0][n][2 * h + 1]);
       }
     }
-    if constexpr (T::kOInQ) {  // Q held this consumer's O staging rows: free once all its threads are done with Q
-      sync_consumer(m.consumer);
-      if (wg_tid == 0) mbarrier_arrive(s.q_empty(m.qb));
+    if constexpr (T::kOInKV) mbarrier_arrive(held_stage(m, s));  // (nothing was staged)
+  }
+
+  // T::kOInKV: the tile's last key block's K (consumer 0) or V (consumer 1), where this consumer stages its O; the
+  // main loop left it to the epilogue to release (mainloop.cuh, release_k / release_v).
+  template <class Mainloop>
+  __device__ __forceinline__ static uint64_t* held_stage(const Mainloop& m, SmemView<T> s) {
+    const int stage = Pipeline<T, V>::stage_of(m.it - 1);
+    return m.consumer == 0 ? s.k_empty(stage) : s.v_empty(stage);
+  }
+  // ... and its staging buffer once the other consumer has read it: this consumer's 64 rows of O as kOPanels panels
+  // of [64][128 bytes]. Consumer 0 waits until consumer 1 has read the last K, then tells consumer 1 that its own
+  // last P V (the last read of that V) is done; consumer 1 waits for that. Every tile with key blocks passes here
+  // once per consumer, whichever way it stores O, so the barriers stay paired.
+  template <class Mainloop>
+  __device__ __forceinline__ static char* claim_stage(const Mainloop& m, SmemView<T> s) {
+    const int stage = Pipeline<T, V>::stage_of(m.it - 1);
+    if (m.consumer == 0) {
+      named_barrier_sync(kLastKReadBarrier<T>, 256);
+      named_barrier_arrive(kLastVReadBarrier<T>, 256);
+      return s.k(stage);
     }
+    named_barrier_sync(kLastVReadBarrier<T>, 256);
+    return s.v(stage);
   }
 
   // A tile whose rows end inside this consumer's 64 while the rows after them lie in the tensor (a document tile,
@@ -142,6 +163,7 @@ struct Epilogue {
   __device__ __forceinline__ static void store(Mainloop& m, const ConsumerTile& t, int split, SmemView<T> s,
                                                const CUtensorMap& tma_o, int wg_tid) {
     const AttentionParams& p = m.p;
+    [[maybe_unused]] char* const sO_stage = T::kOInKV ? claim_stage(m, s) : nullptr;
     if (V::kSplitPaged && p.num_splits > 1) {
       store_partial(m, t, split, s, wg_tid);
       return;
@@ -184,26 +206,27 @@ struct Epilogue {
     }
     if (stores_rows(p, t, consumer)) {
       store_rows(m, t);
-      if constexpr (T::kOInQ) {  // (the Q buffer released as after a TMA store, which this replaces)
-        sync_consumer(consumer);
-        if (wg_tid == 0) mbarrier_arrive(s.q_empty(m.qb));
-      }
+      if constexpr (T::kOInKV) mbarrier_arrive(held_stage(m, s));  // (nothing was staged)
       return;
     }
     // O -> this consumer's 64 rows of the staging buffer (swizzled like Q) by stmatrix, then one TMA store per
     // 64-column panel by thread 0 of the consumer; the TMA unit clips rows past the tensor. That thread first waits
-    // until its previous store has read the buffer.
-    char* sO = s.o();
+    // until its previous store has read the buffer. (T::kOInKV: a buffer of this consumer's rows alone, its panels
+    // 64 rows apart.)
+    char* const sO = T::kOInKV ? sO_stage : s.o();
+    constexpr int kRow0 = T::kOInKV ? 0 : 64;  // this consumer's first row in the buffer, per consumer index
+    constexpr int kPanelBytes = T::kOInKV ? 64 * T::kRowBytes : T::kOPanelBytes;
     if (wg_tid == 0) bulk_wait_group_read<0>();
     sync_consumer(consumer);  // ... and every thread of the consumer knows it
     // (T::kHoldTileSlot: the lane read afresh, so these addresses are formed here, not held through the key loop)
     const int e_lane = T::kHoldTileSlot ? lane_id_fresh() : lane;
-    const uint32_t so_base = smem_address(sO) + (64 * consumer + fragment_row_of(m.warp_in_wg, e_lane)) * T::kRowBytes;
+    const uint32_t so_base =
+        smem_address(sO) + (kRow0 * consumer + fragment_row_of(m.warp_in_wg, e_lane)) * T::kRowBytes;
 #pragma unroll
     for (int k = 0; k < T::kHeadDim / 16; ++k) {  // O tiles 2k, 2k + 1: columns 16k .. 16k + 15
       uint32_t a[4];
       pack_k16<Element>(m.acc_o, k, a);
-      stmatrix_x4(so_base + (k / 4) * T::kOPanelBytes + fragment_chunk_of(k, e_lane) * 16, a);
+      stmatrix_x4(so_base + (k / 4) * kPanelBytes + fragment_chunk_of(k, e_lane) * 16, a);
     }
     fence_proxy_async_smem();  // the generic-proxy writes, visible to the TMA unit ...
     sync_consumer(consumer);   // ... from every thread of the consumer
@@ -212,20 +235,20 @@ struct Epilogue {
         const int shift = __ffs(p.pack_gqa) - 1;
 #pragma unroll
         for (int panel = 0; panel < T::kOPanels; ++panel) {
-          tma_store_5d(&tma_o, sO + panel * T::kOPanelBytes + 64 * consumer * T::kRowBytes, panel * 64, 0,
+          tma_store_5d(&tma_o, sO + panel * kPanelBytes + kRow0 * consumer * T::kRowBytes, panel * 64, 0,
                        (t.row0 + 64 * consumer) >> shift, t.head >> shift, t.batch);
         }
       } else {
 #pragma unroll
         for (int panel = 0; panel < T::kOPanels; ++panel) {
-          tma_store_4d(&tma_o, sO + panel * T::kOPanelBytes + 64 * consumer * T::kRowBytes, panel * 64,
+          tma_store_4d(&tma_o, sO + panel * kPanelBytes + kRow0 * consumer * T::kRowBytes, panel * 64,
                        t.row0 + 64 * consumer, t.head, t.batch);
         }
       }
       bulk_commit_group();
-      if constexpr (T::kOInQ) {  // O was staged in this consumer's rows of Q: they may refill once read
+      if constexpr (T::kOInKV) {  // the stage may refill once the store has read O, for all 128 threads
         bulk_wait_group_read<0>();
-        mbarrier_arrive(s.q_empty(m.qb));
+        mbarrier_arrive(held_stage(m, s), 128);
       }
     }
   }

@@ -20,15 +20,15 @@ template <class T>
 __device__ __forceinline__ void init_barriers(SmemView<T> s) {
   for (int b = 0; b < T::kQBuffers; ++b) {
     mbarrier_init(s.q_full(b), 1);
-    // every consumer thread releases Q after its last Q K^T; with O staged in Q (T::kOInQ), one thread per consumer
-    // once the TMA store of its O has read it
-    mbarrier_init(s.q_empty(b), T::kOInQ ? T::kConsumers : T::kConsumers * 128);
+    mbarrier_init(s.q_empty(b), T::kConsumers * 128);  // every consumer thread releases Q after its last Q K^T
   }
   for (int st = 0; st < T::kStages; ++st) {
     mbarrier_init(s.k_full(st), 1);
     mbarrier_init(s.v_full(st), 1);
-    mbarrier_init(s.k_empty(st), T::kConsumers * 128);  // every consumer thread releases the stage's K
-    mbarrier_init(s.v_empty(st), T::kConsumers * 128);  // ... and, later, its V
+    // every consumer thread releases the stage's K, and later its V (T::kOInKV: a consumer whose O the stage holds,
+    // one thread for all 128 once the TMA store has read it)
+    mbarrier_init(s.k_empty(st), T::kConsumers * 128);
+    mbarrier_init(s.v_empty(st), T::kConsumers * 128);
   }
   for (int slot = 0; slot < 2; ++slot) {
     mbarrier_init(s.sched_full(slot), 1);

@@ -423,10 +423,27 @@ struct Mainloop {
   __device__ __forceinline__ void fence_p() {  // P V has completed: the compiler may now reuse P's registers
     if constexpr (!V::kPSmem) fence_registers(rP_flat());
   }
-  // After the tile's last Q K^T the producer may refill the Q buffer, unless O is staged there (T::kOInQ: the
-  // epilogue releases it once the TMA store has read this consumer's rows) or Q was read into registers.
+  // After the tile's last Q K^T the producer may refill the Q buffer (unless Q was read into registers).
   __device__ __forceinline__ void release_q() {
-    if constexpr (!T::kOInQ && !V::kQRegs) mbarrier_arrive(s.q_empty(qb));
+    if constexpr (!V::kQRegs) mbarrier_arrive(s.q_empty(qb));
+  }
+  // Key block j's K / V (pipeline stage `stage`) read by this consumer: the producer may refill them. T::kOInKV: the
+  // tile's last block's stage holds O in the epilogue, consumer 0's in its K and consumer 1's in its V, which the
+  // epilogue releases; consumer 1 tells consumer 0 once it has read that K.
+  __device__ __forceinline__ void release_k(int j, int stage) {
+    if constexpr (T::kOInKV) {
+      if (j == tile.block_end - 1) {
+        if (consumer == 0) return;
+        named_barrier_arrive(kLastKReadBarrier<T>, 256);
+      }
+    }
+    mbarrier_arrive(s.k_empty(stage));
+  }
+  __device__ __forceinline__ void release_v(int j, int stage) {
+    if constexpr (T::kOInKV) {
+      if (j == tile.block_end - 1 && consumer == 1) return;
+    }
+    mbarrier_arrive(s.v_empty(stage));
   }
   // V::kTrimTail: the key blocks past this consumer's rows: no math, but the consumer waits for and releases their
   // stages and takes their turns (an arrival before a stage's fill would count toward its previous phase).
@@ -435,9 +452,9 @@ struct Mainloop {
       turns.wait();  // (one turn per key block, with or without overlap)
       turns.pass();
       mbarrier_wait(s.k_full(P::stage_of(it)), P::parity_of(it));
-      mbarrier_arrive(s.k_empty(P::stage_of(it)));
+      release_k(j, P::stage_of(it));
       mbarrier_wait(s.v_full(P::stage_of(it)), P::parity_of(it));
-      mbarrier_arrive(s.v_empty(P::stage_of(it)));
+      release_v(j, P::stage_of(it));
     }
   }
 
@@ -572,7 +589,7 @@ struct Mainloop {
       issue_s(P::stage_of(it));
       wgmma_wait<0>();
       fence_registers(acc_s_flat());
-      mbarrier_arrive(s.k_empty(P::stage_of(it)));
+      release_k(j, P::stage_of(it));
       if (j == my_end - 1) release_q();  // the tile's last read of Q
       const bool rescale_o = scores_to_max(j);
       turns.wait();
@@ -585,7 +602,7 @@ struct Mainloop {
       wgmma_wait<0>();
       fence_registers(acc_o_flat());
       fence_p();
-      mbarrier_arrive(s.v_empty(P::stage_of(it)));
+      release_v(j, P::stage_of(it));
     }
   }
 
@@ -601,7 +618,7 @@ struct Mainloop {
     prologue<kFirstKeys>(first_j, last_j);
     if constexpr (kHalfFirst) {  // the next step's P V is the half-width one (or the drain's, if none)
       if (first_j == last_j) {
-        drain<kFirstKeys>();
+        drain<kFirstKeys>(last_j);
         return;
       }
       step<kFirstKeys>(first_j + kDir, last_j, kv_ready);
@@ -609,7 +626,7 @@ struct Mainloop {
     for (int j = first_j + (kHalfFirst ? 2 : 1) * kDir; V::kReverse ? j >= last_j : j <= last_j; j += kDir) {
       step<T::kBlockKV>(j, last_j, kv_ready);
     }
-    drain<T::kBlockKV>();
+    drain<T::kBlockKV>(last_j);
   }
 
   // Prologue: S of the first block and its softmax (O is still zero: no rescale).
@@ -625,7 +642,7 @@ struct Mainloop {
     wgmma_wait<0>();
     fence_registers(*reinterpret_cast<float(*)[kKeys / 2]>(&acc_s[0][0][0]));
     trace(kTraceSDone, first_j);
-    mbarrier_arrive(s.k_empty(P::stage_of(it)));
+    release_k(first_j, P::stage_of(it));
     if (first_j == last_j) release_q();  // the tile's last read of Q
     if constexpr (V::kPackInExp) {
       scores_to_max<kKeys>(first_j);
@@ -657,7 +674,7 @@ struct Mainloop {
     wgmma_wait<1>();  // the older group, S_j, is done
     fence_registers(acc_s_flat());
     trace(kTraceSDone, j);
-    mbarrier_arrive(s.k_empty(P::stage_of(it)));
+    release_k(j, P::stage_of(it));
     if (j == last_j) release_q();  // the tile's last read of Q: its buffer may refill
     // V::kEarlyTest: whether the next K and this V have landed, tested during the softmax (V::kTestsEarly: both
     // tests before the row maxima, so their latency hides under them, and no branch between them)
@@ -696,9 +713,9 @@ struct Mainloop {
     ++it;
   }
 
-  // Drain: O += P_last V_last (kKeys: the keys of the last block computed).
+  // Drain: O += P_last V_last of key block last_j (kKeys: the keys of the last block computed).
   template <int kKeys>
-  __device__ __forceinline__ void drain() {
+  __device__ __forceinline__ void drain(int last_j) {
     mbarrier_wait(s.v_full(P::stage_of(it - 1)), P::parity_of(it - 1));
     turns.wait();
     trace(kTraceDrainTurn, tile_number);
@@ -708,7 +725,7 @@ struct Mainloop {
     fence_registers(acc_o_flat());
     fence_p();
     trace(kTracePVDone, -1);
-    mbarrier_arrive(s.v_empty(P::stage_of(it - 1)));
+    release_v(last_j, P::stage_of(it - 1));
   }
 };
 

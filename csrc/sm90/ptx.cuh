@@ -38,6 +38,11 @@ __device__ __forceinline__ void mbarrier_arrive(uint64_t* bar) {
   asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(smem_address(bar)) : "memory");
 }
 
+// `count` arrivals at once (one thread arriving for its warpgroup).
+__device__ __forceinline__ void mbarrier_arrive(uint64_t* bar, uint32_t count) {
+  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0], %1;\n" ::"r"(smem_address(bar)), "r"(count) : "memory");
+}
+
 // Blocks until the phase with parity `parity` has completed (a fresh barrier is in phase 0, so waiting for
 // parity 1 returns at once: the producer's first pass over the empty barriers).
 __device__ __forceinline__ void mbarrier_wait(uint64_t* bar, uint32_t parity) {

@@ -16,7 +16,7 @@ namespace jax_flash::sm90 {
 struct SmemShape {
   int q_bytes;       // one Q tile (kBlockQ, D): head_dim / 64 swizzled panels of [rows][64]
   int q_buffers;     // 2: the next tile's Q lands while this one's is read; 1 where 227 KB do not allow two
-  bool o_in_q;       // O is staged in the (single) Q buffer instead of a buffer of its own
+  bool o_in_kv;      // O is staged in the tile's last K / V stage instead of a buffer of its own
   int kv_bytes;      // one K or V stage (kBlockKV, D)
   int stages;        // depth of the K/V ring
   int p_bytes;       // P of one consumer (64, kBlockKV) where P goes through shared memory, else 0
@@ -26,9 +26,9 @@ struct SmemShape {
 };
 
 // `s` with its Q buffering replaced (the traits size the candidates to choose between them).
-constexpr SmemShape with_q_buffers(SmemShape s, int q_buffers, bool o_in_q) {
+constexpr SmemShape with_q_buffers(SmemShape s, int q_buffers, bool o_in_kv) {
   s.q_buffers = q_buffers;
-  s.o_in_q = o_in_q;
+  s.o_in_kv = o_in_kv;
   return s;
 }
 
@@ -56,7 +56,7 @@ struct SplitState {
 template <SmemShape kS>
 struct SharedStorage {
   char q[kS.q_buffers][kS.q_bytes];                                   // [q_buffers] (kBlockQ, D)
-  [[no_unique_address]] Bytes<kS.o_in_q ? 0 : kS.o_bytes, OTag> o;    // (kBlockQ, D): O's own staging buffer
+  [[no_unique_address]] Bytes<kS.o_in_kv ? 0 : kS.o_bytes, OTag> o;   // (kBlockQ, D): O's own staging buffer
   char k[kS.stages][kS.kv_bytes];                                     // [stages] (kBlockKV, D)
   char v[kS.stages][kS.kv_bytes];                                     // [stages] (kBlockKV, D)
   [[no_unique_address]] Bytes<kS.consumers * kS.p_bytes, PTag> p;     // [consumers] (64, kBlockKV)
@@ -87,9 +87,8 @@ template <SmemShape kS>
 struct SmemOffsets {
   using S = SharedStorage<kS>;
   static constexpr int kQ = offsetof(S, q);
-  // O is staged in the Q buffer when it has none of its own (o_in_q: each consumer writes its O into its own 64 rows
-  // of Q, which only its own finished Q K^T products read)
-  static constexpr int kO = kS.o_in_q ? kQ : static_cast<int>(offsetof(S, o));
+  // (o_in_kv: no buffer of its own; the epilogue stages O in the tile's last K / V stage)
+  static constexpr int kO = kS.o_in_kv ? -1 : static_cast<int>(offsetof(S, o));
   static constexpr int kK = offsetof(S, k);
   static constexpr int kV = offsetof(S, v);
   static constexpr int kP = kV + kS.stages * kS.kv_bytes;

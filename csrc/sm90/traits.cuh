@@ -152,18 +152,23 @@ struct Traits {
   static constexpr int kPBytes = kPSmemIfSoftcap ? (kBlockKV + 63) / 64 * kPPanelBytes : 0;
   static constexpr int kMaxSmemBytes = 227 * 1024;  // opt-in dynamic shared memory per block on sm_90
   static constexpr SmemShape kShape1{kQBytes, 1, false, kKVBytes, kStages, kPBytes, kConsumers, kSplitTail, kOBytes};
-  // Where even one Q buffer and a separate O buffer do not fit (head dim 256: Q and O are 64 KB each), O is staged
-  // in the Q buffer and Q is released once the TMA store has read it, not at the tile's last Q K^T.
-  static constexpr bool kOInQ = kSmemBytesOf<kShape1> > kMaxSmemBytes && kOBytes == kQBytes;
+  // Where even one Q buffer and a separate O buffer do not fit (head dim 256: Q and O are 64 KB each), each consumer
+  // stages its 64 rows of O in the stage of the tile's last key block, consumer 0 in its K and consumer 1 in its V
+  // (epilogue.cuh), and that K / V is released once the TMA store has read them. Q is released at the tile's last
+  // Q K^T as everywhere else, so the next tile's Q loads under the last P V and the epilogue (staged in the Q
+  // buffer, O held Q until the store had read it and the next tile waited for the whole load).
+  static constexpr bool kOInKV = kSmemBytesOf<kShape1> > kMaxSmemBytes;
   // Q is double-buffered where it fits beside O's buffer (the producer loads the next tile's Q while the consumers
   // still read this one's: D = 128 with 128-key blocks fits with 1.9 KB to spare).
-  static constexpr int kQBuffers = !kOInQ && kSmemBytesOf<with_q_buffers(kShape1, 2, false)> <= kMaxSmemBytes ? 2 : 1;
-  static constexpr SmemShape kShape = with_q_buffers(kShape1, kQBuffers, kOInQ);
+  static constexpr int kQBuffers = !kOInKV && kSmemBytesOf<with_q_buffers(kShape1, 2, false)> <= kMaxSmemBytes ? 2 : 1;
+  static constexpr SmemShape kShape = with_q_buffers(kShape1, kQBuffers, kOInKV);
   using Storage = SharedStorage<kShape>;
   static constexpr int kSmemBytes = kSmemBytesOf<kShape>;
   static_assert(kSmemBytes <= kMaxSmemBytes, "sm90 config does not fit in 227 KB of shared memory");
-  static_assert(!kOInQ || kConsumers == 2, "O staged in Q: two consumers (three have no registers for D = 256)");
-  static_assert(!(kSplitTail && kOInQ), "a split tile's partial leaves before the epilogue that would release Q");
+  static_assert(!kOInKV || (kConsumers == 2 && kKBytes >= kOBytes / 2 && kVBytes >= kOBytes / 2),
+                "O staged in K / V: two consumers, each one's 64 rows of O no larger than a K or V stage");
+  static_assert(!(kSplitTail && kOInKV),
+                "a split tile's partial leaves before the epilogue that releases the last K / V stage");
 
   // The split tail's scratch: a consumer thread's partial is its O fragment (kHeadDim / 2 floats) and its two rows'
   // maxima and sums, as float4 chunks stored chunk-major (128 threads write 2 KB contiguous per chunk); a slot holds
@@ -224,7 +229,7 @@ struct Variant {
   // other waiting)
   static_assert(!(kTrimTail && kExpTurns),
                 "a consumer's own last key block and the exponentials' ring exclude each other");
-  static_assert(!(kQRegs && T::kOInQ), "O staged in Q: Q stays in shared memory until the epilogue");
+  static_assert(!(kReverse && T::kOInKV), "O staged in the stage of the tile's last key block, computed last");
 };
 
 }  // namespace jax_flash::sm90
