@@ -295,6 +295,54 @@ __device__ __forceinline__ void stage_dk_dv(const float (&acc_dk)[T::kOutCols / 
   }
 }
 
+// kExchange (head dim 256 without a softcap), after the item's first product: warpgroup 0 turns its S^T (acc_s) into
+// P^T and passes it to warpgroup 1 through the exchange tile sP; both issue dV's product (P^T dO, do_mn0, committed
+// here, waited for by the caller); warpgroup 1 turns its dP^T (acc_s) into dS^T = P^T (dP^T - delta) and stores all
+// of it to sdS, which both read after the barrier, warpgroup 0 as dK's A operand (rdS).
+template <class T, bool kMask, bool kSplitMask, BwdTensors kTensors>
+__device__ __forceinline__ void exchange_scores(const AttentionParams& p, const BatchLengths& len,
+                                                const ScoreItem& item, bool reads, const AlibiTerm& alibi,
+                                                int key_row0, int lane, int wg, const float* lse2,
+                                                const float* delta, const int* seg_q, const int* seg_k, uint32_t sP,
+                                                uint32_t sdS, uint64_t do_mn0, float (&acc_s)[T::kBlockQ / 2],
+                                                float (&acc_dv)[T::kOutCols / 2],
+                                                uint32_t (&rP)[T::kBlockQ / 16][4],
+                                                uint32_t (&rdS)[T::kBlockQ / 16][4]) {
+  using Element = typename T::Element;
+  if (wg == 0) {  // P^T, into the exchange tile for warpgroup 1
+    run_score_loop<kMask, kSplitMask>(item, reads, [&](const ScoreItem& it, auto test_mask, auto with_reads) {
+      item_scores<T, decltype(test_mask)::value, false, false, kTensors, decltype(with_reads)::value>(
+          p, len, it, alibi, key_row0, lane, 0.0f, lse2, delta, seg_q, seg_k, acc_s, acc_s);
+    });
+#pragma unroll
+    for (int t = 0; t < T::kBlockQ / 16; ++t)
+#pragma unroll
+      for (int j = 0; j < 4; ++j) rP[t][j] = pack2<Element>(acc_s[8 * t + 2 * j], acc_s[8 * t + 2 * j + 1]);
+    store_score_fragments<T>(rP, sP, key_row0, lane);
+  }
+  __syncthreads();  // P^T in place
+  if (wg == 1) load_score_fragments<T>(rP, sP, key_row0, lane);
+  wgmma_fence();
+#pragma unroll
+  for (int t = 0; t < T::kBlockQ / 16; ++t) {
+    wgmma_rs<Element, T::kOutCols>(acc_dv, rP[t], smem_offset(do_mn0, t * 2048), 1);
+  }
+  wgmma_commit();
+  if (wg == 1) {  // dS^T = P^T (dP^T - delta), from the 16-bit P^T, into the dS^T tile for both
+#pragma unroll
+    for (int e = 0; e < T::kBlockQ / 2; e += 2) {
+      const float2 prob = unpack2<Element>(rP[e / 8][(e % 8) / 2]);
+      const int c = 8 * (e / 4) + 2 * (lane % 4);
+      acc_s[e] = prob.x * fmaf(acc_s[e], p.scale, -delta[c]);  // delta scaled
+      acc_s[e + 1] = prob.y * fmaf(acc_s[e + 1], p.scale, -delta[c + 1]);
+    }
+    pack_and_store_ds<T, true>(acc_s, rdS, sdS, key_row0, lane, wg);
+  }
+  fence_proxy_async_smem();  // dS^T written, read next by wgmma
+  __syncthreads();           // dS^T in place
+  if (wg == 0) load_score_fragments<T>(rdS, sdS, key_row0, lane);
+}
+
 // The K-major operand offset of k16 step kk: 32 bytes per step inside a 64-column panel, a panel per 4 steps.
 __device__ __forceinline__ uint32_t k_major_step(int kk, int panel_bytes) {
   return (kk / 4) * panel_bytes + (kk % 4) * 32;
@@ -414,6 +462,33 @@ __device__ __forceinline__ void store_dk_dv(const float (&acc_dk)[T::kOutCols / 
     bulk_commit_group();
   }
   if ((!kDeterministic && tid % 128 == 0) || tid == 0) bulk_wait_group_read<0>();
+}
+
+// An item's dQ (this warpgroup's shares, acc_dq: the first share's product done) added into dq_accum: kSplitD through
+// the warpgroup's column panels of the item's dO and Q in buffer buf (add_split_dq, which computes the second
+// share), the deterministic variant in its turn by float2 read-modify-writes, else through the warpgroup's stage of
+// buffer buf by TMA reduce-adds. Rows past q_len get no gradient.
+template <class T, bool kDeterministic>
+__device__ __forceinline__ void add_item_dq(const BackwardParams& bp, const BatchLengths& len, float (&acc_dq)[32],
+                                            uint64_t ds_desc0, uint64_t kmn_desc0, const CUtensorMap* tma_dq,
+                                            char* sQ_ptr, char* sdO_ptr, char* sdQ_ptr, int buf, int64_t batch,
+                                            int64_t head, int q0, int kv_block, int wg, int tid) {
+  const int q_rows = min(T::kBlockQ, len.q_len - q0);
+  if constexpr (T::kSplitD) {
+    // this warpgroup's column panels of the item's dO (share 0) and Q (share 1)
+    const uint32_t own_panels = buf * T::kQBytes + wg * 2 * T::kQPanelBytes;
+    char* const stages[2] = {sdO_ptr + own_panels, sQ_ptr + own_panels};
+    add_split_dq<T, kDeterministic>(bp, len, acc_dq, ds_desc0, kmn_desc0, tma_dq, stages, batch, head, q0, q_rows,
+                                    kv_block, wg, tid);
+  } else if constexpr (kDeterministic) {
+    const DQTurn turn = dq_turn_of<T>(bp, len, batch, head, q0, kv_block);
+    dq_wait_turn(turn, tid);
+    add_dq_ordered<T>(bp, acc_dq, batch, head, q0, q_rows, wg, 0, tid);
+    dq_pass_turn(turn, tid);
+  } else {
+    reduce_dq_through_stage<T>(tma_dq, acc_dq, sdQ_ptr + (buf * 2 + wg) * T::kDQStageBytes, batch, head, q0, q_rows,
+                               wg, 0, tid);
+  }
 }
 
 // kMask: some score may be hidden (window, lengths, or a partial last key block); kSoftcap: s = cap tanh(q.k scale
@@ -592,54 +667,12 @@ __global__ void __launch_bounds__(T::kNumThreads, 1)
     if (next_item < num_items) next_rows = load_item(next_at, (kItems ? n : i) + 1);
     uint32_t rP[kBlockQ / 16][4], rdS[kBlockQ / 16][4];
     const uint32_t out_panels = T::kSplitD ? wg * 2 * T::kQPanelBytes : 0;  // dO's and Q's columns of dV and dK
-    uint64_t q_mn0;
+    uint64_t q_mn0, do_mn0;
     if constexpr (kExchange) {
-      const uint64_t do_mn0 = smem_descriptor(sdOi + out_panels, T::kQPanelBytes, 1024);
+      do_mn0 = smem_descriptor(sdOi + out_panels, T::kQPanelBytes, 1024);
       q_mn0 = smem_descriptor(sQi + out_panels, T::kQPanelBytes, 1024);
       wgmma_wait<0>();
       fence_registers(acc_s);
-      const bool whole = !kMask || (kv0 + kBlockKV <= len.kv_len && q0 + kBlockQ <= len.q_len &&
-                                    kv0 + kBlockKV - 1 - q0 <= hi_off && kv0 - (q0 + kBlockQ - 1) >= lo_off);
-      [[maybe_unused]] const AlibiTerm alibi =
-          kAny ? AlibiTerm(p, batch, kv_head * group + at.head, q0 + 2 * (lane % 4), kv0 + key_row0, len)
-               : AlibiTerm{};
-      const ScoreItem item{batch, kAny ? kv_head * group + at.head : 0, kv0, q0, lo_off, hi_off, whole,
-                           test_hidden};
-      const int* seg_q = sSegQ + buf * kBlockQ;
-      // The soft-capped and tensor variants keep the window / lengths test in one loop: two copies of theirs spilled
-      // 20-780 bytes more (soft-capped: 24-48 bytes, and causal soft-capped calls ran within 1.5% either way, H100).
-      constexpr bool kSplitMask = kMask && !kSoftcap && !kAny;
-      const bool reads = kAny ? item_reads_tensors(p, test_hidden) : kSegments;
-      if (wg == 0) {  // P^T, into the exchange tile for warpgroup 1
-        run_score_loop<kMask, kSplitMask>(item, reads, [&](const ScoreItem& it, auto test_mask, auto with_reads) {
-          item_scores<T, decltype(test_mask)::value, false, false, kTensors, decltype(with_reads)::value>(
-              p, len, it, alibi, key_row0, lane, cap_slope, lse2, delta, seg_q, sSegK, acc_s, acc_s);
-        });
-#pragma unroll
-        for (int t = 0; t < kBlockQ / 16; ++t)
-#pragma unroll
-          for (int j = 0; j < 4; ++j) rP[t][j] = pack2<Element>(acc_s[8 * t + 2 * j], acc_s[8 * t + 2 * j + 1]);
-        store_score_fragments<T>(rP, sP, key_row0, lane);
-      }
-      __syncthreads();  // P^T in place
-      if (wg == 1) load_score_fragments<T>(rP, sP, key_row0, lane);
-      wgmma_fence();
-#pragma unroll
-      for (int t = 0; t < kBlockQ / 16; ++t) wgmma_rs<Element, kOut>(acc_dv, rP[t], smem_offset(do_mn0, t * 2048), 1);
-      wgmma_commit();
-      if (wg == 1) {  // dS^T = P^T (dP^T - delta), from the 16-bit P^T, into the dS^T tile for both
-#pragma unroll
-        for (int e = 0; e < kBlockQ / 2; e += 2) {
-          const float2 prob = unpack2<Element>(rP[e / 8][(e % 8) / 2]);
-          const int c = 8 * (e / 4) + 2 * (lane % 4);
-          acc_s[e] = prob.x * fmaf(acc_s[e], p.scale, -delta[c]);  // delta scaled
-          acc_s[e + 1] = prob.y * fmaf(acc_s[e + 1], p.scale, -delta[c + 1]);
-        }
-        pack_and_store_ds<T, true>(acc_s, rdS, sdS, key_row0, lane, wg);
-      }
-      fence_proxy_async_smem();  // dS^T written, read next by wgmma
-      __syncthreads();           // dS^T in place
-      if (wg == 0) load_score_fragments<T>(rdS, sdS, key_row0, lane);
     } else {
       wgmma_wait<1>();
       fence_registers(acc_s);
@@ -647,18 +680,22 @@ __global__ void __launch_bounds__(T::kNumThreads, 1)
         wgmma_wait<0>();
         fence_registers(acc_dp);
       }
-      const bool whole = !kMask || (kv0 + kBlockKV <= len.kv_len && q0 + kBlockQ <= len.q_len &&
-                                    kv0 + kBlockKV - 1 - q0 <= hi_off && kv0 - (q0 + kBlockQ - 1) >= lo_off);
-      [[maybe_unused]] const AlibiTerm alibi =
-          kAny ? AlibiTerm(p, batch, kv_head * group + at.head, q0 + 2 * (lane % 4), kv0 + key_row0, len)
-               : AlibiTerm{};
-      const ScoreItem item{batch, kAny ? kv_head * group + at.head : 0, kv0, q0, lo_off, hi_off, whole,
-                           test_hidden};
-      const int* seg_q = sSegQ + buf * kBlockQ;
-      // The soft-capped and tensor variants keep the window / lengths test in one loop: two copies of theirs spilled
-      // 20-780 bytes more (soft-capped: 24-48 bytes, and causal soft-capped calls ran within 1.5% either way, H100).
-      constexpr bool kSplitMask = kMask && !kSoftcap && !kAny;
-      const bool reads = kAny ? item_reads_tensors(p, test_hidden) : kSegments;
+    }
+    // The item's scores: whether every one is visible (no window / lengths test), ALiBi's term, the tensors' reads.
+    const bool whole = !kMask || (kv0 + kBlockKV <= len.kv_len && q0 + kBlockQ <= len.q_len &&
+                                  kv0 + kBlockKV - 1 - q0 <= hi_off && kv0 - (q0 + kBlockQ - 1) >= lo_off);
+    [[maybe_unused]] const AlibiTerm alibi =
+        kAny ? AlibiTerm(p, batch, kv_head * group + at.head, q0 + 2 * (lane % 4), kv0 + key_row0, len) : AlibiTerm{};
+    const ScoreItem item{batch, kAny ? kv_head * group + at.head : 0, kv0, q0, lo_off, hi_off, whole, test_hidden};
+    const int* seg_q = sSegQ + buf * kBlockQ;
+    // The soft-capped and tensor variants keep the window / lengths test in one loop: two copies of theirs spilled
+    // 20-780 bytes more (soft-capped: 24-48 bytes, and causal soft-capped calls ran within 1.5% either way, H100).
+    constexpr bool kSplitMask = kMask && !kSoftcap && !kAny;
+    const bool reads = kAny ? item_reads_tensors(p, test_hidden) : kSegments;
+    if constexpr (kExchange) {
+      exchange_scores<T, kMask, kSplitMask, kTensors>(p, len, item, reads, alibi, key_row0, lane, wg, lse2, delta,
+                                                       seg_q, sSegK, sP, sdS, do_mn0, acc_s, acc_dv, rP, rdS);
+    } else {
       run_score_loop<kMask, kSplitMask>(item, reads, [&](const ScoreItem& it, auto test_mask, auto with_reads) {
         item_scores<T, decltype(test_mask)::value, kSoftcap, kDSWithP, kTensors, decltype(with_reads)::value>(
             p, len, it, alibi, key_row0, lane, cap_slope, lse2, delta, seg_q, sSegK, acc_s, acc_dp);
@@ -667,7 +704,7 @@ __global__ void __launch_bounds__(T::kNumThreads, 1)
       for (int t = 0; t < kBlockQ / 16; ++t)
 #pragma unroll
         for (int j = 0; j < 4; ++j) rP[t][j] = pack2<Element>(acc_s[8 * t + 2 * j], acc_s[8 * t + 2 * j + 1]);
-      const uint64_t do_mn0 = smem_descriptor(sdOi + out_panels, T::kQPanelBytes, 1024);
+      do_mn0 = smem_descriptor(sdOi + out_panels, T::kQPanelBytes, 1024);
       q_mn0 = smem_descriptor(sQi + out_panels, T::kQPanelBytes, 1024);
       wgmma_fence();
 #pragma unroll
@@ -703,23 +740,8 @@ __global__ void __launch_bounds__(T::kNumThreads, 1)
     fence_registers(acc_dv);
     fence_registers(*reinterpret_cast<uint32_t(*)[kBlockQ / 4]>(&rP[0][0]));
 
-    const int64_t head = kv_head * group + at.head;
-    const int q_rows = min(kBlockQ, len.q_len - q0);  // rows past q_len get no gradient
-    if constexpr (T::kSplitD) {
-      // this warpgroup's column panels of the item's dO (share 0) and Q (share 1)
-      const uint32_t own_panels = buf * T::kQBytes + wg * 2 * T::kQPanelBytes;
-      char* const stages[2] = {smem + (sdO - sK) + own_panels, smem + (sQ - sK) + own_panels};
-      add_split_dq<T, kDeterministic>(bp, len, acc_dq, ds_desc0, kmn_desc0, &tma_dq, stages, batch, head, q0, q_rows,
-                                      kv_block, wg, tid);
-    } else if constexpr (kDeterministic) {
-      const DQTurn turn = dq_turn_of<T>(bp, len, batch, head, q0, kv_block);
-      dq_wait_turn(turn, tid);
-      add_dq_ordered<T>(bp, acc_dq, batch, head, q0, q_rows, wg, 0, tid);
-      dq_pass_turn(turn, tid);
-    } else {
-      reduce_dq_through_stage<T>(&tma_dq, acc_dq, sdQ_ptr + (buf * 2 + wg) * T::kDQStageBytes, batch, head, q0,
-                                 q_rows, wg, 0, tid);
-    }
+    add_item_dq<T, kDeterministic>(bp, len, acc_dq, ds_desc0, kmn_desc0, &tma_dq, smem + (sQ - sK), smem + (sdO - sK),
+                                   sdQ_ptr, buf, batch, kv_head * group + at.head, q0, kv_block, wg, tid);
     wgmma_wait<0>();
     fence_registers(acc_dk);
     fence_registers(*reinterpret_cast<uint32_t(*)[kBlockQ / 4]>(&rdS[0][0]));
