@@ -98,6 +98,23 @@ def test_every_compiled_config_is_correct():
 
 
 @requires_gpu
+@pytest.mark.parametrize("seq_k", [80, 81, 160, 241])
+@pytest.mark.parametrize("causal", [False, True])
+def test_head_dim_256_many_short_tiles(seq_k, causal):
+    """Head dim 256 on Hopper stages each tile's O in the K / V stage of its last key block and releases that stage
+    once O is stored (csrc/sm90/traits.cuh, kOInKV): about four tiles per thread block, of 1-4 key blocks of 80
+    keys each, so that stage alternates between tiles and each tile's next Q lands while O is stored; causal and
+    not (the two tiles cfg=None takes), and kv lengths that cut tiles short or leave rows no key."""
+    device = GPU_DEVICES[0]
+    q, k, v = random_qkv(seq_k + causal, 32, 200, seq_k, 8, 8, 256, jnp.bfloat16, device)
+    fn = jax.jit(jax_flash.attention, static_argnames=("causal",))
+    assert_flash_close(fn(q, k, v, causal=causal), q, k, v, causal=causal)
+    lengths = jnp.asarray(np.arange(32) * 7 % (seq_k + 1), jnp.int32)  # 0 .. seq_k
+    out = fn(q, k, v, causal=causal, kv_lengths=jax.device_put(lengths, device))
+    assert_flash_close(out, q, k, v, causal=causal, kv_lengths=lengths)
+
+
+@requires_gpu
 def test_gpu_agrees_with_cpu():
     q, k, v = random_qkv(11, 2, 300, 300, 4, 4, 128, jnp.bfloat16)
     cpu_out = jax_flash.attention(*(jax.device_put(x, jax.devices("cpu")[0]) for x in (q, k, v)))
