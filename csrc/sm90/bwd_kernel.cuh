@@ -348,27 +348,26 @@ __device__ __forceinline__ uint32_t k_major_step(int kk, int panel_bytes) {
   return (kk / 4) * panel_bytes + (kk % 4) * 32;
 }
 
-// An item's first products, S^T = K_wg Q^T and dP^T = V_wg dO^T (A and B K-major in shared memory), issued as two
-// wgmma groups.
+// One score product of an item (A and B K-major in shared memory, over all of D) as one wgmma group; the caller
+// fences first.
+template <class T>
+__device__ __forceinline__ void issue_score_group(float (&acc)[T::kBlockQ / 2], uint64_t a_desc0, uint64_t b_desc0) {
+#pragma unroll
+  for (int kk = 0; kk < T::kHeadDim / 16; ++kk) {
+    wgmma_ss<typename T::Element, T::kBlockQ>(acc, smem_offset(a_desc0, k_major_step(kk, T::kKVPanelBytes)),
+                                              smem_offset(b_desc0, k_major_step(kk, T::kQPanelBytes)), kk > 0);
+  }
+  wgmma_commit();
+}
+// An item's first products, S^T = K_wg Q^T and dP^T = V_wg dO^T, issued as two wgmma groups.
 template <class T>
 __device__ __forceinline__ void issue_score_products(float (&acc_s)[T::kBlockQ / 2], float (&acc_dp)[T::kBlockQ / 2],
                                                      uint64_t k_desc0, uint64_t v_desc0, uint32_t sQi,
                                                      uint32_t sdOi) {
-  using Element = typename T::Element;
   const uint64_t q_desc0 = smem_descriptor(sQi, 16, 1024), do_desc0 = smem_descriptor(sdOi, 16, 1024);
   wgmma_fence();
-#pragma unroll
-  for (int kk = 0; kk < T::kHeadDim / 16; ++kk) {
-    wgmma_ss<Element, T::kBlockQ>(acc_s, smem_offset(k_desc0, k_major_step(kk, T::kKVPanelBytes)),
-                                  smem_offset(q_desc0, k_major_step(kk, T::kQPanelBytes)), kk > 0);
-  }
-  wgmma_commit();
-#pragma unroll
-  for (int kk = 0; kk < T::kHeadDim / 16; ++kk) {
-    wgmma_ss<Element, T::kBlockQ>(acc_dp, smem_offset(v_desc0, k_major_step(kk, T::kKVPanelBytes)),
-                                  smem_offset(do_desc0, k_major_step(kk, T::kQPanelBytes)), kk > 0);
-  }
-  wgmma_commit();
+  issue_score_group<T>(acc_s, k_desc0, q_desc0);
+  issue_score_group<T>(acc_dp, v_desc0, do_desc0);
 }
 
 // kExchange: one of them, S^T = K Q^T (warpgroup 0: a_desc0 K's, sBi the item's Q) or dP^T = V dO^T (warpgroup 1),
@@ -377,12 +376,7 @@ template <class T>
 __device__ __forceinline__ void issue_score_product(float (&acc)[T::kBlockQ / 2], uint64_t a_desc0, uint32_t sBi) {
   const uint64_t b_desc0 = smem_descriptor(sBi, 16, 1024);
   wgmma_fence();
-#pragma unroll
-  for (int kk = 0; kk < T::kHeadDim / 16; ++kk) {
-    wgmma_ss<typename T::Element, T::kBlockQ>(acc, smem_offset(a_desc0, k_major_step(kk, T::kKVPanelBytes)),
-                                              smem_offset(b_desc0, k_major_step(kk, T::kQPanelBytes)), kk > 0);
-  }
-  wgmma_commit();
+  issue_score_group<T>(acc, a_desc0, b_desc0);
 }
 
 // kSplitD: the item's dQ share 0 (in acc_dq, computed) added, then share 1 (K's next panel) computed into the same
