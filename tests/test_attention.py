@@ -104,7 +104,9 @@ def test_head_dim_256_many_short_tiles(seq_k, causal):
     """Head dim 256 on Hopper stages each tile's O in the K / V stage of its last key block and releases that stage
     once O is stored (csrc/sm90/traits.cuh, kOInKV): about four tiles per thread block, of 1-4 key blocks of 80
     keys each, so that stage alternates between tiles and each tile's next Q lands while O is stored; causal and
-    not (the two tiles cfg=None takes), and kv lengths that cut tiles short or leave rows no key."""
+    not (the two tiles cfg=None takes), and kv lengths that cut tiles short or leave rows no key. Without a right
+    bound a last block of at most 48 visible keys (81 and 241 keys, and many of the lengths) is computed narrow and
+    first (kNarrowKeys), and O then goes to the stage of the tile's first block."""
     device = GPU_DEVICES[0]
     q, k, v = random_qkv(seq_k + causal, 32, 200, seq_k, 8, 8, 256, jnp.bfloat16, device)
     fn = jax.jit(jax_flash.attention, static_argnames=("causal",))

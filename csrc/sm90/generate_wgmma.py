@@ -8,7 +8,7 @@ import pathlib
 import sys
 
 OUT = pathlib.Path(__file__).with_name("wgmma_ops.cuh")
-SS_N_VALUES = (64, 80, 128, 160, 192, 208)  # S = Q K^T: N = block_kv
+SS_N_VALUES = (48, 64, 80, 128, 160, 192, 208)  # S = Q K^T: N = block_kv (48: a narrow last block, traits.cuh)
 RS_N_VALUES = (64, 128, 256)       # O += P V: N = head_dim
 RS_K_N_VALUES = SS_N_VALUES      # S = Q K^T with Q from registers (traits.cuh, kQInRegs): N = block_kv
 SS_TB_N_VALUES = (64, 128)         # O += P V with P from shared memory (three consumers): N = head_dim

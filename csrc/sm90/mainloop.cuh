@@ -3,8 +3,9 @@
 // scale folded in), and O += P V by wgmma with P from registers (or shared memory: V::kPSmem) and V (MN-major) from
 // shared memory. With intra-warpgroup overlap (T::kOverlap) the previous block's P V is issued together with this
 // block's Q K^T and the softmax runs under it; with pingpong the consumers take turns issuing (pingpong.cuh).
-// Masked three-consumer kernels walk a tile's key blocks last first (V::kReverse), so a consumer whose rows see only
-// the first half of its last block computes that block, its first, at half width (V::kHalfLast).
+// Masked kernels with a narrow block width (T::kNarrowKeys) walk a tile's key blocks last first (V::kReverse), so a
+// consumer whose rows see only that many keys of its last block computes that block, its first, at that width
+// (V::kNarrowLast).
 #pragma once
 
 #include <cstdint>
@@ -105,7 +106,7 @@ struct Mainloop {
   struct NoSegments {};
   [[no_unique_address]] std::conditional_t<V::kSplitPaged, Segments, NoSegments> seg;
   int my_end;               // this consumer's key blocks end here (V::kTrimTail), else the tile's
-  bool half_last;           // V::kHalfLast: its last key block is computed at half width
+  bool narrow_last;         // V::kNarrowLast: its last key block is computed at T::kNarrowKeys
   // FP8: the tile's (batch, kv head) factors folded in: scale x q_descale x k_descale (and x log2(e)), v_descale
   float fp8_scale, fp8_scale_log2, fp8_v_descale;
 
@@ -155,7 +156,7 @@ struct Mainloop {
     return smem_offset(p_desc0, (t / 4) * T::kPPanelBytes + (t % 4) * 32);
   }
 
-  // ---- the products (kKeys: the keys of the block that are computed, kBlockKV or its first half; S's first
+  // ---- the products (kKeys: the keys of the block that are computed, kBlockKV or T::kNarrowKeys; S's first
   // kKeys / 8 n-tiles are the m64n(kKeys) accumulator), one commit group each
   template <int kKeys = T::kBlockKV>
   __device__ __forceinline__ void issue_s(int stage) {  // S = Q K^T
@@ -427,12 +428,14 @@ struct Mainloop {
   __device__ __forceinline__ void release_q() {
     if constexpr (!V::kQRegs) mbarrier_arrive(s.q_empty(qb));
   }
+  // The tile's last key block in the consumers' order (its pipeline stage is the last one both consumers read).
+  __device__ __forceinline__ int final_block() const { return V::kReverse ? tile.block_begin : tile.block_end - 1; }
   // Key block j's K / V (pipeline stage `stage`) read by this consumer: the producer may refill them. T::kOInKV: the
-  // tile's last block's stage holds O in the epilogue, consumer 0's in its K and consumer 1's in its V, which the
+  // tile's final block's stage holds O in the epilogue, consumer 0's in its K and consumer 1's in its V, which the
   // epilogue releases; consumer 1 tells consumer 0 once it has read that K.
   __device__ __forceinline__ void release_k(int j, int stage) {
     if constexpr (T::kOInKV) {
-      if (j == tile.block_end - 1) {
+      if (j == final_block()) {
         if (consumer == 0) return;
         named_barrier_arrive(kLastKReadBarrier<T>, 256);
       }
@@ -441,7 +444,7 @@ struct Mainloop {
   }
   __device__ __forceinline__ void release_v(int j, int stage) {
     if constexpr (T::kOInKV) {
-      if (j == tile.block_end - 1 && consumer == 1) return;
+      if (j == final_block() && consumer == 1) return;
     }
     mbarrier_arrive(s.v_empty(stage));
   }
@@ -509,9 +512,9 @@ struct Mainloop {
       // the key blocks in this consumer's order: first_j first, then each block toward last_j
       const int first_j = V::kReverse ? my_end - 1 : t.block_begin;
       const int last_j = V::kReverse ? t.block_begin : my_end - 1;
-      if constexpr (V::kHalfLast) {
-        if (half_last) {
-          key_loop<T::kBlockKV / 2>(first_j, last_j);
+      if constexpr (V::kNarrowLast) {
+        if (narrow_last) {
+          key_loop<T::kNarrowKeys>(first_j, last_j);
         } else {
           key_loop<T::kBlockKV>(first_j, last_j);
         }
@@ -538,12 +541,12 @@ struct Mainloop {
     // (causal: consumer 0's rows end 64 rows above consumer 1's); at least one block is computed, so rows that see
     // no key come out as zeros and lse = -inf.
     my_end = t.block_end;
-    // V::kHalfLast: this consumer's rows see none of the second half of its last key block (the causal diagonal; a
-    // key length that ends in a block's first half), so that block's two products run at half width and its softmax
-    // over half the scores. (Warp-uniform for ptxas through a lane-0 shuffle: wgmma under a branch it cannot prove
-    // uniform is serialised.)
-    half_last = false;
-    if constexpr (V::kTrimTail || V::kHalfLast) {
+    // V::kNarrowLast: this consumer's rows see none of its last key block past its first T::kNarrowKeys keys (the
+    // causal diagonal; a key length that ends there), so that block's two products run at that width and its
+    // softmax over those scores. (Warp-uniform for ptxas through a lane-0 shuffle: wgmma under a branch it cannot
+    // prove uniform is serialised.)
+    narrow_last = false;
+    if constexpr (V::kTrimTail || V::kNarrowLast) {
       int row_begin = t.row0 + 64 * consumer, row_end = t.row0 + min(64 * consumer + 64, t.q_rows_valid);
       if (V::kSplitPaged && p.pack_gqa > 1) {  // packed GQA: the rows' positions
         const int shift = __ffs(p.pack_gqa) - 1;
@@ -554,8 +557,9 @@ struct Mainloop {
       if constexpr (V::kTrimTail) {
         my_end = max(t.block_begin + 1, min(t.block_end, (mine.end + T::kBlockKV - 1) / T::kBlockKV));
       }
-      if constexpr (V::kHalfLast) {
-        half_last = __shfl_sync(0xffffffffu, mine.end <= (my_end - 1) * T::kBlockKV + T::kBlockKV / 2 ? 1 : 0, 0) != 0;
+      if constexpr (V::kNarrowLast) {
+        narrow_last =
+            __shfl_sync(0xffffffffu, mine.end <= (my_end - 1) * T::kBlockKV + T::kNarrowKeys ? 1 : 0, 0) != 0;
       }
     }
     if constexpr (T::kFp8) {  // (a factor that is not > 0 gives NaN: the softmax needs a positive scale)
@@ -608,22 +612,22 @@ struct Mainloop {
 
   // ---- the overlapped key loop, whose first block computes kFirstKeys keys. (Each path issues and waits for all of
   // its products itself: wgmma issued in one branch and waited for after the paths join is serialised by ptxas. A
-  // half-width S = Q K^T in the steady loop, issued beside a full P V, made ptxas serialise every wgmma of the
-  // kernel, C7511; in the prologue it does not.)
+  // narrow S = Q K^T in the steady loop, issued beside a full P V, made ptxas serialise every wgmma of the kernel,
+  // C7511; in the prologue it does not.)
   template <int kFirstKeys>
   __device__ __forceinline__ void key_loop(int first_j, int last_j) {
-    constexpr bool kHalfFirst = kFirstKeys < T::kBlockKV;
+    constexpr bool kNarrowFirst = kFirstKeys < T::kBlockKV;
     constexpr int kDir = V::kReverse ? -1 : 1;
     bool kv_ready = false;  // V::kEarlyTest: K_j and V_prev were seen complete during the last block's softmax
     prologue<kFirstKeys>(first_j, last_j);
-    if constexpr (kHalfFirst) {  // the next step's P V is the half-width one (or the drain's, if none)
+    if constexpr (kNarrowFirst) {  // the next step's P V is the narrow one (or the drain's, if none)
       if (first_j == last_j) {
         drain<kFirstKeys>(last_j);
         return;
       }
       step<kFirstKeys>(first_j + kDir, last_j, kv_ready);
     }
-    for (int j = first_j + (kHalfFirst ? 2 : 1) * kDir; V::kReverse ? j >= last_j : j <= last_j; j += kDir) {
+    for (int j = first_j + (kNarrowFirst ? 2 : 1) * kDir; V::kReverse ? j >= last_j : j <= last_j; j += kDir) {
       step<T::kBlockKV>(j, last_j, kv_ready);
     }
     drain<T::kBlockKV>(last_j);

@@ -74,9 +74,14 @@ struct Traits {
   // 80-key blocks and with 192-row tiles a block boundary falls between the consumers' last rows on the diagonal
   // (three consumers, causal D = 64 1024 / 2048 keys +6 / +2%); 128-key two-consumer tiles never gain.
   static constexpr bool kTrimConsumerTail = kHeadDim == 256 || kConsumers == 3;
-  // A consumer whose rows see only the first half of its last key block computes it at half width (m64n64, 4 k16
-  // steps; the key blocks then run last first): causal D = 64 512 / 1024 keys +5 / +3%. Two consumers: no gain.
-  static constexpr bool kHalfLastBlock = kBlockKV == 128 && kConsumers == 3;
+  // A consumer whose rows see only the first kNarrowKeys keys of its last key block computes that block at that
+  // width (the key blocks then run last first, so it is the consumer's first): three consumers' 128-key blocks at
+  // half width (m64n64, 4 k16 steps), causal D = 64 512 / 1024 keys +5 / +3%; two consumers at D = 128: no gain.
+  // Head dim 256's pingpong config (calls without a right bound) at 48 of 80 keys (m64n48, 3 k16 steps): 512 /
+  // 1024 / 2048 keys +3.8 / +1.4 / +2.6%, none from 4096 (32 keys gained less, 512 keys +2.9%). Its causal config
+  // gained nothing (-4.1 to +0.4% over two measurements).
+  static constexpr int kNarrowKeys =
+      kBlockKV == 128 && kConsumers == 3 ? 64 : (kHeadDim == 256 && kBlockKV == 80 && kPingpong ? 48 : 0);
   // The producer issues K of key block j + 1 before V of block j (in one thread's in-order loads the next K waited
   // behind a V stage that frees a softmax later): head dim 256 causal +2-4%; 64 / 128 within noise.
   static constexpr bool kKAhead = kHeadDim == 256;
@@ -205,9 +210,11 @@ struct Variant {
   static constexpr bool kExpTurns = T::kExpTurns && !kTightSoftcap;  // (68 bytes spilled there)
   static constexpr bool kEarlyTest = T::kEarlyKVTest;
   static constexpr bool kTrimTail = T::kTrimConsumerTail && kMaskBlocks;  // (unmasked, every row sees every key)
-  // (not soft-capped: ptxas serialised the wgmma of some soft-capped kernels with it, C7511)
-  static constexpr bool kHalfLast = T::kHalfLastBlock && kMaskBlocks && T::kOverlap && !kHasSoftcap;
-  static constexpr bool kReverse = kHalfLast;  // key blocks last first: the half-width block is a consumer's first
+  // (not soft-capped: ptxas serialised the wgmma of some soft-capped kernels with it, C7511, as it did in head dim
+  // 256's tensor variant)
+  static constexpr bool kNarrowLast =
+      T::kNarrowKeys > 0 && kMaskBlocks && T::kOverlap && !kHasSoftcap && !(kTensors && T::kHeadDim == 256);
+  static constexpr bool kReverse = kNarrowLast;  // key blocks last first: the narrow block is a consumer's first
   static constexpr bool kKAhead = T::kKAhead;
   static constexpr bool kQRegs = T::kQInRegs && !kHasSoftcap;  // (24-68 bytes spilled with the softcap)
   static constexpr bool kPSmem = kHasSoftcap && T::kPSmemIfSoftcap;
@@ -229,7 +236,6 @@ struct Variant {
   // other waiting)
   static_assert(!(kTrimTail && kExpTurns),
                 "a consumer's own last key block and the exponentials' ring exclude each other");
-  static_assert(!(kReverse && T::kOInKV), "O staged in the stage of the tile's last key block, computed last");
 };
 
 }  // namespace jax_flash::sm90
