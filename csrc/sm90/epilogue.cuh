@@ -112,15 +112,16 @@ struct Epilogue {
     if constexpr (T::kOInKV) mbarrier_arrive(held_stage(m, s));  // (nothing was staged)
   }
 
-  // T::kOInKV: the tile's last key block's K (consumer 0) or V (consumer 1), where this consumer stages its O; the
-  // main loop left it to the epilogue to release (mainloop.cuh, release_k / release_v).
+  // T::kOInKV: the K (consumer 0) or V (consumer 1) of the tile's final key block, the last one computed
+  // (Mainloop::final_block), where this consumer stages its O; the main loop left it to the epilogue to release
+  // (mainloop.cuh, release_k / release_v).
   template <class Mainloop>
   __device__ __forceinline__ static uint64_t* held_stage(const Mainloop& m, SmemView<T> s) {
     const int stage = Pipeline<T, V>::stage_of(m.it - 1);
     return m.consumer == 0 ? s.k_empty(stage) : s.v_empty(stage);
   }
   // ... and its staging buffer once the other consumer has read it: this consumer's 64 rows of O as kOPanels panels
-  // of [64][128 bytes]. Consumer 0 waits until consumer 1 has read the last K, then tells consumer 1 that its own
+  // of [64][128 bytes]. Consumer 0 waits until consumer 1 has read the final K, then tells consumer 1 that its own
   // last P V (the last read of that V) is done; consumer 1 waits for that. Every tile with key blocks passes here
   // once per consumer, whichever way it stores O, so the barriers stay paired.
   template <class Mainloop>

@@ -1,6 +1,6 @@
 // The consumers' turns (pingpong) and their named barriers. Named barrier 0 is __syncthreads; ids 1 .. kConsumers
 // are each consumer warpgroup's own (128 threads: P staged in shared memory, the epilogue, the split tail); the turn
-// rings follow, then the two that hand the tile's last K / V stage to the epilogue (T::kOInKV).
+// rings follow, then the two that hand the tile's final K / V stage to the epilogue (T::kOInKV).
 //
 // The consumers take turns issuing their products in a ring: consumer c waits on barrier kTurnBarrier + c, then
 // hands the turn to consumer (c + 1) % kConsumers, so one warpgroup's softmax runs while another's products occupy
@@ -17,8 +17,8 @@ namespace jax_flash::sm90 {
 // Barrier id of consumer warpgroup c's own 128 threads.
 __device__ __forceinline__ void sync_consumer(int consumer) { named_barrier_sync(1 + consumer, 128); }
 
-// T::kOInKV (two consumers): consumer 1 has read the tile's last K, where consumer 0 stages its O; consumer 0 has
-// passed that barrier and its last P V is done, so consumer 1 may stage its O in the last V. (Consumer 0 arrives on
+// T::kOInKV (two consumers): consumer 1 has read the tile's final K, where consumer 0 stages its O; consumer 0 has
+// passed that barrier and its last P V is done, so consumer 1 may stage its O in the final V. (Consumer 0 arrives on
 // the second only after the first has completed, so neither consumer can arrive twice on one of them.)
 template <class T>
 inline constexpr int kLastKReadBarrier = 1 + 3 * T::kConsumers;

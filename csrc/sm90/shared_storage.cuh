@@ -16,7 +16,7 @@ namespace jax_flash::sm90 {
 struct SmemShape {
   int q_bytes;       // one Q tile (kBlockQ, D): head_dim / 64 swizzled panels of [rows][64]
   int q_buffers;     // 2: the next tile's Q lands while this one's is read; 1 where 227 KB do not allow two
-  bool o_in_kv;      // O is staged in the tile's last K / V stage instead of a buffer of its own
+  bool o_in_kv;      // O is staged in the tile's final K / V stage instead of a buffer of its own
   int kv_bytes;      // one K or V stage (kBlockKV, D)
   int stages;        // depth of the K/V ring
   int p_bytes;       // P of one consumer (64, kBlockKV) where P goes through shared memory, else 0
@@ -87,7 +87,7 @@ template <SmemShape kS>
 struct SmemOffsets {
   using S = SharedStorage<kS>;
   static constexpr int kQ = offsetof(S, q);
-  // (o_in_kv: no buffer of its own; the epilogue stages O in the tile's last K / V stage)
+  // (o_in_kv: no buffer of its own; the epilogue stages O in the tile's final K / V stage)
   static constexpr int kO = kS.o_in_kv ? -1 : static_cast<int>(offsetof(S, o));
   static constexpr int kK = offsetof(S, k);
   static constexpr int kV = offsetof(S, v);

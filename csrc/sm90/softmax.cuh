@@ -34,7 +34,7 @@ struct SplitSoftmax {
   // O stay in fp32, and the O rescale (D / 2 FMUL per thread) and the alpha exponentials are skipped: after the
   // first key blocks the maximum of a row rarely grows that much. Needs scale_log2 > 0 (csrc/common/params.h).
   // kTiles: the n-tiles that hold this key block's scores (fewer than kSTiles when only the block's first keys were
-  // computed: the kernel's half-width last key block); the others are ignored.
+  // computed: the kernel's narrow last key block); the others are ignored.
   template <int kTiles>
   __device__ __forceinline__ static const auto& first_tiles(const float (&acc_s)[1][kSTiles][4]) {
     static_assert(kTiles <= kSTiles);

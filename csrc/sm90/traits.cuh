@@ -158,7 +158,7 @@ struct Traits {
   static constexpr int kMaxSmemBytes = 227 * 1024;  // opt-in dynamic shared memory per block on sm_90
   static constexpr SmemShape kShape1{kQBytes, 1, false, kKVBytes, kStages, kPBytes, kConsumers, kSplitTail, kOBytes};
   // Where even one Q buffer and a separate O buffer do not fit (head dim 256: Q and O are 64 KB each), each consumer
-  // stages its 64 rows of O in the stage of the tile's last key block, consumer 0 in its K and consumer 1 in its V
+  // stages its 64 rows of O in the stage of the tile's final key block, consumer 0 in its K and consumer 1 in its V
   // (epilogue.cuh), and that K / V is released once the TMA store has read them. Q is released at the tile's last
   // Q K^T as everywhere else, so the next tile's Q loads under the last P V and the epilogue (staged in the Q
   // buffer, O held Q until the store had read it and the next tile waited for the whole load).
