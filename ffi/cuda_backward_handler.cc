@@ -115,7 +115,7 @@ ffi::Error attention_bwd_cuda_impl(cudaStream_t stream, ffi::ScratchAllocator sc
   }
   if (hopper) {  // lse2 and delta per row, rows padded for the kernel's bulk copies (BackwardParams::row_stats)
     const int64_t rows_q = q.dimensions()[1];
-    params.stats_rows = (rows_q + kStatsRowAlign - 1) / kStatsRowAlign * kStatsRowAlign;
+    params.stats_rows = padded_stats_rows(rows_q);
     const size_t stats_bytes = 2 * static_cast<size_t>(q.dimensions()[0] * q.dimensions()[2] * params.stats_rows) * 4;
     std::optional<void*> stats = scratch.Allocate(std::max<size_t>(stats_bytes, 16), kScratchAlignment);
     if (!stats.has_value()) {

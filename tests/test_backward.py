@@ -267,6 +267,23 @@ def test_gpu_grad_head_dim_256_features(feature, heads_q, heads_k, dtype):
 
 
 @requires_gpu
+@pytest.mark.parametrize("feature", [*FEATURES, "left_window", "lengths_no_causal"])
+@pytest.mark.parametrize("dtype", GPU_DTYPES, ids=lambda d: jnp.dtype(d).name)
+def test_gpu_grad_head_dim_128_features(feature, dtype):
+    """Head dim 128, whose sm90 backward walks 80-row items and computes dQ transposed (sm90/bwd_kernel.cuh,
+    kSwapDQ) without a softcap: 200 rows are two whole items and one of 40, the lengths cut items inside; MQA."""
+    extra = {"left_window": dict(window=(37, -1)),
+             "lengths_no_causal": dict(q_lengths=np.array([150, 17], np.int32),
+                                       kv_lengths=np.array([290, 33], np.int32))}
+    kwargs = {n: jnp.asarray(x) if isinstance(x, np.ndarray) else x
+              for n, x in (FEATURES | extra)[feature].items()}
+    if feature == "lengths":
+        kwargs.update(q_lengths=jnp.array([150, 17], jnp.int32), kv_lengths=jnp.array([290, 33], jnp.int32))
+    q, k, v = random_qkv(30, 2, 200, 300, 4, 1, 128, dtype, GPU_DEVICES[0])
+    assert_grads_close(q, k, v, **kwargs)
+
+
+@requires_gpu
 @pytest.mark.parametrize("head_dim", [64, 128, 256])
 @pytest.mark.parametrize("dtype", GPU_DTYPES, ids=lambda d: jnp.dtype(d).name)
 @pytest.mark.parametrize("seq_q,seq_k,causal", [(384, 384, True), (130, 1000, False), (1000, 130, True)])
@@ -283,12 +300,13 @@ def test_gpu_grad_odd_and_empty_lengths(seq_q, seq_k):
 
 
 @requires_gpu
-@pytest.mark.parametrize("head_dim", [128, 256])
-def test_gpu_grad_long_sequence(head_dim):
+@pytest.mark.parametrize("head_dim,causal", [(128, True), (128, False), (256, True)])
+def test_gpu_grad_long_sequence(head_dim, causal):
     """Many key blocks adding into one dQ row (TMA reduce-adds from each warpgroup's stage: two buffers of a whole
-    share at head dim 128, the item's own dO and Q panels at 256) and every query block of a long causal mask."""
+    of an 80-row item's dQ^T share at head dim 128, the item's own dO and Q panels at 256) and every query block of a
+    long mask (4096 rows: 51 whole 80-row items and one of 16 at head dim 128)."""
     q, k, v = random_qkv(11, 1, 4096, 4096, 4, 4, head_dim, jnp.bfloat16, GPU_DEVICES[0])
-    assert_grads_close(q, k, v, causal=True)
+    assert_grads_close(q, k, v, causal=causal)
 
 
 @requires_gpu

@@ -63,8 +63,10 @@ std::string launch_tensor_backward(const BackwardParams& bp, int64_t num_blocks,
                  : launch_backward_kernel<T, Kernels, true, false, false, kAny>(bp, num_blocks, stream, extra...);
 }
 
-// T: the family's traits (Element, kHeadDim, kBlockKV, kNumThreads, kSmemBytes).
-template <class T, class Kernels, class... Extra>
+// T: the family's traits (Element, kHeadDim, kBlockKV, kNumThreads, kSmemBytes). kPlainOnly: T's kernel is compiled
+// for calls without tensors, a softcap or determinism only (the masked and unmasked variants); the caller routes
+// the others.
+template <class T, class Kernels, bool kPlainOnly = false, class... Extra>
 std::string run_backward(const BackwardParams& bp, cudaStream_t stream, const Extra&... extra) {
   using Element = typename T::Element;
   constexpr int kHeadDim = T::kHeadDim;
@@ -87,15 +89,24 @@ std::string run_backward(const BackwardParams& bp, cudaStream_t stream, const Ex
                       p.q_lengths != nullptr || p.seqlen_k % T::kBlockKV != 0;
     const bool softcap = p.softcap > 0.0f;
     const bool tensors = p.q_segment_ids != nullptr || p.bias != nullptr || p.mask != nullptr;
-    std::string failure =
-        tensors ? launch_tensor_backward<T, Kernels>(bp, kv_blocks, softcap, stream, extra...) :
-        bp.dq_turns != nullptr
-            ? (softcap ? launch_backward_kernel<T, Kernels, true, true, true>(bp, kv_blocks, stream, extra...)
-                       : launch_backward_kernel<T, Kernels, true, false, true>(bp, kv_blocks, stream, extra...))
-        : mask ? (softcap ? launch_backward_kernel<T, Kernels, true, true>(bp, kv_blocks, stream, extra...)
-                        : launch_backward_kernel<T, Kernels, true, false>(bp, kv_blocks, stream, extra...))
-             : (softcap ? launch_backward_kernel<T, Kernels, false, true>(bp, kv_blocks, stream, extra...)
-                        : launch_backward_kernel<T, Kernels, false, false>(bp, kv_blocks, stream, extra...));
+    std::string failure;
+    if constexpr (kPlainOnly) {
+      failure = tensors || bp.dq_turns != nullptr || softcap
+                    ? "internal error: a backward with tensors, a softcap or deterministic=True reached a kernel "
+                      "built without them"
+                : mask ? launch_backward_kernel<T, Kernels, true, false>(bp, kv_blocks, stream, extra...)
+                       : launch_backward_kernel<T, Kernels, false, false>(bp, kv_blocks, stream, extra...);
+    } else {
+      failure =
+          tensors ? launch_tensor_backward<T, Kernels>(bp, kv_blocks, softcap, stream, extra...) :
+          bp.dq_turns != nullptr
+              ? (softcap ? launch_backward_kernel<T, Kernels, true, true, true>(bp, kv_blocks, stream, extra...)
+                         : launch_backward_kernel<T, Kernels, true, false, true>(bp, kv_blocks, stream, extra...))
+          : mask ? (softcap ? launch_backward_kernel<T, Kernels, true, true>(bp, kv_blocks, stream, extra...)
+                          : launch_backward_kernel<T, Kernels, true, false>(bp, kv_blocks, stream, extra...))
+               : (softcap ? launch_backward_kernel<T, Kernels, false, true>(bp, kv_blocks, stream, extra...)
+                          : launch_backward_kernel<T, Kernels, false, false>(bp, kv_blocks, stream, extra...));
+    }
     if (!failure.empty()) return failure;
   }
   if (convert_blocks > 0) {

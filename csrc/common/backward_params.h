@@ -33,12 +33,17 @@ struct BackwardParams {
   int64_t dq_turn_count;  // B * Hq * ceil(Sq / 64): zeroed by the preprocess
   // The sm90 family's row statistics, written by the preprocess (nullptr for the sm80 family): lse2 = lse log2(e)
   // (+inf past q_len) and delta times the softmax scale (delta itself with a softcap), each (B, Hq, stats_rows) with
-  // the rows padded to a multiple of 128 (+inf and 0), so that a query block's are one aligned bulk copy; lse2 first.
+  // the rows padded (+inf and 0, padded_stats_rows) so that a query block's are one aligned bulk copy; lse2 first.
   float* row_stats;
   int64_t stats_rows;
 };
 
-inline constexpr int kStatsRowAlign = 128;  // the largest query block of a backward kernel
+// BackwardParams::stats_rows for Sq query rows: whole query blocks of every sm90 backward tile (64, 80 or 128 rows),
+// so a block's bulk copy reads no row of the next (batch, head); a multiple of 16 (the copies' 16-byte alignment).
+inline constexpr int64_t padded_stats_rows(int64_t seqlen_q) {
+  const int64_t by128 = (seqlen_q + 127) / 128 * 128, by80 = (seqlen_q + 79) / 80 * 80;
+  return by128 > by80 ? by128 : by80;
+}
 
 inline constexpr int kDQTurnRows = 64;  // dq_turns holds one counter per 64 query rows (the smallest block_q)
 

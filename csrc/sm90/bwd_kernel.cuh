@@ -39,7 +39,17 @@
 
 namespace jax_flash::sm90 {
 
-template <class Element_, int kHeadDim_>
+// Query rows per item by default: 128 at D = 64 (dQ splits by rows over the two warpgroups), 64 at D = 128 (by
+// columns), so each warpgroup's dQ is 64 x 64. 64 rows at D = 64 measured 35% slower (H200): twice the items and
+// their fixed costs, for no spills instead of ~150 bytes in the masked variants.
+constexpr int default_bwd_block_q(int head_dim) { return head_dim == 64 ? 128 : 64; }
+
+// kBlockQ_ = 80 (head dim 128, kSwapDQ; the launch takes it for calls without a right bound, a softcap, tensors or
+// determinism): S^T and dP^T are m64n80 products, whose operands cost 9% less shared-memory bandwidth per MAC than
+// m64n64's (4.5 KB per 64 x 80 x 16 step against 4 KB per 64 x 64 x 16), and each item's fixed costs cover 1.25x
+// the rows (FlashAttention-3's non-causal head dim 128 backward takes 80 rows). wgmma has no M = 80, so dQ is
+// computed transposed, dQ^T (64 columns x 80 rows per warpgroup) = K^T dS^T, with dS (not dS^T) in shared memory.
+template <class Element_, int kHeadDim_, int kBlockQ_ = default_bwd_block_q(kHeadDim_)>
 struct BwdTraits {
   using Element = Element_;
   static constexpr int kHeadDim = kHeadDim_;
@@ -54,10 +64,10 @@ struct BwdTraits {
   // and the reducing threads wait for those reads only before the item after next is loaded into the buffer.
   static constexpr bool kSplitD = kHeadDim == 256;
   static constexpr int kBlockKV = kSplitD ? 64 : 128;
-  // Query rows per item: 128 at D = 64 (dQ splits by rows over the two warpgroups), 64 at D = 128 (by columns), so
-  // each warpgroup's dQ is 64 x 64. 64 rows at D = 64 measured 35% slower (H200): twice the items and their fixed
-  // costs, for no spills instead of ~150 bytes in the masked variants.
-  static constexpr int kBlockQ = kHeadDim == 64 ? 128 : 64;
+  static constexpr int kBlockQ = kBlockQ_;
+  static constexpr bool kSwapDQ = kBlockQ == 80;
+  static_assert(kBlockQ == default_bwd_block_q(kHeadDim) || (kSwapDQ && kHeadDim == 128),
+                "80-row items are built for head dim 128 only");
   static constexpr int kOutCols = kSplitD ? kHeadDim / 2 : kHeadDim;  // dK / dV columns per warpgroup
   static constexpr int kDQShares = kSplitD ? 2 : 1;                    // 64 x 64 dQ shares per warpgroup and item
   static constexpr int kNumThreads = 256;
@@ -68,8 +78,10 @@ struct BwdTraits {
   static constexpr int kQPanelBytes = kBlockQ * kRowBytes;
   static constexpr int kKVBytes = kKVPanelBytes * kPanels;
   static constexpr int kQBytes = kQPanelBytes * kPanels;
-  static constexpr int kScorePanelBytes = kBlockKV * kRowBytes;  // dS^T (kBlockKV, kBlockQ): kBlockQ / 64 panels
-  static constexpr int kScoreBytes = kScorePanelBytes * (kBlockQ / 64);
+  // dS^T (kBlockKV, kBlockQ): kBlockQ / 64 panels of query columns; kSwapDQ: dS (kBlockQ, kBlockKV), a panel of 64
+  // keys per warpgroup (dQ^T's B operand, K-major like Q in S^T's product).
+  static constexpr int kScorePanelBytes = (kSwapDQ ? kBlockQ : kBlockKV) * kRowBytes;
+  static constexpr int kScoreBytes = kScorePanelBytes * ((kSwapDQ ? kBlockKV : kBlockQ) / 64);
   // kSplitD without a softcap (kExchange): warpgroup 0 computes S^T and warpgroup 1 dP^T, once each, and P^T passes
   // from the one to the other through this tile (16-bit, as dV's product takes it), dS^T back through the dS^T
   // tile: half the score products' FLOPs and about 96 of an item's 576 KB of shared-memory traffic (H200: +5 to +11%
@@ -77,14 +89,18 @@ struct BwdTraits {
   // warpgroups compute both products there.
   static constexpr int kExchangeBytes = kSplitD ? kScoreBytes : 0;
   static constexpr bool kDQSplitRows = kBlockQ == 128;
-  // Each warpgroup's dQ share of an item, 64 x 64 float32, is staged in shared memory (two 32-column halves of 128-byte
-  // swizzled rows, one TMA box each) and added to dq_accum by TMA reduce-adds; two buffers per warpgroup, so an
-  // item's stores wait only for the reduce of the item before last. Float2 atomics from the accumulator fragments
+  // Each warpgroup's dQ share of an item, 64 x 64 float32 (kSwapDQ: 80 rows x 64), is staged in shared memory (two
+  // 32-column halves of 128-byte swizzled rows, one TMA box each) and added to dq_accum by TMA reduce-adds; two
+  // buffers per warpgroup, so an item's stores wait only for the reduce of the item before last (kSwapDQ: one, 40
+  // KB for both warpgroups beside 80-row tiles; its stores wait for the reduce of the item before, issued that
+  // item's dK product and this item's first three products ago). Float2 atomics from the accumulator fragments
   // cost 20% of the kernel's time (H200, D = 128): each warp instruction touched 8 rows' 32-byte pieces.
-  static constexpr int kDQRowsPerWarpgroup = 64;
+  static constexpr int kDQRowsPerWarpgroup = kSwapDQ ? kBlockQ : 64;
   static constexpr int kDQHalfBytes = kDQRowsPerWarpgroup * 128;
   static constexpr int kDQStageBytes = 2 * kDQHalfBytes;
-  static constexpr int kDQStagesBytes = kSplitD ? 0 : 4 * kDQStageBytes;  // 2 buffers x 2 warpgroups
+  static constexpr int kDQBuffers = kSwapDQ ? 1 : 2;
+  static constexpr int kDQStagesBytes = kSplitD ? 0 : 2 * kDQBuffers * kDQStageBytes;  // x 2 warpgroups
+  static constexpr int kDQAccRegs = kSwapDQ ? kBlockQ / 2 : 32;  // a warpgroup's dQ (or dQ^T) share, per thread
   // K, V; Q and dO twice; dS^T; P^T's exchange tile (kSplitD); the dQ stages; float32 lse2 and delta twice; int32
   // segment ids of the query rows twice and of the keys (the kSegments variant); each tile a whole number of
   // 1024-byte swizzle atoms from a base the kernel rounds up to 1024 bytes; the two Q / dO buffers' mbarriers.
@@ -195,6 +211,42 @@ __device__ __forceinline__ void reduce_dq_through_stage(const CUtensorMap* tma_d
   }
 }
 
+// kSwapDQ: warpgroup wg's dQ^T share (acc_dq: 64 D columns 64 wg.. x kBlockQ query rows, the wgmma accumulator
+// layout), rows past q_len as zeros, into its stage (two 32-column halves of kBlockQ rows x 128 bytes) and two TMA
+// reduce-adds, as reduce_dq_through_stage. Element e is column 16 warp + lane / 4 + 8 ((e / 2) % 2) (half warp / 2,
+// 16-byte chunk 4 (warp % 2) + 2 ((e / 2) % 2) + lane / 16, word (lane / 4) % 4) of query row r = 8 (e / 4) +
+// 2 (lane % 4) + e % 2: four-byte stores, and a warp's 32 meet 32 banks (the chunk, swizzled by r % 8 = 2 (lane %
+// 4) + e % 2, takes 8 values over lane % 4 and lane / 16).
+template <class T>
+__device__ __forceinline__ void reduce_dqt_through_stage(const CUtensorMap* tma_dq,
+                                                         const float (&acc_dq)[T::kDQAccRegs], char* stage,
+                                                         int64_t batch, int64_t head, int q0, int q_rows, int wg,
+                                                         int tid) {
+  const int warp = (tid / 32) % 4;
+  const int ln = lane_id_fresh();
+  const int chunk0 = 4 * (warp % 2) + ln / 16;
+  char* half_base = stage + (warp / 2) * T::kDQHalfBytes + ((ln / 4) % 4) * 4;
+  auto store = [&](auto all_live) {
+#pragma unroll
+    for (int e = 0; e < T::kDQAccRegs; ++e) {
+      const int r = 8 * (e / 4) + 2 * (ln % 4) + e % 2;
+      const int chunk = (chunk0 + 2 * ((e / 2) % 2)) ^ (2 * (ln % 4) + e % 2);
+      *reinterpret_cast<float*>(half_base + r * 128 + chunk * 16) =
+          decltype(all_live)::value || r < q_rows ? acc_dq[e] : 0.0f;
+    }
+  };
+  if (q_rows >= T::kBlockQ) store(std::true_type{});
+  else store(std::false_type{});
+  fence_proxy_async_smem();  // the stores reach the async proxy the reduce reads through
+  named_barrier_sync(1 + wg, 128);
+  if (tid % 128 == 0) {
+    tma_reduce_add_4d(tma_dq, stage, wg * 64, q0, static_cast<int>(head), static_cast<int>(batch));
+    tma_reduce_add_4d(tma_dq, stage + T::kDQHalfBytes, wg * 64 + 32, q0, static_cast<int>(head),
+                      static_cast<int>(batch));
+    bulk_commit_group();
+  }
+}
+
 // An item's query head within the group and query block among those that see the block's keys.
 struct ItemCoords {
   int head;
@@ -240,17 +292,25 @@ __device__ __forceinline__ void item_scores(const AttentionParams& p, BatchLengt
 // matrix l / 8; the warp's 16 rows start at a multiple of 8, so the swizzle is by l % 8) instead of four 4-byte stores.
 // kSplitD with a softcap: both warpgroups hold the same dS^T; warpgroup wg stores query columns 32 wg.. of it.
 // kAll (kExchange: one warpgroup computes all of dS^T) stores every column.
+// kSwapDQ: dS itself (query row, key) into the warpgroup's 64-key panel, each matrix transposed: matrix m = lane / 8
+// of step t holds keys warp_row0 + 8 (m % 2).. and query rows 16 t + 8 (m / 2).., so lane l addresses query row
+// 16 t + 8 ((l / 8) / 2) + l % 8, whose 8 keys are one 16-byte chunk (2 warp + (l / 8) % 2, swizzled by the row).
 template <class T, bool kAll = false>
 __device__ __forceinline__ void pack_and_store_ds(const float (&acc_dp)[T::kBlockQ / 2],
                                                   uint32_t (&rdS)[T::kBlockQ / 16][4], uint32_t sdS, int key_row0,
                                                   int lane, int wg) {
   const int warp_row0 = key_row0 - lane / 4;  // (64 wg unless kSplitD) + 16 warp
   const uint32_t st_base = sdS + (warp_row0 + fragment_row_of(0, lane)) * 128;
+  const int swap_chunk = ((warp_row0 % 64) / 8 + (lane / 8) % 2) ^ (lane % 8);
+  const uint32_t swap_base = sdS + (warp_row0 / 64) * T::kScorePanelBytes + (8 * (lane / 16) + lane % 8) * 128 +
+                             swap_chunk * 16;
 #pragma unroll
   for (int t = 0; t < T::kBlockQ / 16; ++t) {
 #pragma unroll
     for (int j = 0; j < 4; ++j) rdS[t][j] = pack2<typename T::Element>(acc_dp[8 * t + 2 * j], acc_dp[8 * t + 2 * j + 1]);
-    if (kAll || !T::kSplitD || t / 2 == wg) {
+    if constexpr (T::kSwapDQ) {
+      stmatrix_x4_trans(swap_base + t * 16 * 128, rdS[t]);
+    } else if (kAll || !T::kSplitD || t / 2 == wg) {
       stmatrix_x4(st_base + (t / 4) * T::kScorePanelBytes + fragment_chunk_of(t, lane) * 16, rdS[t]);
     }
   }
@@ -463,7 +523,8 @@ __device__ __forceinline__ void store_dk_dv(const float (&acc_dk)[T::kOutCols / 
 // share), the deterministic variant in its turn by float2 read-modify-writes, else through the warpgroup's stage of
 // buffer buf by TMA reduce-adds. Rows past q_len get no gradient.
 template <class T, bool kDeterministic>
-__device__ __forceinline__ void add_item_dq(const BackwardParams& bp, const BatchLengths& len, float (&acc_dq)[32],
+__device__ __forceinline__ void add_item_dq(const BackwardParams& bp, const BatchLengths& len,
+                                            float (&acc_dq)[T::kDQAccRegs],
                                             uint64_t ds_desc0, uint64_t kmn_desc0, const CUtensorMap* tma_dq,
                                             char* sQ_ptr, char* sdO_ptr, char* sdQ_ptr, int buf, int64_t batch,
                                             int64_t head, int q0, int kv_block, int wg, int tid) {
@@ -474,6 +535,9 @@ __device__ __forceinline__ void add_item_dq(const BackwardParams& bp, const Batc
     char* const stages[2] = {sdO_ptr + own_panels, sQ_ptr + own_panels};
     add_split_dq<T, kDeterministic>(bp, len, acc_dq, ds_desc0, kmn_desc0, tma_dq, stages, batch, head, q0, q_rows,
                                     kv_block, wg, tid);
+  } else if constexpr (T::kSwapDQ) {
+    static_assert(!kDeterministic, "80-row items have no deterministic variant");
+    reduce_dqt_through_stage<T>(tma_dq, acc_dq, sdQ_ptr + wg * T::kDQStageBytes, batch, head, q0, q_rows, wg, tid);
   } else if constexpr (kDeterministic) {
     const DQTurn turn = dq_turn_of<T>(bp, len, batch, head, q0, kv_block);
     dq_wait_turn(turn, tid);
@@ -497,6 +561,8 @@ __global__ void __launch_bounds__(T::kNumThreads, 1)
     attention_bwd_kernel(const __grid_constant__ BackwardParams bp, const __grid_constant__ CUtensorMap tma_dq,
                          const __grid_constant__ CUtensorMap tma_q, const __grid_constant__ CUtensorMap tma_do,
                          const __grid_constant__ CUtensorMap tma_dk, const __grid_constant__ CUtensorMap tma_dv) {
+  static_assert(!T::kSwapDQ || (!kSoftcap && !kDeterministic && kTensors == BwdTensors::kNone),
+                "80-row items are built without a softcap, tensors or determinism (sm90/bwd_launch.cuh wide_items)");
   constexpr bool kItems = kTensors != BwdTensors::kNone;  // walks the items the pre-passes leave (BackwardItems)
   constexpr bool kAny = kTensors == BwdTensors::kAny, kSegments = kTensors == BwdTensors::kSegments;
   using Element = typename T::Element;
@@ -603,8 +669,10 @@ __global__ void __launch_bounds__(T::kNumThreads, 1)
   const uint64_t v_desc0 = smem_descriptor(sV + wg_rows, 16, 1024);
   // dQ: rows 64 wg.. of dS (panel wg of dS^T) with all of K's columns, or all rows with K's panel wg (kSplitD:
   // panels 2 wg and 2 wg + 1, one per share).
-  const uint64_t ds_desc0 = smem_descriptor(sdS + (T::kDQSplitRows ? wg * T::kScorePanelBytes : 0),
-                                            T::kScorePanelBytes, 1024);
+  // kSwapDQ: dQ^T = K^T dS^T, A K's panel wg (MN-major), B dS K-major (kBlockQ rows of the block's 128 keys).
+  const uint64_t ds_desc0 =
+      T::kSwapDQ ? smem_descriptor(sdS, 16, 1024)
+                 : smem_descriptor(sdS + (T::kDQSplitRows ? wg * T::kScorePanelBytes : 0), T::kScorePanelBytes, 1024);
   const uint64_t kmn_desc0 = smem_descriptor(
       sK + (T::kDQSplitRows ? 0 : wg * T::kDQShares * T::kKVPanelBytes), T::kKVPanelBytes, 1024);
 
@@ -631,7 +699,7 @@ __global__ void __launch_bounds__(T::kNumThreads, 1)
     [[maybe_unused]] const bool test_hidden = !kItems || items.per_score(i);
     // This item's dQ stage held the share of the item before last: its reduce has read it (the barrier below tells
     // the warpgroup).
-    if (!kDeterministic && !T::kSplitD && tid % 128 == 0) bulk_wait_group_read<1>();
+    if (!kDeterministic && !T::kSplitD && !T::kSwapDQ && tid % 128 == 0) bulk_wait_group_read<1>();
     __syncthreads();
     mbarrier_wait(&q_full[buf], ((kItems ? n : i) / 2) % 2);  // the item's Q and dO
     const int q0 = (qb.begin + at.block) * kBlockQ;
@@ -715,15 +783,24 @@ __global__ void __launch_bounds__(T::kNumThreads, 1)
       }
       pack_and_store_ds<T>(acc_dp, rdS, sdS, key_row0, lane, wg);
       fence_proxy_async_smem();  // dS^T written by this thread, read next by wgmma
-      __syncthreads();           // both warpgroups' halves of dS^T are in place
+      // kSwapDQ's one dQ stage per warpgroup held the item before's share: its reduce has read it (the barrier
+      // below tells the warpgroup)
+      if (T::kSwapDQ && tid % 128 == 0) bulk_wait_group_read<0>();
+      __syncthreads();  // both warpgroups' halves of dS^T are in place
     }
 
     // ---- dQ (this warpgroup's 64 x 64 shares) = dS K, added into dq_accum while dK's products run ------------------
-    float acc_dq[32];
+    // (kSwapDQ: dQ^T, 64 columns x kBlockQ rows = K^T dS^T)
+    float acc_dq[T::kDQAccRegs];
     wgmma_fence();
 #pragma unroll
     for (int t = 0; t < kBlockKV / 16; ++t) {
-      wgmma_ss_tt<Element, 64>(acc_dq, smem_offset(ds_desc0, t * 2048), smem_offset(kmn_desc0, t * 2048), t > 0);
+      if constexpr (T::kSwapDQ) {
+        wgmma_ss_ta<Element, kBlockQ>(acc_dq, smem_offset(kmn_desc0, t * 2048),
+                                      smem_offset(ds_desc0, k_major_step(t, T::kScorePanelBytes)), t > 0);
+      } else {
+        wgmma_ss_tt<Element, 64>(acc_dq, smem_offset(ds_desc0, t * 2048), smem_offset(kmn_desc0, t * 2048), t > 0);
+      }
     }
     wgmma_commit();
 #pragma unroll

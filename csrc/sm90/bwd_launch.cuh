@@ -26,20 +26,21 @@ struct BwdKernels {
 template <int kDType>
 using BwdElement = std::conditional_t<kDType == static_cast<int>(DType::kBFloat16), __nv_bfloat16, __half>;
 
-template <int kDType, int kHeadDim>
-std::string run_attention_bwd_sm90(const BackwardParams& bp, cudaStream_t stream) {
-  using T = BwdTraits<BwdElement<kDType>, kHeadDim>;
+// The three launches at traits T (kPlainOnly: T's kernel built for the calls wide_items admits only).
+template <class T, bool kPlainOnly>
+std::string run_bwd_at(const BackwardParams& bp, cudaStream_t stream) {
+  constexpr int kHeadDim = T::kHeadDim;
+  constexpr bool kBf16 = std::is_same_v<typename T::Element, __nv_bfloat16>;
   const AttentionParams& p = bp.p;
   CUtensorMap dq_map{}, q_map{}, do_map{}, dk_map{}, dv_map{};
   if (int64_t{p.batch} * p.seqlen_q * p.heads_q > 0) {
-    if (bp.row_stats == nullptr || bp.stats_rows % kStatsRowAlign != 0 || bp.stats_rows < p.seqlen_q) {
+    if (bp.row_stats == nullptr || bp.stats_rows % 16 != 0 || bp.stats_rows < padded_stats_rows(p.seqlen_q)) {
       return "the sm90 backward needs the padded row statistics (BackwardParams::row_stats, stats_rows)";
     }
     std::string failure = encode_dq_accum_map(&dq_map, bp.dq_accum, p.batch, p.seqlen_q, p.heads_q, kHeadDim,
                                               T::kDQRowsPerWarpgroup);
     if (!failure.empty()) return failure;
     // Q and dO (dO laid out as q) in boxes of 64 columns x kBlockQ rows, the item tiles' panels
-    constexpr bool kBf16 = kDType == static_cast<int>(DType::kBFloat16);
     for (auto [map, base] : {std::pair{&q_map, p.q}, std::pair{&do_map, bp.t.d_out}}) {
       failure = encode_bshd_map(map, base, kBf16, p.batch, p.seqlen_q, p.heads_q, kHeadDim, p.q_batch_stride,
                                 p.q_seq_stride, p.q_head_stride, T::kBlockQ);
@@ -48,7 +49,6 @@ std::string run_attention_bwd_sm90(const BackwardParams& bp, cudaStream_t stream
   }
   if (int64_t{p.batch} * p.seqlen_k * p.heads_k > 0) {
     // dK and dV (laid out as k and v) in boxes of 64 columns x kBlockKV rows, the K / V tiles' panels
-    constexpr bool kBf16 = kDType == static_cast<int>(DType::kBFloat16);
     std::string failure = encode_bshd_map(&dk_map, bp.t.dk, kBf16, p.batch, p.seqlen_k, p.heads_k, kHeadDim,
                                           p.k_batch_stride, p.k_seq_stride, p.k_head_stride, T::kBlockKV);
     if (failure.empty()) {
@@ -57,12 +57,34 @@ std::string run_attention_bwd_sm90(const BackwardParams& bp, cudaStream_t stream
     }
     if (!failure.empty()) return failure;
   }
-  return run_backward<T, BwdKernels<T>>(bp, stream, dq_map, q_map, do_map, dk_map, dv_map);
+  return run_backward<T, BwdKernels<T>, kPlainOnly>(bp, stream, dq_map, q_map, do_map, dk_map, dv_map);
+}
+
+// Head dim 128 calls without a softcap, tensors or determinism run 80-row items (BwdTraits kSwapDQ), causal ones
+// too (FlashAttention-3 keeps 64 rows there; on an H200 80 ran causal 1024-16384 keys 1.4-9.1% faster).
+inline bool wide_items(const BackwardParams& bp) {
+  const AttentionParams& p = bp.p;
+  return p.softcap <= 0.0f && bp.dq_turns == nullptr && p.q_segment_ids == nullptr && p.bias == nullptr &&
+         p.mask == nullptr;
 }
 
 template <int kDType, int kHeadDim>
-int bwd_smem_bytes_sm90() {
-  return BwdTraits<BwdElement<kDType>, kHeadDim>::kSmemBytes;
+std::string run_attention_bwd_sm90(const BackwardParams& bp, cudaStream_t stream) {
+  using Element = BwdElement<kDType>;
+  if constexpr (kHeadDim == 128) {
+    if (wide_items(bp)) return run_bwd_at<BwdTraits<Element, kHeadDim, 80>, true>(bp, stream);
+  }
+  return run_bwd_at<BwdTraits<Element, kHeadDim>, false>(bp, stream);
+}
+
+template <int kDType, int kHeadDim>
+int bwd_smem_bytes_sm90() {  // the larger of the two tiles' at head dim 128
+  constexpr int kDefault = BwdTraits<BwdElement<kDType>, kHeadDim>::kSmemBytes;
+  if constexpr (kHeadDim == 128) {
+    constexpr int kWide = BwdTraits<BwdElement<kDType>, kHeadDim, 80>::kSmemBytes;
+    return kWide > kDefault ? kWide : kDefault;
+  }
+  return kDefault;
 }
 
 }  // namespace jax_flash::sm90

@@ -13,6 +13,7 @@ RS_N_VALUES = (64, 128, 256)       # O += P V: N = head_dim
 RS_K_N_VALUES = SS_N_VALUES      # S = Q K^T with Q from registers (traits.cuh, kQInRegs): N = block_kv
 SS_TB_N_VALUES = (64, 128)         # O += P V with P from shared memory (three consumers): N = head_dim
 SS_TT_N_VALUES = (64,)             # the backward's dQ = dS K (dS^T and K stored row-major): a warpgroup's 64 columns
+SS_TA_N_VALUES = (80,)             # the backward's dQ^T = K^T dS^T over 80-row items (bwd_kernel.cuh kSwapDQ): N = rows
 TYPES = {"__half": "f16", "__nv_bfloat16": "bf16"}
 # FP8 (e4m3, k32; both operands K-major: FP8 wgmma has no transpose): S = Q K^T with N = block_kv (from shared memory
 # or Q from registers), O += P V^T with N = head_dim.
@@ -75,6 +76,7 @@ def render() -> str:
 //   wgmma_ss_tb: A (64 x 16) K-major and B (16 x N) MN-major, both in shared memory, D += A B.
 //   wgmma_rs_k: A (64 x 16) from registers, B (N x 16) K-major in shared memory, D += A B^T.
 //   wgmma_ss_tt: A (64 x 16) and B (16 x N) both MN-major in shared memory, D += A B.
+//   wgmma_ss_ta: A (64 x 16) MN-major and B (N x 16) K-major, both in shared memory, D += A B^T.
 #pragma once
 
 #include <cuda_bf16.h>
@@ -95,6 +97,8 @@ template <class Element, int N>
 __device__ void wgmma_rs_k(float (&d)[N / 2], const uint32_t (&a)[4], uint64_t desc_b, int accumulate);
 template <class Element, int N>
 __device__ void wgmma_ss_tt(float (&d)[N / 2], uint64_t desc_a, uint64_t desc_b, int accumulate);
+template <class Element, int N>
+__device__ void wgmma_ss_ta(float (&d)[N / 2], uint64_t desc_a, uint64_t desc_b, int accumulate);
 ''']
     for ctype, ptype in TYPES.items():
         for n in SS_N_VALUES:
@@ -107,6 +111,8 @@ __device__ void wgmma_ss_tt(float (&d)[N / 2], uint64_t desc_a, uint64_t desc_b,
             parts.append(_rs(ctype, ptype, n, name="wgmma_rs_k", trans_b=0))
         for n in SS_TT_N_VALUES:
             parts.append(_ss(ctype, ptype, n, name="wgmma_ss_tt", trans_b=1, trans_a=1))
+        for n in SS_TA_N_VALUES:
+            parts.append(_ss(ctype, ptype, n, name="wgmma_ss_ta", trans_a=1))
     for n in FP8_SS_N_VALUES:
         parts.append(_ss("__nv_fp8_e4m3", "e4m3", n))
     for n in FP8_RS_K_N_VALUES:

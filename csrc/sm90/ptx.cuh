@@ -206,6 +206,12 @@ __device__ __forceinline__ void stmatrix_x4(uint32_t smem_addr, const uint32_t (
                "r"(r[1]), "r"(r[2]), "r"(r[3])
                : "memory");
 }
+// The same, each matrix transposed: lane t's address receives column t%8 of matrix t/8 (its 8 rows' elements).
+__device__ __forceinline__ void stmatrix_x4_trans(uint32_t smem_addr, const uint32_t (&r)[4]) {
+  asm volatile("stmatrix.sync.aligned.m8n8.x4.trans.shared.b16 [%0], {%1, %2, %3, %4};\n" ::"r"(smem_addr),
+               "r"(r[0]), "r"(r[1]), "r"(r[2]), "r"(r[3])
+               : "memory");
+}
 
 // ---- named barriers (id 0 is __syncthreads) and proxy fences ----------------------------------------------------
 __device__ __forceinline__ void named_barrier_sync(int id, int threads) {

@@ -79,7 +79,7 @@ struct Problem {
     CHECK_CUDA(cudaMemcpy(glse, lse.data(), lse.size() * 4, cudaMemcpyHostToDevice));
     CHECK_CUDA(cudaMalloc(&gdq_accum, nq * 4));
     CHECK_CUDA(cudaMalloc(&gdelta, lse.size() * 4));
-    stats_rows = (s + kStatsRowAlign - 1) / kStatsRowAlign * kStatsRowAlign;  // the sm90 family's padded rows
+    stats_rows = (s + 639) / 640 * 640;  // whole query blocks of 64, 80 and 128 rows (builds before 80-row items too)
     CHECK_CUDA(cudaMalloc(&gstats, 2 * size_t(b) * hq * stats_rows * 4));
     turn_count = int64_t{b} * hq * ((s + kDQTurnRows - 1) / kDQTurnRows);  // (the preprocess zeroes them)
     CHECK_CUDA(cudaMalloc(&gturns, turn_count * sizeof(int)));
