@@ -5,6 +5,9 @@
 //   dV, dK (64 x D) += P^T dO, dS^T Q                  wgmma, A (P^T, dS^T) from registers, B MN-major
 //   dQ (64 x 64) = dS K                                wgmma, A (dS^T in shared memory) and B MN-major;
 //                                                      warpgroup w: query rows 64w.. (kBlockQ = 128) or D columns 64w..
+// At head dim 128 without a softcap, tensors or determinism an item is 80 query rows (kSwapDQ): S^T and dP^T are
+// 64 x 80, and dQ is computed transposed, dQ^T (64 x 80) = K^T dS^T with dS (not dS^T) in shared memory, since
+// wgmma has no M = 80 (H200: +5.5 to +8.4% non-causal, +1.4 to +9.1% causal against 64 rows, 1024-16384 keys).
 // At head dim 256 (BwdTraits::kSplitD) a block takes 64 keys: warpgroup 0 computes the item's S^T and P^T over them,
 // warpgroup 1 its dP^T and, from P^T passed through shared memory, dS^T (the soft-capped variants: both warpgroups
 // both products); each then dV, dK and dQ for D columns 128w.. (dQ in two 64-column shares, staged in the item's
