@@ -270,8 +270,9 @@ def test_gpu_grad_head_dim_256_features(feature, heads_q, heads_k, dtype):
 @pytest.mark.parametrize("feature", [*FEATURES, "left_window", "lengths_no_causal"])
 @pytest.mark.parametrize("dtype", GPU_DTYPES, ids=lambda d: jnp.dtype(d).name)
 def test_gpu_grad_head_dim_128_features(feature, dtype):
-    """Head dim 128, whose sm90 backward walks 80-row items and computes dQ transposed (sm90/bwd_kernel.cuh,
-    kSwapDQ) without a softcap: 200 rows are two whole items and one of 40, the lengths cut items inside; MQA."""
+    """Head dim 128, whose sm90 backward walks 80-row items and computes dQ transposed without a softcap
+    (sm90/bwd_kernel.cuh, kSwapDQ; with one, 64-row items): 200 rows are two whole items and one of 40, the lengths
+    cut items inside; MQA, so each key block walks the four query heads' items."""
     extra = {"left_window": dict(window=(37, -1)),
              "lengths_no_causal": dict(q_lengths=np.array([150, 17], np.int32),
                                        kv_lengths=np.array([290, 33], np.int32))}
@@ -302,9 +303,9 @@ def test_gpu_grad_odd_and_empty_lengths(seq_q, seq_k):
 @requires_gpu
 @pytest.mark.parametrize("head_dim,causal", [(128, True), (128, False), (256, True)])
 def test_gpu_grad_long_sequence(head_dim, causal):
-    """Many key blocks adding into one dQ row (TMA reduce-adds from each warpgroup's stage: two buffers of a whole
-    of an 80-row item's dQ^T share at head dim 128, the item's own dO and Q panels at 256) and every query block of a
-    long mask (4096 rows: 51 whole 80-row items and one of 16 at head dim 128)."""
+    """Many key blocks adding into one dQ row (TMA reduce-adds from each warpgroup's stage: one buffer of an 80-row
+    item's dQ^T share at head dim 128, the item's own dO and Q panels at 256) and every query block of a long
+    mask or none (4096 rows: 51 whole 80-row items and one of 16 at head dim 128)."""
     q, k, v = random_qkv(11, 1, 4096, 4096, 4, 4, head_dim, jnp.bfloat16, GPU_DEVICES[0])
     assert_grads_close(q, k, v, causal=causal)
 

@@ -47,8 +47,8 @@ namespace jax_flash::sm90 {
 // their fixed costs, for no spills instead of ~150 bytes in the masked variants.
 constexpr int default_bwd_block_q(int head_dim) { return head_dim == 64 ? 128 : 64; }
 
-// kBlockQ_ = 80 (head dim 128, kSwapDQ; the launch takes it for calls without a right bound, a softcap, tensors or
-// determinism): S^T and dP^T are m64n80 products, whose operands cost 9% less shared-memory bandwidth per MAC than
+// kBlockQ_ = 80 (head dim 128, kSwapDQ; the launch takes it for calls without a softcap, tensors or determinism,
+// sm90/bwd_launch.cuh wide_items): S^T and dP^T are m64n80 products, whose operands cost 9% less shared-memory bandwidth per MAC than
 // m64n64's (4.5 KB per 64 x 80 x 16 step against 4 KB per 64 x 64 x 16), and each item's fixed costs cover 1.25x
 // the rows (FlashAttention-3's non-causal head dim 128 backward takes 80 rows). wgmma has no M = 80, so dQ is
 // computed transposed, dQ^T (64 columns x 80 rows per warpgroup) = K^T dS^T, with dS (not dS^T) in shared memory.
