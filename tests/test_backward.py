@@ -267,13 +267,13 @@ def test_gpu_grad_head_dim_256_features(feature, heads_q, heads_k, dtype):
 
 
 @requires_gpu
-@pytest.mark.parametrize("feature", [*FEATURES, "left_window", "lengths_no_causal"])
+@pytest.mark.parametrize("feature", [*FEATURES, "left_window", "lengths_no_causal", "softcap_causal"])
 @pytest.mark.parametrize("dtype", GPU_DTYPES, ids=lambda d: jnp.dtype(d).name)
 def test_gpu_grad_head_dim_128_features(feature, dtype):
-    """Head dim 128, whose sm90 backward walks 80-row items and computes dQ transposed without a softcap
-    (sm90/bwd_kernel.cuh, kSwapDQ; with one, 64-row items): 200 rows are two whole items and one of 40, the lengths
-    cut items inside; MQA, so each key block walks the four query heads' items."""
-    extra = {"left_window": dict(window=(37, -1)),
+    """Head dim 128, whose sm90 backward walks 80-row items and computes dQ transposed (sm90/bwd_kernel.cuh,
+    kSwapDQ), soft-capped or not: 200 rows are two whole items and one of 40, the lengths cut items inside; MQA, so
+    each key block walks the four query heads' items."""
+    extra = {"left_window": dict(window=(37, -1)), "softcap_causal": dict(causal=True, softcap=5.0),
              "lengths_no_causal": dict(q_lengths=np.array([150, 17], np.int32),
                                        kv_lengths=np.array([290, 33], np.int32))}
     kwargs = {n: jnp.asarray(x) if isinstance(x, np.ndarray) else x
@@ -301,13 +301,15 @@ def test_gpu_grad_odd_and_empty_lengths(seq_q, seq_k):
 
 
 @requires_gpu
-@pytest.mark.parametrize("head_dim,causal", [(128, True), (128, False), (256, True)])
-def test_gpu_grad_long_sequence(head_dim, causal):
+@pytest.mark.parametrize("head_dim,causal,softcap", [(128, True, None), (128, False, None), (128, False, 30.0),
+                                                     (256, True, None)])
+def test_gpu_grad_long_sequence(head_dim, causal, softcap):
     """Many key blocks adding into one dQ row (TMA reduce-adds from each warpgroup's stage: one buffer of an 80-row
     item's dQ^T share at head dim 128, the item's own dO and Q panels at 256) and every query block of a long
-    mask or none (4096 rows: 51 whole 80-row items and one of 16 at head dim 128)."""
+    mask or none (4096 rows: 51 whole 80-row items and one of 16 at head dim 128; the soft-capped case runs the
+    variant without a mask test)."""
     q, k, v = random_qkv(11, 1, 4096, 4096, 4, 4, head_dim, jnp.bfloat16, GPU_DEVICES[0])
-    assert_grads_close(q, k, v, causal=causal)
+    assert_grads_close(q, k, v, causal=causal, **({} if softcap is None else dict(softcap=softcap)))
 
 
 @requires_gpu

@@ -63,10 +63,14 @@ std::string launch_tensor_backward(const BackwardParams& bp, int64_t num_blocks,
                  : launch_backward_kernel<T, Kernels, true, false, false, kAny>(bp, num_blocks, stream, extra...);
 }
 
-// T: the family's traits (Element, kHeadDim, kBlockKV, kNumThreads, kSmemBytes). kPlainOnly: T's kernel is compiled
-// for calls without tensors, a softcap or determinism only (the masked and unmasked variants); the caller routes
-// the others.
-template <class T, class Kernels, bool kPlainOnly = false, class... Extra>
+// Which of its variants a traits' kernel is compiled in: all of them; the plain ones only (no tensors, no
+// determinism: masked or not, soft-capped or not); or the others only (tensors or determinism), where a family routes
+// the plain calls to other traits.
+enum class BwdVariants { kAll, kPlain, kOthers };
+
+// T: the family's traits (Element, kHeadDim, kBlockKV, kNumThreads, kSmemBytes); kVariants: which of T's kernels
+// are compiled (the caller routes every call to traits that have its variant).
+template <class T, class Kernels, BwdVariants kVariants = BwdVariants::kAll, class... Extra>
 std::string run_backward(const BackwardParams& bp, cudaStream_t stream, const Extra&... extra) {
   using Element = typename T::Element;
   constexpr int kHeadDim = T::kHeadDim;
@@ -89,23 +93,22 @@ std::string run_backward(const BackwardParams& bp, cudaStream_t stream, const Ex
                       p.q_lengths != nullptr || p.seqlen_k % T::kBlockKV != 0;
     const bool softcap = p.softcap > 0.0f;
     const bool tensors = p.q_segment_ids != nullptr || p.bias != nullptr || p.mask != nullptr;
-    std::string failure;
-    if constexpr (kPlainOnly) {
-      failure = tensors || bp.dq_turns != nullptr || softcap
-                    ? "internal error: a backward with tensors, a softcap or deterministic=True reached a kernel "
-                      "built without them"
-                : mask ? launch_backward_kernel<T, Kernels, true, false>(bp, kv_blocks, stream, extra...)
-                       : launch_backward_kernel<T, Kernels, false, false>(bp, kv_blocks, stream, extra...);
-    } else {
-      failure =
-          tensors ? launch_tensor_backward<T, Kernels>(bp, kv_blocks, softcap, stream, extra...) :
-          bp.dq_turns != nullptr
-              ? (softcap ? launch_backward_kernel<T, Kernels, true, true, true>(bp, kv_blocks, stream, extra...)
-                         : launch_backward_kernel<T, Kernels, true, false, true>(bp, kv_blocks, stream, extra...))
-          : mask ? (softcap ? launch_backward_kernel<T, Kernels, true, true>(bp, kv_blocks, stream, extra...)
-                          : launch_backward_kernel<T, Kernels, true, false>(bp, kv_blocks, stream, extra...))
-               : (softcap ? launch_backward_kernel<T, Kernels, false, true>(bp, kv_blocks, stream, extra...)
-                          : launch_backward_kernel<T, Kernels, false, false>(bp, kv_blocks, stream, extra...));
+    const bool plain = !tensors && bp.dq_turns == nullptr;
+    std::string failure = "internal error: a backward call reached traits compiled without its variant";
+    if constexpr (kVariants != BwdVariants::kOthers) {
+      if (plain) {
+        failure = mask ? (softcap ? launch_backward_kernel<T, Kernels, true, true>(bp, kv_blocks, stream, extra...)
+                                  : launch_backward_kernel<T, Kernels, true, false>(bp, kv_blocks, stream, extra...))
+                       : (softcap ? launch_backward_kernel<T, Kernels, false, true>(bp, kv_blocks, stream, extra...)
+                                  : launch_backward_kernel<T, Kernels, false, false>(bp, kv_blocks, stream, extra...));
+      }
+    }
+    if constexpr (kVariants != BwdVariants::kPlain) {
+      if (!plain) {
+        failure = tensors ? launch_tensor_backward<T, Kernels>(bp, kv_blocks, softcap, stream, extra...)
+                  : softcap ? launch_backward_kernel<T, Kernels, true, true, true>(bp, kv_blocks, stream, extra...)
+                            : launch_backward_kernel<T, Kernels, true, false, true>(bp, kv_blocks, stream, extra...);
+      }
     }
     if (!failure.empty()) return failure;
   }

@@ -5,7 +5,7 @@
 //   dV, dK (64 x D) += P^T dO, dS^T Q                  wgmma, A (P^T, dS^T) from registers, B MN-major
 //   dQ (64 x 64) = dS K                                wgmma, A (dS^T in shared memory) and B MN-major;
 //                                                      warpgroup w: query rows 64w.. (kBlockQ = 128) or D columns 64w..
-// At head dim 128 without a softcap, tensors or determinism an item is 80 query rows (kSwapDQ): S^T and dP^T are
+// At head dim 128 without tensors or determinism an item is 80 query rows (kSwapDQ): S^T and dP^T are
 // 64 x 80, and dQ is computed transposed, dQ^T (64 x 80) = K^T dS^T with dS (not dS^T) in shared memory, since
 // wgmma has no M = 80 (H200: +5.5 to +8.4% non-causal, +1.4 to +9.1% causal against 64 rows, 1024-16384 keys).
 // At head dim 256 (BwdTraits::kSplitD) a block takes 64 keys: warpgroup 0 computes the item's S^T and P^T over them,
@@ -47,11 +47,12 @@ namespace jax_flash::sm90 {
 // their fixed costs, for no spills instead of ~150 bytes in the masked variants.
 constexpr int default_bwd_block_q(int head_dim) { return head_dim == 64 ? 128 : 64; }
 
-// kBlockQ_ = 80 (head dim 128, kSwapDQ; the launch takes it for calls without a softcap, tensors or determinism,
-// sm90/bwd_launch.cuh wide_items): S^T and dP^T are m64n80 products, whose operands cost 9% less shared-memory bandwidth per MAC than
-// m64n64's (4.5 KB per 64 x 80 x 16 step against 4 KB per 64 x 64 x 16), and each item's fixed costs cover 1.25x
-// the rows (FlashAttention-3's non-causal head dim 128 backward takes 80 rows). wgmma has no M = 80, so dQ is
-// computed transposed, dQ^T (64 columns x 80 rows per warpgroup) = K^T dS^T, with dS (not dS^T) in shared memory.
+// kBlockQ_ = 80 (head dim 128, kSwapDQ; the launch takes it for calls without tensors or determinism,
+// sm90/bwd_launch.cuh wide_items): S^T and dP^T are m64n80 products, whose operands cost 9% less shared-memory
+// bandwidth per MAC than m64n64's (4.5 KB per 64 x 80 x 16 step against 4 KB per 64 x 64 x 16), and each item's
+// fixed costs cover 1.25x the rows (FlashAttention-3's non-causal head dim 128 backward takes 80 rows). wgmma has no
+// M = 80, so dQ is computed transposed, dQ^T (64 columns x 80 rows per warpgroup) = K^T dS^T, with dS (not dS^T)
+// in shared memory.
 template <class Element_, int kHeadDim_, int kBlockQ_ = default_bwd_block_q(kHeadDim_)>
 struct BwdTraits {
   using Element = Element_;
@@ -564,8 +565,8 @@ __global__ void __launch_bounds__(T::kNumThreads, 1)
     attention_bwd_kernel(const __grid_constant__ BackwardParams bp, const __grid_constant__ CUtensorMap tma_dq,
                          const __grid_constant__ CUtensorMap tma_q, const __grid_constant__ CUtensorMap tma_do,
                          const __grid_constant__ CUtensorMap tma_dk, const __grid_constant__ CUtensorMap tma_dv) {
-  static_assert(!T::kSwapDQ || (!kSoftcap && !kDeterministic && kTensors == BwdTensors::kNone),
-                "80-row items are built without a softcap, tensors or determinism (sm90/bwd_launch.cuh wide_items)");
+  static_assert(!T::kSwapDQ || (!kDeterministic && kTensors == BwdTensors::kNone),
+                "80-row items are built without tensors or determinism (sm90/bwd_launch.cuh wide_items)");
   constexpr bool kItems = kTensors != BwdTensors::kNone;  // walks the items the pre-passes leave (BackwardItems)
   constexpr bool kAny = kTensors == BwdTensors::kAny, kSegments = kTensors == BwdTensors::kSegments;
   using Element = typename T::Element;
