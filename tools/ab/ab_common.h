@@ -25,6 +25,7 @@ struct Args {
   std::vector<int> dtypes = {kBf16, kFp16};
   int only_d = 0, only_s = 0;  // 0: every head dim / length
   float softcap = 0.0f;
+  bool lse = false;  // the forward harness: also write the lse (B, H, S), as the calls of a training step do
 };
 
 inline Args parse_args(int argc, char** argv) {
@@ -38,6 +39,8 @@ inline Args parse_args(int argc, char** argv) {
       out.dtypes = {std::string(argv[++i]) == "fp16" ? kFp16 : kBf16};
     } else if (arg == "--softcap" && i + 1 < argc) {
       out.softcap = static_cast<float>(std::atof(argv[++i]));
+    } else if (arg == "--lse") {
+      out.lse = true;
     } else if (arg == "causal") {
       out.only_causal = true;
     } else {

@@ -2,10 +2,11 @@
 // benchmark's standard grid (bf16 and fp16; head dims 64, 128, 256; causal and not; 512-16384 keys; batch x seq =
 // 16384 tokens, heads x head_dim = 2048), launched back to back on one stream. An alternative is a patch applied to
 // a copy of the tree (tools/ab/build.sh), never a switch in the shipped headers.
-//   sm90_ab [--check] [--dtype bf16|fp16] [D [S [causal]]]
+//   sm90_ab [--check] [--dtype bf16|fp16] [--lse] [D [S [causal]]]
 //     --check: first compare 256-tile problems of every shipped head dim / config, causal and not, with the CPU
 //              implementation (the problems exercise what carries across tiles, partial and half-width key blocks,
 //              the end-aligned query blocks and the split tail);
+//     --lse: the timed calls also write the float32 lse (the forward of a training step);
 //     D: only that head dim's shapes; D S [causal]: only that shape (for Nsight Compute).
 // One line per shape: median of 7 repetitions of back-to-back launches lasting >= 25 ms each. Built with
 // -DJAX_FLASH_TRACE, TRACE_FILE=prefix also writes each shape's timeline (csrc/sm90/trace.cuh) to
@@ -73,8 +74,10 @@ struct Problem {
   unsigned long long* dcounter = nullptr;
   void* dworkspace = nullptr;  // the split tail's scratch, as the FFI handler gives it (per SM)
   int64_t workspace_bytes = 0;
-  Problem(int dt, int b, int s, int h, int d, bool is_causal)
+  float* dlse = nullptr;  // (B, H, S), with --lse
+  Problem(int dt, int b, int s, int h, int d, bool is_causal, bool with_lse = false)
       : dtype(dt), batch(b), seq(s), heads(h), head_dim(d), causal(is_causal) {
+    if (with_lse) CHECK_CUDA(cudaMalloc(&dlse, sizeof(float) * b * h * s));
     const size_t n = static_cast<size_t>(b) * s * h * d;
     uint32_t state = 12345u + s + d;
     auto uniform = [&] {  // in [-2, 2)
@@ -99,7 +102,8 @@ struct Problem {
   }
   ~Problem() {
     for (void* ptr : {static_cast<void*>(dq), static_cast<void*>(dk), static_cast<void*>(dv),
-                      static_cast<void*>(dout), static_cast<void*>(dcounter), dworkspace}) {
+                      static_cast<void*>(dout), static_cast<void*>(dcounter), dworkspace,
+                      static_cast<void*>(dlse)}) {
       cudaFree(ptr);
     }
   }
@@ -110,6 +114,7 @@ struct Problem {
     p.split_workspace = dworkspace;
     p.split_workspace_bytes = workspace_bytes;
     if (causal) set_features(p, true, -1, 0, 0.0f, nullptr, nullptr, nullptr);
+    p.lse = dlse;
     return p;
   }
 };
@@ -212,7 +217,7 @@ int main(int argc, char** argv) {
         for (int seq : {512, 1024, 2048, 4096, 8192, 16384}) {
           if (only_d != 0 && head_dim != only_d) continue;
           if (only_s != 0 && (seq != only_s || causal != only_causal)) continue;
-          const Problem pr(dtype, 16384 / seq, seq, 2048 / head_dim, head_dim, causal);
+          const Problem pr(dtype, 16384 / seq, seq, 2048 / head_dim, head_dim, causal, args.lse);
           const double ms = ab::median_ms([&] { return run(pr, stream); }, stream, start, stop);
           const double flops = 4.0 * pr.batch * pr.heads * double(seq) * seq * head_dim / (causal ? 2 : 1);
           std::printf("%s D=%d S=%d%s %s: %.1f us %.1f TFLOP/s\n", dtype_short(dtype), head_dim, seq, causal ? "c" : "",

@@ -1,0 +1,108 @@
+"""The parts of a training step's attention, timed beside cuDNN: the forward, the forward with its lse (the one a
+step runs), the backward alone (the vjp of residuals saved once) and the benchmark's forward + backward step
+(`jax_flash.benchmark._with_backward`), whose part after the forward is what `--pass backward` reports.
+
+    python tools/backward_parts.py [--dtype bf16] [--head-dim 128] [--seqs 1024,4096] [--causal] [--impls ...]
+    ncu --clock-control none --profile-from-start off --metrics gpu__time_duration.sum \
+        python tools/backward_parts.py --kernels step --impls jax_flash --seqs 1024
+
+Shapes as the benchmark's: batch x seq = --tokens, heads x head_dim = --hidden. Timing: jax_flash.timing's
+interleaved rounds of 10 chained calls. Per row: microseconds and TFLOP/s of each part, then the step less the
+forward (the benchmark's backward) and what the step takes beyond its forward with lse and the backward alone.
+--kernels PART runs that part (forward, forward_lse, backward, step) once more between cudaProfilerStart and
+cudaProfilerStop, so that Nsight Compute lists exactly its kernels.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ctypes
+import ctypes.util
+import glob
+
+import jax
+import jax.numpy as jnp
+
+import jax_flash
+from jax_flash.benchmark import _with_backward
+from jax_flash.timing import time_interleaved_ms
+
+DTYPES = {"bf16": jnp.bfloat16, "fp16": jnp.float16, "fp32": jnp.float32}
+PART_FLOPS = {"forward": 1.0, "forward_lse": 1.0, "backward": 2.5, "step": 3.5}  # units of the forward's FLOPs
+
+
+def _attention(impl: str, causal: bool, lse: bool = False):
+    if impl == "cudnn":
+        return lambda q, k, v: jax.nn.dot_product_attention(q, k, v, is_causal=causal, implementation="cudnn")
+    if lse:
+        return lambda q, k, v: jax_flash.attention(q, k, v, causal=causal, return_lse=True)[0]
+    return lambda q, k, v: jax_flash.attention(q, k, v, causal=causal)
+
+
+def parts(impl: str, causal: bool, q, k, v) -> dict:
+    """{part: fn(q, k, v)} of one implementation; the backward alone takes its cotangent from q (chained calls)."""
+    fn = _attention(impl, causal)
+    _, pullback = jax.vjp(fn, q, k, v)
+    out = {"forward": fn, "backward": lambda a, b, c: pullback(a)[0], "step": _with_backward(fn)}
+    if impl != "cudnn":
+        out["forward_lse"] = _attention(impl, causal, lse=True)
+    return out
+
+
+def _profiler():
+    candidates = [ctypes.util.find_library("cudart"), *glob.glob("/usr/local/cuda*/lib64/libcudart.so*")]
+    for path in filter(None, candidates):
+        try:
+            return ctypes.CDLL(path)
+        except OSError:
+            continue
+    raise RuntimeError("libcudart not found: --kernels needs it for cudaProfilerStart / cudaProfilerStop")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--dtype", choices=sorted(DTYPES), default="bf16")
+    parser.add_argument("--head-dim", type=int, default=128)
+    parser.add_argument("--seqs", default="1024,4096")
+    parser.add_argument("--causal", action="store_true")
+    parser.add_argument("--impls", default="jax_flash,cudnn")
+    parser.add_argument("--tokens", type=int, default=16384)
+    parser.add_argument("--hidden", type=int, default=2048)
+    parser.add_argument("--reps", type=int, default=5)
+    parser.add_argument("--kernels", choices=sorted(PART_FLOPS), help="run this part once under the profiler")
+    args = parser.parse_args()
+    impls = args.impls.split(",")
+    for seq in (int(s) for s in args.seqs.split(",")):
+        batch, heads = max(1, args.tokens // seq), max(1, args.hidden // args.head_dim)
+        keys = jax.random.split(jax.random.PRNGKey(seq), 3)
+        q, k, v = (jax.random.normal(key, (batch, seq, heads, args.head_dim), jnp.float32).astype(DTYPES[args.dtype])
+                   for key in keys)
+        fns = {f"{impl} {part}": fn for impl in impls for part, fn in parts(impl, args.causal, q, k, v).items()}
+        if args.kernels:
+            chosen = [jax.jit(fn) for name, fn in fns.items() if name.endswith(" " + args.kernels)]
+            for fn in chosen:
+                jax.block_until_ready(fn(q, k, v))  # compiled and warm before the profiled call
+            profiler = _profiler()
+            for fn in chosen:
+                profiler.cudaProfilerStart()
+                jax.block_until_ready(fn(q, k, v))
+                profiler.cudaProfilerStop()
+            continue
+        times, failures = time_interleaved_ms(fns, q, k, v, reps=args.reps, min_rep_ms=10)
+        flops = 4.0 * batch * heads * seq * seq * args.head_dim / (2 if args.causal else 1)
+        print(f"{args.dtype} D={args.head_dim} S={seq} B={batch} H={heads} causal={args.causal}"
+              + (f" failed: {sorted(failures)}" if failures else ""))
+        for name, ms in times.items():
+            print(f"  {name:22s} {ms * 1e3:9.1f} us {PART_FLOPS[name.split()[1]] * flops / ms / 1e9:8.1f} TFLOP/s")
+        for impl in impls:
+            t = {part: times.get(f"{impl} {part}") for part in PART_FLOPS}
+            if t["step"] is None or t["forward"] is None or t["backward"] is None:
+                continue
+            forward = t["forward_lse"] if t["forward_lse"] is not None else t["forward"]
+            print(f"  {impl}: step less forward {(t['step'] - t['forward']) * 1e3:.1f} us "
+                  f"({2.5 * flops / (t['step'] - t['forward']) / 1e9:.1f} TFLOP/s); step beyond its forward and the "
+                  f"backward alone {(t['step'] - forward - t['backward']) * 1e3:.1f} us")
+
+
+if __name__ == "__main__":
+    main()
