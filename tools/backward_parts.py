@@ -24,10 +24,9 @@ import jax
 import jax.numpy as jnp
 
 import jax_flash
-from jax_flash.benchmark import _with_backward
+from jax_flash.benchmark import DTYPES, _with_backward
 from jax_flash.timing import time_interleaved_ms
 
-DTYPES = {"bf16": jnp.bfloat16, "fp16": jnp.float16, "fp32": jnp.float32}
 PART_FLOPS = {"forward": 1.0, "forward_lse": 1.0, "backward": 2.5, "step": 3.5}  # units of the forward's FLOPs
 
 
@@ -61,7 +60,7 @@ def _profiler():
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--dtype", choices=sorted(DTYPES), default="bf16")
+    parser.add_argument("--dtype", choices=["bf16", "fp16", "fp32"], default="bf16")
     parser.add_argument("--head-dim", type=int, default=128)
     parser.add_argument("--seqs", default="1024,4096")
     parser.add_argument("--causal", action="store_true")
