@@ -1,7 +1,8 @@
-"""The FP8 forward on Hopper: a primitive of its own that lowers to the "jax_flash_attention_fp8" custom call
-(ffi/cuda_fp8_handler.cc, csrc/sm90/launch_fp8.cuh), with abstract evaluation and a batching rule that folds vmapped
-axes into the batch. jax_flash/fp8.py decides which FP8 calls reach it; differentiating it raises a clear error, and
-it has no sharding rule (a sharded call runs on gathered operands).
+"""The FP8 forward on Hopper: a primitive of its own, with abstract evaluation and a batching rule that folds vmapped
+axes into the batch. It lowers through custom_partitioning (jax_flash/_sharding.py: split over batch and heads) to a
+per-device primitive whose cuda lowering is the "jax_flash_attention_fp8" custom call (ffi/cuda_fp8_handler.cc,
+csrc/sm90/launch_fp8.cuh) and whose lowering elsewhere computes the same call on the dequantised inputs by the CPU
+path. jax_flash/fp8.py decides which FP8 calls reach it; differentiating it raises a clear error.
 
 Operands: q (B, Sq, Hq, D) and k (B, Sk, Hk, D) float8_e4m3fn, v_t (B, Hk, D, Sk rounded up to 32) float8_e4m3fn
 (fp8.transposed_v), qk_descale and v_descale float32 (B, Hk), q_lengths and kv_lengths int32 (B,) or (0,).
@@ -20,12 +21,18 @@ import numpy as np
 from jax.extend.core import Primitive
 from jax.interpreters import ad, batching, mlir
 
-from jax_flash import native
-from jax_flash._primitive import result_aval
+from jax._src import dispatch as _dispatch  # no public spelling of prim_requires_devices_during_lowering
+
+from jax_flash import fp8, native
+from jax_flash._primitive import attention_local_p, no_extras, result_aval
+from jax_flash._sharding import make_partitioned_fp8
 from jax_flash.config import CALL_ATTRIBUTES, fp8_config
 
 attention_fp8_p = Primitive("jax_flash_attention_fp8")
 attention_fp8_p.multiple_results = True
+# The same call on one device's shard: what the FFI custom call computes.
+attention_fp8_local_p = Primitive("jax_flash_attention_fp8_local")
+attention_fp8_local_p.multiple_results = True
 
 
 def _abstract_eval(q, *rest, **params):
@@ -35,6 +42,7 @@ def _abstract_eval(q, *rest, **params):
 
 
 attention_fp8_p.def_abstract_eval(_abstract_eval)
+attention_fp8_local_p.def_abstract_eval(_abstract_eval)
 
 
 @functools.cache
@@ -56,17 +64,44 @@ def _lower_cuda(ctx, *args, cfg, **params):
     return jax.ffi.ffi_lowering(native.FP8_TARGET_NAME)(ctx, *args, **attrs)
 
 
-mlir.register_lowering(attention_fp8_p, _lower_cuda, platform="cuda")
+mlir.register_lowering(attention_fp8_local_p, _lower_cuda, platform="cuda")
 
 
-def _lower_elsewhere(ctx, *args, **params):
-    del ctx, args, params
-    raise NotImplementedError(
-        "this FP8 call was routed to the GPU's FP8 kernel (traced with a GPU as the default device) but is being "
-        "lowered for another platform; run it under jax.default_device(jax.devices('cpu')[0]) for the CPU path")
+def _dequantised(q, k, v_t, qk_descale, v_descale, q_lengths, kv_lengths, *, cfg, softmax_scale, causal, window_left,
+                 window_right, has_q_lengths, has_kv_lengths, return_lse):
+    """The call on other platforms: the 16-bit primitive's CPU path on the dequantised float32 inputs (q times
+    q_descale * k_descale, the output times v_descale), as jax_flash/fp8.py computes FP8 calls there."""
+    del cfg  # (a GPU kernel's)
+    batch, heads_q = q.shape[0], q.shape[2]
+    v = fp8.untransposed_v(v_t, k.shape[1])
+    q32 = q.astype(jnp.float32) * fp8.per_query_head(qk_descale, heads_q)
+    params = dict(cfg=None, softmax_scale=softmax_scale, causal=causal, window_left=window_left,
+                  window_right=window_right, softcap=0.0, has_q_lengths=has_q_lengths, has_kv_lengths=has_kv_lengths,
+                  return_lse=return_lse, paged=False, deterministic=False, ring=None, segments=False, has_bias=False,
+                  has_mask=False, alibi=False, same_lengths=False)
+    out, lse = attention_local_p.bind(q32, k.astype(jnp.float32), v.astype(jnp.float32), q_lengths, kv_lengths,
+                                      jnp.zeros((batch, 0), jnp.int32), *no_extras(batch), **params)
+    return (out * fp8.per_query_head(v_descale, heads_q)).astype(jnp.bfloat16), lse
 
 
-mlir.register_lowering(attention_fp8_p, _lower_elsewhere)
+mlir.register_lowering(attention_fp8_local_p, mlir.lower_fun(_dequantised, multiple_results=True))
+
+
+def _bind_local(q, k, v_t, qk_descale, v_descale, q_lengths, kv_lengths, params):
+    return tuple(attention_fp8_local_p.bind(q, k, v_t, qk_descale, v_descale, q_lengths, kv_lengths, **dict(params)))
+
+
+_partitioned_fp8 = make_partitioned_fp8(_bind_local)
+
+
+def _lower_partitioned(ctx, *args, **params):
+    return mlir.lower_fun(lambda *xs: _partitioned_fp8(*xs, tuple(sorted(params.items()))),
+                          multiple_results=True)(ctx, *args)
+
+
+mlir.register_lowering(attention_fp8_p, _lower_partitioned)
+# (custom_partitioning needs the device assignment while lowering: jax_flash/_primitive.py says why)
+_dispatch.prim_requires_devices_during_lowering.add(attention_fp8_p)
 
 
 def _batch_rule(args, dims, **params):

@@ -22,6 +22,9 @@ the call; each device then runs the FFI kernel on its own shard:
   sequence axis is whole: the ring refuses segment ids). Bias and mask tensors split with the batch and the query
   heads where those dimensions are full (not broadcast), and are whole along the sequences.
 
+The FP8 kernel's call (jax_flash/_fp8_primitive.py; make_partitioned_fp8) splits over batch and heads the same way,
+its descales (B, Hk) with the kv heads; it has no ring, so a sequence-sharded FP8 call is gathered.
+
 Inside shard_map (all mesh axes manual) the call lowers straight to the per-device kernel: shard_map already handed
 it local shards. On one device custom_partitioning is a no-op.
 """
@@ -107,14 +110,7 @@ def make_partitioned_backward(local_backward):
         return shardings(params, mesh, arg_shapes)[1]
 
     def shardy_rule(params, mesh, value_types, result_types):
-        heads_q, heads_k = value_types[0].shape[2], value_types[1].shape[2]
-        if heads_k == heads_q:
-            h = hk = "h"
-            extra = {}
-        elif heads_k <= 1 or heads_q % heads_k:
-            h, hk, extra = "hq", "hk", {}
-        else:
-            h, hk, extra = "(hk g)", "hk", {"g": heads_q // heads_k}
+        h, hk, extra = _head_factors(value_types[0].shape[2], value_types[1].shape[2], {})
         q, kv, lse = f"b sq {h} d", f"b sk {hk} d", f"b {h} sq"
         lengths, extra = _length_factors(value_types[7:9], extra)
         segments, extra = _segment_factors(params, extra)
@@ -127,6 +123,67 @@ def make_partitioned_backward(local_backward):
                                        infer_sharding_from_operands=infer_sharding_from_operands,
                                        sharding_rule=shardy_rule)
     return partitioned_backward
+
+
+def make_partitioned_fp8(local_fp8):
+    """custom_partitioning around `local_fp8(q, k, v_t, qk_descale, v_descale, q_lengths, kv_lengths, params)`, the
+    FP8 kernel's call (jax_flash/_fp8_primitive.py): split over batch and heads as the 16-bit call is; it has no ring,
+    so the sequence and head_dim are never split (gathered, with a one-time warning)."""
+
+    def partitioned_fp8(*args_and_params):
+        return local_fp8(*args_and_params)
+
+    partitioned_fp8 = custom_partitioning(partitioned_fp8, static_argnums=(7,))
+
+    def partition(params, mesh, arg_shapes, result_shape):
+        arg_shardings, out_shardings = _decide_fp8(mesh, arg_shapes)
+
+        def lower_fn(*args):
+            return local_fp8(*args, params)
+
+        return mesh, lower_fn, out_shardings, arg_shardings
+
+    def infer_sharding_from_operands(params, mesh, arg_shapes, result_shape):
+        return _decide_fp8(mesh, arg_shapes)[1]
+
+    def shardy_rule(params, mesh, value_types, result_types):
+        # (sq, sk, d and V^T's padded keys skt are never split: no ring, and every score needs all of head_dim)
+        h, hk, extra = _head_factors(value_types[0].shape[2], value_types[1].shape[2],
+                                     {"need_replication_factors": ("sq", "d", "sk", "skt")})
+        lengths, extra = _length_factors(value_types[5:7], extra)
+        return _in_rule_order(f"b sq {h} d, b sk {hk} d, b {hk} d skt, b {hk}, b {hk}, {lengths} -> b sq {h} d, "
+                              f"b {h} sq", extra)
+
+    partitioned_fp8.def_partition(partition=partition, infer_sharding_from_operands=infer_sharding_from_operands,
+                                  sharding_rule=shardy_rule)
+    return partitioned_fp8
+
+
+def _decide_fp8(mesh, arg_shapes) -> tuple[tuple, tuple]:
+    """(operand shardings, (out, lse) shardings) of the FP8 kernel's call: q (B, Sq, Hq, D), k (B, Sk, Hk, D), V^T
+    (B, Hk, D, Sk rounded up), the descales (B, Hk), the lengths (B,) or (0,)."""
+    q, k = arg_shapes[0], arg_shapes[1]
+    q_spec, k_spec, vt_spec = (_spec(a.sharding, 4) for a in arg_shapes[:3])
+    batch_axes, head_axes, shard_kv_heads = _batch_and_head_axes(mesh, q.shape[0], q.shape[2], k.shape[2], q_spec,
+                                                                 k_spec, False, True)
+    used = set(batch_axes) | set(head_axes)
+    gathered = [name for name, spec, dims in (("q", q_spec, (1, 3)), ("k", k_spec, (1, 3)), ("v", vt_spec, (2, 3)))
+                if any(a not in used for i in dims for a in _axes(spec[i]))]
+    if gathered:
+        _warn_once("fp8", f"jax_flash.attention: float8_e4m3fn {', '.join(gathered)} sharded along the sequence or "
+                          f"head_dim axis; it is gathered (replicated along that axis) before the FP8 kernel runs, "
+                          f"which has no ring attention. This costs an all-gather per call and memory for the whole "
+                          f"sequence on each device")
+    b, h = _entry(batch_axes), _entry(head_axes)
+    hk = h if shard_kv_heads else None
+    q_sharding = NamedSharding(mesh, PartitionSpec(b, None, h, None))
+    k_sharding = NamedSharding(mesh, PartitionSpec(b, None, hk, None))
+    vt_sharding = NamedSharding(mesh, PartitionSpec(b, hk, None, None))
+    descale_sharding = NamedSharding(mesh, PartitionSpec(b, hk))
+    lengths_shardings = tuple(NamedSharding(mesh, PartitionSpec(b if lengths.shape[0] else None))  # (0,): absent
+                              for lengths in arg_shapes[5:7])
+    args = (q_sharding, k_sharding, vt_sharding, descale_sharding, descale_sharding, *lengths_shardings)
+    return args, (q_sharding, NamedSharding(mesh, PartitionSpec(b, h, None)))
 
 
 def _in_rule_order(rule: str, extra: dict) -> tuple[str, dict]:
@@ -175,6 +232,16 @@ def _tensor_factors(types, q_shape, seq_k, heads: str, extra: dict) -> tuple[str
     return ", ".join(specs), {**extra, "need_replication_factors": tuple(replicated)}
 
 
+def _head_factors(heads_q: int, heads_k: int, extra: dict) -> tuple[str, str, dict]:
+    """(query heads' factor, kv heads' factor, extra): the query heads are the compound factor (hk g) of the kv heads
+    hk and the group g = Hq // Hk, so that Shardy propagates a head split to q, k, v and the results together."""
+    if heads_k == heads_q:  # MHA: one head factor (Shardy forbids size-1 parts of a compound factor)
+        return "h", "h", extra
+    if heads_k <= 1 or heads_q % heads_k:  # MQA (the one kv head cannot split) or empty heads
+        return "hq", "hk", extra
+    return "(hk g)", "hk", {"g": heads_q // heads_k, **extra}
+
+
 def _shardy_rule(params, mesh, value_types, result_types):
     """The Shardy rule: batch `b` everywhere; the query heads are the compound factor (hk g) of the kv heads hk and
     the group g = Hq // Hk, so Shardy propagates a head split to q, k, v, out and lse together. Paged K/V's page
@@ -186,13 +253,7 @@ def _shardy_rule(params, mesh, value_types, result_types):
     extra = {"need_replication_factors": ("p", "r", "t")} if paged else {"need_replication_factors": ("t",)}
     lengths, extra = _length_factors(value_types[3:5], extra)
     segments, extra = _segment_factors(params, extra)
-    if heads_k == heads_q:  # MHA: one head factor (Shardy forbids size-1 parts of a compound factor)
-        h = hk = "h"
-    elif heads_k <= 1 or heads_q % heads_k:  # MQA (the one kv head cannot split) or empty heads
-        h, hk = "hq", "hk"
-    else:
-        h, hk = "(hk g)", "hk"
-        extra = {"g": heads_q // heads_k, **extra}
+    h, hk, extra = _head_factors(heads_q, heads_k, extra)
     seq_k = None if paged else value_types[1].shape[1]
     tensors, extra = _tensor_factors(value_types[8:10], value_types[0].shape, seq_k, h, extra)
     return _in_rule_order(f"b sq {h} d, {kv} {hk} d, {kv} {hk} d, {lengths}, b t, {segments}, {tensors} -> "
@@ -231,17 +292,8 @@ def _with_ring(params, ring):
     return tuple(sorted({**dict(params), "ring": ring}.items()))
 
 
-def _decide(mesh, arg_shapes, params, split_shared_kv: bool = True) -> Decision:
-    """The shardings the per-device kernel runs on, and whether it runs as a ring over the sequence axes.
-    split_shared_kv=False keeps MQA's query heads whole rather than splitting them over one shared kv head (the
-    backward, whose dk and dv would otherwise be partial sums per device)."""
-    params = dict(params)
-    paged = params["paged"]
-    q, k = arg_shapes[0], arg_shapes[1]
-    q_spec, k_spec, v_spec = (_spec(a.sharding, 4) for a in arg_shapes[:3])
-    batch, _, heads_q, _ = q.shape
-    heads_k = k.shape[2]
-
+def _batch_and_head_axes(mesh, batch, heads_q, heads_k, q_spec, k_spec, paged, split_shared_kv):
+    """(batch mesh axes, head mesh axes, whether the kv heads split too) of a call whose q and k have those specs."""
     # Batch axes come from q (else from k, unless k is a page pool); dropped when they do not divide the batch evenly.
     batch_axes = _axes(q_spec[0]) or (() if paged else _axes(k_spec[0]))
     if batch_axes and batch % _split(mesh, batch_axes):
@@ -266,7 +318,22 @@ def _decide(mesh, arg_shapes, params, split_shared_kv: bool = True) -> Decision:
                                 f"consistently over mesh axes {head_axes} (size {n}; both must divide by it, or "
                                 f"heads_k must be 1); heads are replicated, which repeats the work on every device")
             head_axes = ()
+    return batch_axes, head_axes, shard_kv_heads
 
+
+def _decide(mesh, arg_shapes, params, split_shared_kv: bool = True) -> Decision:
+    """The shardings the per-device kernel runs on, and whether it runs as a ring over the sequence axes.
+    split_shared_kv=False keeps MQA's query heads whole rather than splitting them over one shared kv head (the
+    backward, whose dk and dv would otherwise be partial sums per device)."""
+    params = dict(params)
+    paged = params["paged"]
+    q, k = arg_shapes[0], arg_shapes[1]
+    q_spec, k_spec, v_spec = (_spec(a.sharding, 4) for a in arg_shapes[:3])
+    batch, _, heads_q, _ = q.shape
+    heads_k = k.shape[2]
+
+    batch_axes, head_axes, shard_kv_heads = _batch_and_head_axes(mesh, batch, heads_q, heads_k, q_spec, k_spec, paged,
+                                                                 split_shared_kv)
     used = set(batch_axes) | set(head_axes)
     seq_axes, ring, not_ring = _sequence_plan(mesh, params, q.shape[1], k.shape[1], q_spec, k_spec, used)
     used |= set(seq_axes)

@@ -192,11 +192,25 @@ def test_fp8_kernel_call_refuses_differentiation_clearly(monkeypatch):
         jax.make_jaxpr(jax.grad(loss))(q.astype(jnp.float32))
 
 
-def test_fp8_kernel_call_lowered_for_cpu_says_how_to_reach_the_cpu_path(monkeypatch):
-    q, k, v, _ = _fp8_inputs(13, head_dim=128)
+def test_fp8_kernel_call_lowered_for_cpu_computes_the_cpu_path(monkeypatch):
+    """The FP8 kernel's primitive lowered for the CPU (a call traced for a GPU and run on the CPU; each shard in the
+    CPU sharding tests) computes what the CPU path computes: the call on the dequantised inputs, V from V^T."""
+    q, k, v, (qd, kd, vd) = _fp8_inputs(13, head_dim=128)
+    lengths = jnp.array([70, 20], jnp.int32)
+    kwargs = dict(causal=True, kv_lengths=lengths, q_descale=qd, k_descale=kd, v_descale=vd, return_lse=True)
+    expected_out, expected_lse = jax.jit(lambda *a: jax_flash.attention(*a, **kwargs))(q, k, v)
     _as_on_gpu(monkeypatch)
-    with pytest.raises(NotImplementedError, match=r"routed to the GPU's FP8 kernel .* jax.default_device"):
-        jax.jit(lambda *a: jax_flash.attention(*a)).trace(q, k, v).lower(lowering_platforms=("cpu",))
+    routed = lambda *a: jax_flash.attention(*a, **kwargs)
+    assert "jax_flash_attention_fp8" in str(jax.make_jaxpr(routed)(q, k, v))
+    out, lse = jax.jit(routed)(q, k, v)
+    assert out.dtype == jnp.bfloat16
+    np.testing.assert_array_equal(np.asarray(out, np.float32), np.asarray(expected_out, np.float32))
+    np.testing.assert_array_equal(np.asarray(lse), np.asarray(expected_lse))
+
+
+def test_untransposed_v_inverts_transposed_v():
+    v = jnp.arange(2 * 70 * 3 * 4, dtype=jnp.float32).reshape(2, 70, 3, 4)
+    np.testing.assert_array_equal(np.asarray(fp8.untransposed_v(fp8.transposed_v(v), 70)), np.asarray(v))
 
 
 def test_fp8_gpu_calls_are_checked_as_16_bit_ones(monkeypatch):

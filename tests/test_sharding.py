@@ -20,7 +20,8 @@ from jax.sharding import AxisType, NamedSharding
 from jax.sharding import PartitionSpec as P
 
 import jax_flash
-from jax_flash import _sharding
+from jax_flash import _sharding, fp8
+from jax_flash.attention import _fp8_kernel_call as fp8_kernel_call
 from conftest import GPU_DEVICES, random_qkv
 
 try:
@@ -239,3 +240,67 @@ def test_gradients_under_batch_and_head_sharding_equal_one_device(devices, split
     hlo = jitted.lower(*args).compile().as_text()
     assert not {"all-gather", "all-to-all"} & set(_collectives(hlo)), _collectives(hlo)
     assert 'custom_call_target="jax_flash_attention_bwd"' in hlo
+
+
+def _fp8_inputs(devices, heads_q, heads_k):
+    """q, k, v as float8_e4m3fn with their (batch, heads_k) descales (head dim 128: the FP8 kernel's)."""
+    if devices[0].platform != "cpu" and not fp8._on_hopper():
+        pytest.skip("the FP8 kernel runs on Hopper GPUs only")
+    q, k, v = random_qkv(1, 4, 80, 112, heads_q, heads_k, 128, jnp.float32, devices[0])
+    (q8, qd), (k8, kd), (v8, vd) = jax_flash.quantize_fp8(q, heads_k), jax_flash.quantize_fp8(k), \
+        jax_flash.quantize_fp8(v)
+    return q8, k8, v8, qd, kd, vd
+
+
+def _fp8_kernel_call(q, k, v, q_descale, k_descale, v_descale, kv_lengths):
+    """The FP8 kernel's primitive (the sm90 kernel on a Hopper GPU; on the CPU its lowering there, the CPU path on
+    the dequantised inputs), as jax_flash.attention calls it for float8_e4m3fn inputs on Hopper."""
+    kwargs = dict(causal=True, window=(40, -1), softmax_scale=None, q_lengths=None, kv_lengths=kv_lengths)
+    descales = {"q_descale": q_descale, "k_descale": k_descale, "v_descale": v_descale}
+    return fp8_kernel_call(q, k, v, None, descales, jnp.bfloat16, True, kwargs)
+
+
+@pytest.mark.parametrize("heads_q,heads_k", [(8, 8), (16, 4), (8, 1)], ids=["mha", "gqa", "mqa"])
+@pytest.mark.parametrize("split", ["both", "heads"])
+def test_fp8_kernel_call_under_batch_and_head_sharding_runs_shard_local(devices, heads_q, heads_k, split):
+    mesh = _mesh(devices, split=split)
+    inputs = _fp8_inputs(devices, heads_q, heads_k)
+    lengths = jnp.array([80, 33, 0, 71], jnp.int32)
+    expected_out, expected_lse = _single_device(devices, _fp8_kernel_call, *inputs, lengths)
+    split_kv = heads_k % mesh.shape["model"] == 0  # MQA: every device reads the one kv head
+    spec = NamedSharding(mesh, P("data", None, "model", None))
+    kv_spec = spec if split_kv else NamedSharding(mesh, P("data"))
+    descale_spec = NamedSharding(mesh, P("data", "model" if split_kv else None))
+    args = (jax.device_put(inputs[0], spec), *(jax.device_put(x, kv_spec) for x in inputs[1:3]),
+            *(jax.device_put(x, descale_spec) for x in inputs[3:]),
+            jax.device_put(lengths, NamedSharding(mesh, P("data"))))
+    jitted = jax.jit(_fp8_kernel_call)
+    out, lse = jitted(*args)
+
+    # (on the CPU a device's query heads pack differently over MQA's one kv head: rounding may differ)
+    tol = dict(rtol=1e-2, atol=1e-2) if heads_k == 1 and devices[0].platform == "cpu" else dict(rtol=0, atol=0)
+    np.testing.assert_allclose(np.asarray(out, np.float32), np.asarray(expected_out, np.float32), **tol)
+    np.testing.assert_allclose(np.asarray(lse), np.asarray(expected_lse), **tol)
+    assert out.sharding.is_equivalent_to(spec, 4), f"output sharding {out.sharding} differs from the input's {spec}"
+    assert lse.sharding.is_equivalent_to(NamedSharding(mesh, P("data", "model", None)), 3), lse.sharding
+
+    hlo = jitted.lower(*args).compile().as_text()
+    assert _collectives(hlo) == [], f"sharded FP8 attention should need no collectives, found {_collectives(hlo)}"
+    target = "jax_flash_attention" if devices[0].platform == "cpu" else "jax_flash_attention_fp8"
+    call = next(line for line in hlo.splitlines() if f'custom_call_target="{target}"' in line)
+    n_data, n_model = mesh.shape["data"], mesh.shape["model"]
+    assert f"[{4 // n_data},80,{heads_q // n_model},128]" in call, call  # one device's q shard
+
+
+def test_fp8_kernel_call_sequence_sharded_is_gathered_with_one_warning(devices):
+    mesh = _mesh(devices)
+    inputs = _fp8_inputs(devices, 8, 2)
+    lengths = jnp.array([80, 33, 0, 71], jnp.int32)
+    expected_out, _ = _single_device(devices, _fp8_kernel_call, *inputs, lengths)
+    seq_spec = NamedSharding(mesh, P(None, "data", None, None))
+    args = ([jax.device_put(x, seq_spec) for x in inputs[:3]]
+            + [jax.device_put(x, NamedSharding(mesh, P())) for x in (*inputs[3:], lengths)])
+    _sharding._warned.clear()
+    with pytest.warns(UserWarning, match="float8_e4m3fn q, k(, v)? sharded along the sequence .* no ring attention"):
+        out, _ = jax.jit(_fp8_kernel_call)(*args)
+    np.testing.assert_array_equal(np.asarray(out, np.float32), np.asarray(expected_out, np.float32))
