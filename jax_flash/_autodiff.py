@@ -10,6 +10,7 @@ With the scaled (soft-capped) scores s, P = exp(s - lse) on visible keys, and ds
 the transpose, given the cotangents dO and dlse, is the FlashAttention backward (csrc/cpu/attention_bwd_cpu.cc):
   dV = P^T dO,  dS = P o (dO V^T - D),  D = rowsum(dO o O) - dlse,  dQ = dS' K,  dK = dS'^T Q  (dS' = dS o ds/d(q.k)).
 Lengths and page tables get no gradient. Paged K/V have no backward (a training step reads contiguous K/V).
+The forward's out and lse carry checkpoint names (CHECKPOINT_NAMES) for jax.checkpoint policies.
 Second order: attention_bwd_p's JVP is jax.jvp of those formulas in jnp (_dense_backward), beside the custom call;
 attention_lin_p's is jax.jvp of its own jnp.
 """
@@ -22,6 +23,7 @@ import functools
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jax.ad_checkpoint import checkpoint_name
 from jax.extend.core import Primitive
 from jax.interpreters import ad, batching, mlir
 
@@ -57,9 +59,16 @@ _PAGED = ("jax_flash.attention has no gradient for paged K/V (page_table): diffe
 
 
 # ---- the JVP of attention_p ----------------------------------------------------------------------------------------
+# The names of the forward's out and lse (jax.ad_checkpoint.checkpoint_name), the residuals the backward reads: a
+# jax.checkpoint policy that saves them (jax.checkpoint_policies.save_only_these_names(*CHECKPOINT_NAMES)) keeps the
+# backward from running the forward again.
+CHECKPOINT_NAMES = ("jax_flash_attention_out", "jax_flash_attention_lse")
+
+
 def _jvp(primals, tangents, **params):
     fwd_params = dict(params, return_lse=True)  # the backward reads the lse even when the caller does not
-    out, lse = attention_p.bind(*primals, **fwd_params)
+    out, lse = (checkpoint_name(x, name) for x, name in zip(attention_p.bind(*primals, **fwd_params),
+                                                            CHECKPOINT_NAMES))
     q_dot, k_dot, v_dot, bias_dot = (ad.instantiate_zeros(t) for t in (*tangents[:3], tangents[8]))
     out_dot, lse_dot = attention_lin_p.bind(q_dot, k_dot, v_dot, bias_dot, *primals[:3], out, lse, *primals[3:],
                                             **params)

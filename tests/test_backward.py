@@ -4,6 +4,7 @@ implementation, plus atol). CPU, and on a GPU the backward kernels of the device
 
 from __future__ import annotations
 
+import functools
 import re
 
 import jax
@@ -360,3 +361,29 @@ def test_gpu_deterministic_grads_repeat_bitwise(head_dim):
 def test_deterministic_is_accepted_on_cpu():
     q, k, v = random_qkv(13, 1, 20, 30, 2, 1, 32, jnp.float32, CPU)
     assert_grads_close(q, k, v, causal=True, deterministic=True)
+
+
+@pytest.mark.parametrize("policy", [None, "names"])
+def test_checkpoint_policy_saving_the_named_out_and_lse_skips_the_forward_in_the_backward(policy):
+    """A scanned stack of rematerialised layers runs each layer's forward again in the backward loop; a policy that
+    saves jax_flash.CHECKPOINT_NAMES (the forward's out and lse, the backward's residuals) runs it once, with the
+    same gradients."""
+    q, k, v = random_qkv(6, 2, 48, 48, 4, 2, 32, jnp.float32, CPU)
+    saving = jax.checkpoint_policies.save_only_these_names(*jax_flash.CHECKPOINT_NAMES)
+
+    def loss(q, k, v, policy):
+        def layer(x, _):
+            step = jax.checkpoint(lambda x: x + jax_flash.attention(x, k, v, causal=True), policy=policy)
+            return step(x), None
+
+        x, _ = jax.lax.scan(layer, q, None, length=3)
+        return (x ** 2).sum()
+
+    grad = jax.jit(jax.grad(functools.partial(loss, policy=saving if policy else None), argnums=(0, 1, 2)))
+    hlo = grad.lower(q, k, v).compile().as_text()
+    assert hlo.count('custom_call_target="jax_flash_attention"') == (1 if policy else 2), hlo.count(
+        'custom_call_target="jax_flash_attention"')
+    assert hlo.count('custom_call_target="jax_flash_attention_bwd"') == 1
+    plain = jax.grad(functools.partial(loss, policy=None), argnums=(0, 1, 2))(q, k, v)
+    for a, b in zip(grad(q, k, v), plain):
+        np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-6, atol=1e-6)
