@@ -30,7 +30,7 @@ from jax.interpreters import ad, batching, mlir
 from jax._src import dispatch as _dispatch  # no public spelling of prim_requires_devices_during_lowering
 
 from jax_flash import native
-from jax_flash._primitive import (_attrs, _reference_forward, attention_p, fold_tensor, has_tensors,
+from jax_flash._primitive import (_attrs, attention_p, fold_tensor, has_tensors,
                                  no_extras, result_aval, xla_fallback_warning)
 from jax_flash._ring import ring_backward
 from jax_flash._sharding import make_partitioned_backward
@@ -94,25 +94,33 @@ def _scores(q, k, params):
     return cap * t, scale * (1 - t * t)
 
 
-def _visible(q, k, q_lengths, kv_lengths, q_segment_ids, kv_segment_ids, mask, params):
+def _rows(q, block):
+    """(Sq of the call, visibility_mask's rows): block (first, Sq) when q holds the call's query rows first .. first
+    + q.shape[1] - 1, None for all of them."""
+    return (q.shape[1], None) if block is None else (block[1], (block[0], q.shape[1]))
+
+
+def _visible(q, k, q_lengths, kv_lengths, q_segment_ids, kv_segment_ids, mask, params, block=None):
     """(B, 1 | Hq, Sq, Sk) bool: which keys each row sees (jax_flash.reference.visibility_mask and the mask tensor)."""
     window = (params["window_left"], params["window_right"])
-    visible = visibility_mask(q.shape[0], q.shape[1], k.shape[1], causal=params["causal"], window=window,
+    seq_q, rows = _rows(q, block)
+    visible = visibility_mask(q.shape[0], seq_q, k.shape[1], causal=params["causal"], window=window,
                               q_lengths=q_lengths if params["has_q_lengths"] else None,
                               kv_lengths=kv_lengths if params["has_kv_lengths"] else None,
                               q_segment_ids=q_segment_ids if params["segments"] else None,
-                              kv_segment_ids=kv_segment_ids)
+                              kv_segment_ids=kv_segment_ids, rows=rows)
     return visible & mask if params["has_mask"] else visible
 
 
-def _probabilities(q, k, lse, bias, q_lengths, kv_lengths, q_segment_ids, kv_segment_ids, mask, params):
+def _probabilities(q, k, lse, bias, q_lengths, kv_lengths, q_segment_ids, kv_segment_ids, mask, params, block=None):
     """(P, ds/d(q.k)) in float32, P (B, Hq, Sq, Sk) = exp(s - lse) on the keys a row sees, 0 on the others and on rows
     that see none (lse -inf). The exp takes -inf where hidden instead of a select after it: a hidden score far above
-    the lse would overflow, and the select's derivative would multiply that inf by a zero."""
-    visible = _visible(q, k, q_lengths, kv_lengths, q_segment_ids, kv_segment_ids, mask, params)
+    the lse would overflow, and the select's derivative would multiply that inf by a zero. block: as _rows takes it
+    (q, lse, the query segment ids, bias and mask hold those rows)."""
+    visible = _visible(q, k, q_lengths, kv_lengths, q_segment_ids, kv_segment_ids, mask, params, block)
     s, slope = _scores(q, k, params)
     if params["has_bias"]:
-        s = s + _bias_of(bias, s.shape, q_lengths, kv_lengths, params)
+        s = s + _bias_of(bias, s.shape, q_lengths, kv_lengths, params, _rows(q, block))
     lse_b = lse[..., None]
     finite = jnp.isfinite(lse_b)
     return jnp.exp(jnp.where(visible & finite, s - jnp.where(finite, lse_b, 0.0), -jnp.inf)), slope
@@ -139,14 +147,16 @@ def _lin_impl(q_dot, k_dot, v_dot, bias_dot, q, k, v, out, lse, q_lengths, kv_le
     return out_dot.astype(out.dtype), lse_dot.astype(lse.dtype)
 
 
-def _bias_of(bias, scores_shape, q_lengths, kv_lengths, params):
+def _bias_of(bias, scores_shape, q_lengths, kv_lengths, params, rows=None):
     """The bias the bias operand adds to scores of shape (B, Hq, Sq, Sk): itself, or with alibi ALiBi's bias from the
-    slopes it holds (B|1, Hq, 1, 1), which is linear in them (so also for their tangents)."""
+    slopes it holds (B|1, Hq, 1, 1), which is linear in them (so also for their tangents). rows: _rows's (Sq of the
+    call, rows) where the scores are a block of the call's rows."""
     if not params["alibi"]:
         return bias
-    return alibi_bias(bias[:, :, 0, 0], scores_shape[2], scores_shape[3],
+    seq_q, block_rows = (scores_shape[2], None) if rows is None else rows
+    return alibi_bias(bias[:, :, 0, 0], seq_q, scores_shape[3],
                       q_lengths=q_lengths if params["has_q_lengths"] else None,
-                      kv_lengths=kv_lengths if params["has_kv_lengths"] else None)
+                      kv_lengths=kv_lengths if params["has_kv_lengths"] else None, rows=block_rows)
 
 
 def _score_gradient(p, v, out, d_out, d_lse, group):
@@ -245,44 +255,70 @@ def _lower_bwd_cpu(ctx, *args, cfg, **params):
     return jax.ffi.ffi_lowering(native.BACKWARD_TARGET_NAME)(ctx, *args, **_bwd_attrs(cfg, params))
 
 
-def _batch_row(x, b, batch):
-    """Row b of an operand whose leading dimension is the batch (kept as a dimension of 1); others as they are."""
-    if x is None or x.ndim == 0 or x.shape[0] != batch:
-        return x
-    return jax.lax.dynamic_slice_in_dim(x, b, 1, axis=0)
+# Query rows per block of the XLA backward: its float32 scores are (B, Hq, 256, Sk) at once (536 MB for 16 heads of
+# 16384 keys), where a whole call's would be Sq / 256 times that.
+XLA_BACKWARD_ROWS = 256
 
 
-def _reference_backward(q, k, v, out, lse, d_out, d_lse, q_lengths, kv_lengths, q_segment_ids, kv_segment_ids,
-                        bias, mask, *, params):
-    """(dq, dk, dv) by differentiating the plain jnp forward: the GPU's path for deterministic=True with segment ids or
-    bias / mask tensors (the deterministic kernels do not take them). One batch row at a time (each row's gradients
-    depend on its own inputs only), so the dense (heads, Sq, Sk) scores exist for one row at once; it runs in the
-    partitioned backward's lowering, on each device's own rows."""
-    operands = (q, k, v, out, lse, d_out, d_lse, q_lengths, kv_lengths, q_segment_ids, kv_segment_ids, bias, mask)
+def _xla_backward(q, k, v, out, lse, d_out, d_lse, q_lengths, kv_lengths, q_segment_ids, kv_segment_ids, bias, mask,
+                  *, params, rows=XLA_BACKWARD_ROWS):
+    """(dq, dk, dv) by the backward's formulas in jnp over blocks of `rows` query rows: the GPU's path for
+    deterministic=True with segment ids or bias / mask tensors (the deterministic kernels do not take them). Each
+    block's dQ is its own; dK and dV add up block after block in float32, in one order (bitwise repeatable). The rows
+    are padded to whole blocks (padded rows see no key: lse -inf)."""
+    batch, seq_q, heads_q, _ = q.shape
+    group = heads_q // k.shape[2] if k.shape[2] else 1
+    rows = rows if isinstance(seq_q, int) else seq_q  # (a symbolic length: one block)
+    blocks = -(-seq_q // rows) if isinstance(seq_q, int) and seq_q else 1
+    padded = blocks * rows
 
-    def row_grads(q, k, v, out, lse, d_out, d_lse, q_lengths, kv_lengths, q_segment_ids, kv_segment_ids, bias, mask):
-        def forward(q, k, v):
-            return _reference_forward(q, k, v, q_lengths, kv_lengths, None, q_segment_ids, kv_segment_ids, bias,
-                                      mask, params=params)
+    def pad(x, axis, value=0):
+        if x.ndim <= axis or x.shape[axis] != seq_q or padded == seq_q:
+            return x  # (absent, broadcast along the rows, or whole blocks already)
+        widths = [(0, 0)] * x.ndim
+        widths[axis] = (0, padded - seq_q)
+        return jnp.pad(x, widths, constant_values=value)
 
-        _, pullback = jax.vjp(forward, q, k, v)
-        return pullback((d_out, d_lse))
+    q_p, out_p, d_out_p = (pad(x, 1) for x in (q, out, d_out))
+    lse_p, d_lse_p = pad(lse, 2, -jnp.inf), pad(d_lse, 2)
+    q_ids = pad(q_segment_ids, 1) if params["segments"] else q_segment_ids
+    rows_of = {name: params[flag] and x.ndim == 4 and x.shape[2] == seq_q and not params["alibi"]
+               for name, x, flag in (("bias", bias, "has_bias"), ("mask", mask, "has_mask"))}
+    bias_p = pad(bias, 2) if rows_of["bias"] else bias
+    mask_p = pad(mask, 2, False) if rows_of["mask"] else mask
+    f32 = jnp.float32
+    k_heads = jnp.repeat(k, group, axis=2).astype(f32)
 
-    batch = q.shape[0]
-    if not isinstance(batch, int) or batch <= 1:  # (a symbolic batch: all rows at once)
-        return row_grads(*operands)
+    def block(i, grads):
+        dq, dk, dv = grads
+        first = i * rows
+        take = lambda x, axis: jax.lax.dynamic_slice_in_dim(x, first, rows, axis)  # noqa: E731
+        q_b, out_b, d_out_b = take(q_p, 1), take(out_p, 1), take(d_out_p, 1)
+        p, slope = _probabilities(q_b, k, take(lse_p, 2), take(bias_p, 2) if rows_of["bias"] else bias_p,
+                                  q_lengths, kv_lengths, take(q_ids, 1) if params["segments"] else q_ids,
+                                  kv_segment_ids, take(mask_p, 2) if rows_of["mask"] else mask_p, params,
+                                  block=(first, seq_q))
+        ds = _score_gradient(p, v, out_b, d_out_b, take(d_lse_p, 2), group) * slope
+        dq = jax.lax.dynamic_update_slice_in_dim(dq, jnp.einsum("bhqk,bkhd->bqhd", ds, k_heads), first, axis=1)
+        dk = dk + jnp.einsum("bhqk,bqhd->bkhd", ds, q_b.astype(f32))
+        dv = dv + jnp.einsum("bhqk,bqhd->bkhd", p, d_out_b.astype(f32))
+        return dq, dk, dv
 
-    def add_row(b, grads):
-        row = row_grads(*(_batch_row(x, b, batch) for x in operands))
-        return tuple(jax.lax.dynamic_update_slice_in_dim(g, r, b, axis=0) for g, r in zip(grads, row))
+    zeros = (jnp.zeros((batch, padded, heads_q, q.shape[3]), f32),
+             *(jnp.zeros((batch, k.shape[1], heads_q, x.shape[3]), f32) for x in (k, v)))
+    dq, dk, dv = jax.lax.fori_loop(0, blocks, block, zeros)
 
-    return jax.lax.fori_loop(0, batch, add_row, (jnp.zeros_like(q), jnp.zeros_like(k), jnp.zeros_like(v)))
+    def per_kv_head(g):  # (B, Sk, Hq, D) -> (B, Sk, Hk, D): a group's query heads summed
+        return g.reshape(*g.shape[:2], k.shape[2], group, g.shape[3]).sum(axis=3)
+
+    return dq[:, :seq_q].astype(q.dtype), per_kv_head(dk).astype(k.dtype), per_kv_head(dv).astype(v.dtype)
 
 
 def _lower_bwd_cuda(ctx, *args, cfg, **params):
     if has_tensors(params) and params["deterministic"]:
-        xla_fallback_warning("the deterministic backward")
-        return mlir.lower_fun(functools.partial(_reference_backward, params=params), multiple_results=True)(ctx, *args)
+        xla_fallback_warning(f"the deterministic backward, over blocks of {XLA_BACKWARD_ROWS} query rows (float32 "
+                             f"scores of those rows x every key at once),")
+        return mlir.lower_fun(functools.partial(_xla_backward, params=params), multiple_results=True)(ctx, *args)
     if not native.BUILT_WITH_CUDA:
         raise RuntimeError("jax_flash was built without its CUDA kernels (no CUDA compiler at install time), so its "
                            "backward cannot run on a GPU; reinstall on a machine with nvcc (README: Building on a GPU "

@@ -142,28 +142,8 @@ def has_bias_or_mask(params) -> bool:
 
 def xla_fallback_warning(what: str) -> None:
     _warn_once("xla on gpu", f"jax_flash: the deterministic GPU backward does not take segment ids or bias / mask "
-                             f"tensors; {what} runs an XLA implementation (O(Sq x Sk) memory) on the GPU. The "
-                             f"default backward and the CPU path compute them blockwise")
-
-
-def _reference_forward(q, k, v, q_lengths, kv_lengths, page_table, q_segment_ids, kv_segment_ids, bias, mask, *,
-                       params):
-    """The call in plain jnp (jax_flash.reference): what the GPU's XLA backward (deterministic=True with segment ids or
-    bias / mask tensors) differentiates."""
-    from jax_flash.reference import attention_reference, gather_pages
-
-    if params["paged"]:
-        k, v = gather_pages(k, page_table), gather_pages(v, page_table)
-    window = (params["window_left"], params["window_right"])
-    out, lse = attention_reference(
-        q, k, v, causal=params["causal"], softmax_scale=params["softmax_scale"], window=window,
-        softcap=params["softcap"] or None, q_lengths=q_lengths if params["has_q_lengths"] else None,
-        kv_lengths=kv_lengths if params["has_kv_lengths"] else None,
-        q_segment_ids=q_segment_ids if params["segments"] else None, kv_segment_ids=kv_segment_ids,
-        bias=bias if params["has_bias"] and not params["alibi"] else None,
-        alibi_slopes=bias[:, :, 0, 0] if params["alibi"] else None, mask=mask if params["has_mask"] else None,
-        return_lse=True)
-    return out.astype(q.dtype), lse
+                             f"tensors; {what} runs in XLA on the GPU. The default backward and the CPU path use "
+                             f"the kernels")
 
 
 def _lower_cuda(ctx, *args, cfg, **params):

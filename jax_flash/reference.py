@@ -11,16 +11,18 @@ import jax.numpy as jnp
 
 
 def visibility_mask(batch, seq_q, seq_k, *, causal=False, window=None, q_lengths=None, kv_lengths=None,
-                    q_segment_ids=None, kv_segment_ids=None):
+                    q_segment_ids=None, kv_segment_ids=None, rows=None):
     """(B, 1, Sq, Sk) bool: query row i sees key j (docs/DESIGN.md "Semantics"): j < kv_len, i < q_len and
     i + (kv_len - q_len) - left <= j <= i + (kv_len - q_len) + right, with causal meaning right <= 0 and -1 unbounded;
-    with segment ids also q_segment_ids[b, i] == kv_segment_ids[b, j]."""
+    with segment ids also q_segment_ids[b, i] == kv_segment_ids[b, j]. rows=(first, count): only query rows first ..
+    first + count - 1 (first may be traced; q_segment_ids then holds those rows), (B, 1, count, Sk)."""
     q_len = jnp.full((batch,), seq_q, jnp.int32) if q_lengths is None else jnp.clip(q_lengths, 0, seq_q)
     kv_len = jnp.full((batch,), seq_k, jnp.int32) if kv_lengths is None else jnp.clip(kv_lengths, 0, seq_k)
     left, right = (-1, -1) if window is None else window
     if causal:
         right = 0 if right < 0 else min(right, 0)
-    i = jnp.arange(seq_q)[None, :, None]
+    first, count = (0, seq_q) if rows is None else rows
+    i = (first + jnp.arange(count))[None, :, None]
     j = jnp.arange(seq_k)[None, None, :]
     offset = (kv_len - q_len)[:, None, None]
     mask = (j < kv_len[:, None, None]) & (i < q_len[:, None, None])
@@ -33,9 +35,10 @@ def visibility_mask(batch, seq_q, seq_k, *, causal=False, window=None, q_lengths
     return mask[:, None]
 
 
-def alibi_bias(slopes, seq_q, seq_k, *, q_lengths=None, kv_lengths=None):
+def alibi_bias(slopes, seq_q, seq_k, *, q_lengths=None, kv_lengths=None, rows=None):
     """float32 (B or 1, Hq, Sq, Sk): ALiBi's bias -slopes[b, h] * |i + kv_len - q_len - j| from (Hq,) or (B|1, Hq)
-    slopes (csrc/common/alibi.h): zero on the bottom-right diagonal that causal masking uses, with the lengths."""
+    slopes (csrc/common/alibi.h): zero on the bottom-right diagonal that causal masking uses, with the lengths.
+    rows=(first, count): only those query rows, as visibility_mask takes them."""
     slopes = jnp.asarray(slopes, jnp.float32)
     slopes = slopes.reshape((1, -1)) if slopes.ndim == 1 else slopes
     offset = jnp.asarray(seq_k - seq_q, jnp.int32).reshape((1,))
@@ -44,7 +47,8 @@ def alibi_bias(slopes, seq_q, seq_k, *, q_lengths=None, kv_lengths=None):
         q_len = jnp.full((batch,), seq_q, jnp.int32) if q_lengths is None else jnp.clip(q_lengths, 0, seq_q)
         kv_len = jnp.full((batch,), seq_k, jnp.int32) if kv_lengths is None else jnp.clip(kv_lengths, 0, seq_k)
         offset = kv_len - q_len
-    diagonal = jnp.arange(seq_q)[None, :, None] + offset[:, None, None]  # (B|1, Sq, 1)
+    first, count = (0, seq_q) if rows is None else rows
+    diagonal = (first + jnp.arange(count))[None, :, None] + offset[:, None, None]  # (B|1, Sq, 1)
     distance = jnp.abs(diagonal - jnp.arange(seq_k)[None, None, :]).astype(jnp.float32)
     return -slopes[:, :, None, None] * distance[:, None]
 

@@ -180,31 +180,48 @@ def test_bias_gradient_exports_with_a_symbolic_batch():
                                    rtol=1e-5, atol=1e-5)
 
 
-def test_xla_backward_one_batch_row_at_a_time():
-    """The GPU's XLA backward (deterministic=True with tensors), computed row by row, equals the gradient of the
-    reference for a bias shared by the batch, a per-row mask and segment ids (run here on the CPU)."""
-    from jax_flash._autodiff import _reference_backward
-    from jax_flash._primitive import no_lengths
+@pytest.mark.parametrize("case", ["tensors_segments", "alibi_softcap_lengths"])
+def test_xla_backward_over_query_blocks(case):
+    """The GPU's XLA backward (deterministic=True with segment ids or tensors), over blocks of query rows (here 16 of
+    a call's 40: the last block padded), equals the gradient of the reference: a bias shared by the batch, a per-row
+    mask and segment ids under a causal mask; ALiBi slopes with a softcap, a window and both lengths (run here on
+    the CPU)."""
+    from jax_flash._autodiff import _xla_backward
+    from jax_flash._primitive import no_lengths, no_segments, no_tensor
 
     cpu = jax.devices("cpu")[0]
     with jax.default_device(cpu):
         batch, seq = 3, 40
         q, k, v = random_qkv(11, batch, seq, seq, HQ, HK, D, jnp.float32)
-        bias = _bias((1, HQ, seq, seq))
-        mask = _mask((batch, 1, 1, seq), p=0.8)
-        ids = jnp.cumsum(jax.random.bernoulli(jax.random.PRNGKey(3), 0.1, (batch, seq)).astype(jnp.int32), axis=1)
-        kwargs = dict(causal=True, bias=bias, mask=mask, q_segment_ids=ids, kv_segment_ids=ids)
+        params = dict(softmax_scale=D ** -0.5, causal=True, window_left=-1, window_right=0, softcap=0.0,
+                      has_q_lengths=False, has_kv_lengths=False, paged=False, segments=False, has_bias=False,
+                      has_mask=False, alibi=False)
+        ids, bias, mask = no_segments(batch)[0], no_tensor(jnp.float32), no_tensor(jnp.bool_)
+        q_lengths = kv_lengths = no_lengths()
+        if case == "tensors_segments":
+            bias = _bias((1, HQ, seq, seq))
+            mask = _mask((batch, 1, 1, seq), p=0.8)
+            ids = jnp.cumsum(jax.random.bernoulli(jax.random.PRNGKey(3), 0.1, (batch, seq)).astype(jnp.int32), axis=1)
+            kwargs = dict(causal=True, bias=bias, mask=mask, q_segment_ids=ids, kv_segment_ids=ids)
+            params.update(segments=True, has_bias=True, has_mask=True)
+        else:
+            slopes = jax.random.uniform(jax.random.PRNGKey(5), (batch, HQ), jnp.float32, 0.01, 0.5)
+            q_lengths, kv_lengths = jnp.array([40, 17, 33], jnp.int32), jnp.array([40, 30, 9], jnp.int32)
+            kwargs = dict(window=(12, 3), softcap=4.0, alibi_slopes=slopes, q_lengths=q_lengths,
+                          kv_lengths=kv_lengths)
+            bias = slopes[:, :, None, None]
+            params.update(causal=False, window_left=12, window_right=3, softcap=4.0, has_q_lengths=True,
+                          has_kv_lengths=True, has_bias=True, alibi=True)
         (out, lse), pullback = jax.vjp(lambda q, k, v: attention_reference(q, k, v, return_lse=True, **kwargs),
                                        q, k, v)
         d_out = jax.random.normal(jax.random.PRNGKey(4), out.shape, jnp.float32)
-        d_lse = jnp.zeros_like(lse)
-        params = dict(softmax_scale=D ** -0.5, causal=True, window_left=-1, window_right=0, softcap=0.0,
-                      has_q_lengths=False, has_kv_lengths=False, paged=False, segments=True, has_bias=True,
-                      has_mask=True, alibi=False)
-        grads = _reference_backward(q, k, v, out, lse, d_out, d_lse, no_lengths(), no_lengths(), ids, ids, bias,
-                                    mask, params=params)
-        for got, want in zip(grads, pullback((d_out, d_lse))):
-            np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=1e-5, atol=1e-5)
+        d_lse = jax.random.normal(jax.random.PRNGKey(6), lse.shape, jnp.float32)
+        d_lse = jnp.where(jnp.isfinite(lse), d_lse, 0.0)
+        grads = _xla_backward(q, k, v, out, lse, d_out, d_lse, q_lengths, kv_lengths, ids, ids, bias, mask,
+                              params=params, rows=16)
+        for name, got, want in zip("qkv", grads, pullback((d_out, d_lse))):
+            assert got.shape == want.shape, (name, got.shape)
+            np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=1e-5, atol=1e-5, err_msg=name)
 
 
 @pytest.mark.parametrize("head_dim", [64, 128, 256])
