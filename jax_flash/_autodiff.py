@@ -255,8 +255,8 @@ def _lower_bwd_cpu(ctx, *args, cfg, **params):
     return jax.ffi.ffi_lowering(native.BACKWARD_TARGET_NAME)(ctx, *args, **_bwd_attrs(cfg, params))
 
 
-# Query rows per block of the XLA backward: its float32 scores are (B, Hq, 256, Sk) at once (536 MB for 16 heads of
-# 16384 keys), where a whole call's would be Sq / 256 times that.
+# Query rows per block of the XLA backward: its float32 scores are (B, Hq, 256, Sk) at once (268 MB per batch row
+# for 16 heads of 16384 keys), where a whole call's would be Sq / 256 times that.
 XLA_BACKWARD_ROWS = 256
 
 
