@@ -27,13 +27,11 @@ from jax.ad_checkpoint import checkpoint_name
 from jax.extend.core import Primitive
 from jax.interpreters import ad, batching, mlir
 
-from jax._src import dispatch as _dispatch  # no public spelling of prim_requires_devices_during_lowering
-
 from jax_flash import native
-from jax_flash._primitive import (_attrs, attention_p, fold_tensor, has_tensors,
-                                 no_extras, result_aval, xla_fallback_warning)
+from jax_flash._primitive import (_attrs, attention_p, fold_tensor, has_tensors, no_extras, result_aval,
+                                 xla_fallback_warning)
 from jax_flash._ring import ring_backward
-from jax_flash._sharding import make_partitioned_backward
+from jax_flash._sharding import make_partitioned_backward, register_partitioned_lowering
 from jax_flash.reference import alibi_bias, gather_pages, visibility_mask
 from jax_flash.selection import CPU_BASE, CPU_TILES
 
@@ -341,14 +339,6 @@ def _bind_bwd_local(*args_and_params):
     return _bind_bwd_kernel(*args, params)
 
 
-_partitioned_bwd = make_partitioned_backward(_bind_bwd_local)
-
-
-def _lower_bwd_partitioned(ctx, *args, **params):
-    return mlir.lower_fun(lambda *xs: _partitioned_bwd(*xs, tuple(sorted(params.items()))),
-                          multiple_results=True)(ctx, *args)
-
-
 @functools.cache
 def _jitted_bwd(params):
     return jax.jit(lambda *args: attention_bwd_p.bind(*args, **dict(params)))
@@ -400,13 +390,11 @@ def _bwd_jvp(primals, tangents, **params):
 attention_bwd_p.def_abstract_eval(_bwd_abstract_eval)
 attention_bwd_local_p.def_abstract_eval(_bwd_abstract_eval)
 attention_bwd_p.def_impl(lambda *args, **params: _jitted_bwd(tuple(sorted(params.items())))(*args))
-mlir.register_lowering(attention_bwd_p, _lower_bwd_partitioned)
+register_partitioned_lowering(attention_bwd_p, make_partitioned_backward(_bind_bwd_local))
 mlir.register_lowering(attention_bwd_local_p, _lower_bwd_cpu, platform="cpu")
 mlir.register_lowering(attention_bwd_local_p, _lower_bwd_cuda, platform="cuda")
 batching.primitive_batchers[attention_bwd_p] = _bwd_batch_rule
 ad.primitive_jvps[attention_bwd_p] = _bwd_jvp
-# (custom_partitioning needs the device assignment while lowering: jax_flash/_primitive.py says why)
-_dispatch.prim_requires_devices_during_lowering.add(attention_bwd_p)
 
 
 # ---- vmap: every operand's axis 0 is the batch (contiguous K/V) -------------------------------------------------

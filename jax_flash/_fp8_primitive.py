@@ -21,11 +21,9 @@ import numpy as np
 from jax.extend.core import Primitive
 from jax.interpreters import ad, batching, mlir
 
-from jax._src import dispatch as _dispatch  # no public spelling of prim_requires_devices_during_lowering
-
 from jax_flash import fp8, native
 from jax_flash._primitive import attention_local_p, no_extras, result_aval
-from jax_flash._sharding import make_partitioned_fp8
+from jax_flash._sharding import make_partitioned_fp8, register_partitioned_lowering
 from jax_flash.config import CALL_ATTRIBUTES, fp8_config
 
 attention_fp8_p = Primitive("jax_flash_attention_fp8")
@@ -91,17 +89,7 @@ def _bind_local(q, k, v_t, qk_descale, v_descale, q_lengths, kv_lengths, params)
     return tuple(attention_fp8_local_p.bind(q, k, v_t, qk_descale, v_descale, q_lengths, kv_lengths, **dict(params)))
 
 
-_partitioned_fp8 = make_partitioned_fp8(_bind_local)
-
-
-def _lower_partitioned(ctx, *args, **params):
-    return mlir.lower_fun(lambda *xs: _partitioned_fp8(*xs, tuple(sorted(params.items()))),
-                          multiple_results=True)(ctx, *args)
-
-
-mlir.register_lowering(attention_fp8_p, _lower_partitioned)
-# (custom_partitioning needs the device assignment while lowering: jax_flash/_primitive.py says why)
-_dispatch.prim_requires_devices_during_lowering.add(attention_fp8_p)
+register_partitioned_lowering(attention_fp8_p, make_partitioned_fp8(_bind_local))
 
 
 def _batch_rule(args, dims, **params):

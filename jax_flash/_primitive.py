@@ -14,8 +14,6 @@ from jax.extend.core import Primitive
 from jax.interpreters import batching, mlir
 from jax.sharding import PartitionSpec
 
-from jax._src import dispatch as _dispatch  # no public spelling of prim_requires_devices_during_lowering
-
 try:
     from jax.core import ShapedArray
 except ImportError:  # moved out of the public jax.core in newer releases
@@ -23,7 +21,7 @@ except ImportError:  # moved out of the public jax.core in newer releases
 
 from jax_flash import autotune_cache, native
 from jax_flash._ring import ring_forward
-from jax_flash._sharding import _warn_once, make_partitioned
+from jax_flash._sharding import _warn_once, make_partitioned, register_partitioned_lowering
 from jax_flash.config import CALL_ATTRIBUTES, KernelConfig
 from jax_flash.selection import CPU_BASE, CPU_TILES, CallShape, resolve_cpu_pack, resolve_gpu_config
 
@@ -206,18 +204,7 @@ def _bind_local(q, k, v, q_lengths, kv_lengths, page_table, q_segment_ids, kv_se
                         (q_segment_ids, kv_segment_ids, bias, mask))
 
 
-_partitioned_attention = make_partitioned(_bind_local)
-
-
-def _lower_partitioned(ctx, *args, **params):
-    return mlir.lower_fun(lambda *xs: _partitioned_attention(*xs, tuple(sorted(params.items()))),
-                          multiple_results=True)(ctx, *args)
-
-
-mlir.register_lowering(attention_p, _lower_partitioned)
-# custom_partitioning needs the device assignment while lowering; jit provides it only for primitives on this list
-# (custom_partitioning's own primitive is on it, but it appears only inside our lowering, so jit cannot see it).
-_dispatch.prim_requires_devices_during_lowering.add(attention_p)
+register_partitioned_lowering(attention_p, make_partitioned(_bind_local))
 
 
 # ---- vmap: fold the mapped axis into the batch axis ---------------------------------------------------------------

@@ -36,7 +36,10 @@ import warnings
 from typing import NamedTuple
 
 from jax.experimental.custom_partitioning import custom_partitioning
+from jax.interpreters import mlir
 from jax.sharding import NamedSharding, PartitionSpec
+
+from jax._src import dispatch as _dispatch  # no public spelling of prim_requires_devices_during_lowering
 
 from jax_flash._ring import ring_refusal
 
@@ -48,6 +51,20 @@ def _warn_once(key: str, message: str) -> None:
         _warned.add(key)
         warnings.warn(message, UserWarning, stacklevel=2)
 
+
+def register_partitioned_lowering(primitive, partitioned) -> None:
+    """primitive lowers through `partitioned(*operands, params)`, a custom_partitioning function whose last argument
+    is the primitive's parameters as a sorted tuple (static, hashable)."""
+
+    def lower(ctx, *args, **params):
+        return mlir.lower_fun(lambda *xs: partitioned(*xs, tuple(sorted(params.items()))),
+                              multiple_results=True)(ctx, *args)
+
+    mlir.register_lowering(primitive, lower)
+    # custom_partitioning needs the device assignment while lowering; jit provides it only for primitives on this
+    # list (custom_partitioning's own primitive is on it, but it appears only inside our lowering, where jit cannot
+    # see it).
+    _dispatch.prim_requires_devices_during_lowering.add(primitive)
 
 def make_partitioned(local_attention):
     """custom_partitioning around `local_attention(q, k, v, q_lengths, kv_lengths, page_table, q_segment_ids,
