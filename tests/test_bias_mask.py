@@ -117,7 +117,7 @@ def test_masks_with_tiles_of_zeros(device, shape, head_dim):
 @pytest.mark.parametrize("shape", ["full", "heads", "keys"])
 def test_gradients_with_bias_and_mask(device, shape, deterministic):
     """Gradients to q, k, v and the bias (summed over its broadcast dimensions) against the reference's; with
-    deterministic=True a GPU computes them in XLA, one batch row at a time."""
+    deterministic=True a GPU computes them in XLA, over blocks of query rows."""
     dtype = _dtype(device)
     q, k, v = random_qkv(8, B, 64, 64, HQ, HK, D, dtype, device)
     bias = _bias(SHAPES[shape][:2] + (64, 64) if shape != "keys" else (B, 1, 1, 64))
