@@ -8,16 +8,15 @@ jax.nn's conventions differ from jax_flash.attention's in three places, each map
   residual that number; jax_flash gives zeros and lse -inf.
 - return_residual is the lse in (B, T, N) and the input dtype.
 Key lengths with is_causal are two kernel calls (_causal_with_key_lengths). Bias and mask tensors go to the kernels'
-own (sliced with the band). Calls the kernels cannot express yet run jax.nn's own XLA implementation (a one-time
-warning says which): windows with key lengths (the kernels would realign the band to them), unless one array is
-passed as both query_seq_lengths and key_value_seq_lengths (padded self-attention) and the band lies on a square,
-and bias or mask tensors with is_causal and key lengths.
+own (sliced with the band). Where key lengths would move the kernel's diagonal off jax.nn's band (windows, unless
+one array is passed as both query_seq_lengths and key_value_seq_lengths and the band lies on a square; is_causal
+with bias or mask tensors), they become segment ids instead: key j of row b gets id 0 below the length and 1 past
+it, every query id 0, so the keys past the length are hidden with the diagonal where the band put it.
 """
 
 from __future__ import annotations
 
 import math
-import warnings
 
 import jax
 import jax.numpy as jnp
@@ -28,7 +27,6 @@ from jax_flash.attention import attention
 
 _IMPLEMENTATIONS = (None, "xla", "cudnn")
 _CAUSAL = (None, 0)  # the band of is_causal without a window
-_warned: set[str] = set()
 
 
 def _large_negative() -> float:
@@ -63,19 +61,8 @@ def dot_product_attention(query, key, value, bias=None, mask=None, *, scale: flo
     band = _band(bool(is_causal), local_window_size)
     plan = pair_plan(query.shape[1], key.shape[1], *band) if band != (None, None) else \
         (0, query.shape[1], 0, key.shape[1], -1, -1)
-    reason = _xla_reason(bias, mask, band, plan, query_seq_lengths, key_value_seq_lengths)
-    if reason:
-        if reason not in _warned:
-            _warned.add(reason)
-            warnings.warn(f"jax_flash.dot_product_attention: {reason}, so this call runs jax.nn's XLA "
-                          f"implementation", UserWarning, stacklevel=2)
-        result = jax.nn.dot_product_attention(
-            query, key, value, bias, mask, scale=scale, is_causal=is_causal, query_seq_lengths=query_seq_lengths,
-            key_value_seq_lengths=key_value_seq_lengths, local_window_size=local_window_size,
-            implementation="xla", return_residual=return_residual)
-    else:
-        result = _on_kernels(query, key, value, scale, band, plan, query_seq_lengths, key_value_seq_lengths,
-                             return_residual, bias, mask)
+    result = _on_kernels(query, key, value, scale, band, plan, query_seq_lengths, key_value_seq_lengths,
+                         return_residual, bias, mask)
     if squeeze:
         return tuple(x[0] for x in result) if return_residual else result[0]
     return result
@@ -110,18 +97,11 @@ def _band(is_causal, window):
     return lo, hi
 
 
-def _xla_reason(bias, mask, band, plan, q_lengths, kv_lengths) -> str | None:
-    """Why the kernels cannot run this call yet (None: they can)."""
-    if (bias is not None or mask is not None) and band == _CAUSAL and kv_lengths is not None:
-        return "is_causal with key lengths runs as two kernel calls, which bias and mask tensors do not follow yet"
-    if band == (None, None) or kv_lengths is None or plan is None or band == _CAUSAL:
-        return None
-    r0, r1, c0, c1, _, _ = plan
-    if kv_lengths is q_lengths and r0 == c0 == 0 and r1 == c1:  # lengths and band share the origin and diagonal
-        return None
-    return ("the kernels align causal and window masks to the key lengths (jax.nn aligns them to the top-left "
-            "corner); one array passed as both query_seq_lengths and key_value_seq_lengths runs on them when the "
-            "band lies on a square")
+def _lengths_keep_the_band(plan, q_lengths, kv_lengths) -> bool:
+    """Whether the key lengths can reach the kernel as lengths: no band (the plan is the whole call), or one array for
+    both on a square band at the origin (lengths and band share the origin and the diagonal)."""
+    r0, r1, c0, c1, left, right = plan
+    return (left, right) == (-1, -1) or (kv_lengths is q_lengths and r0 == c0 == 0 and r1 == c1)
 
 
 def _sliced(x, r0, r1, c0, c1):
@@ -139,9 +119,14 @@ def _banded(query, key, value, scale, plan, q_lengths, kv_lengths, bias=None, ma
     if plan is None:  # no pair is visible: every row is jax.nn's fully masked row
         return jnp.zeros(query.shape, query.dtype), jnp.full((batch, heads, seq_q), -jnp.inf, jnp.float32)
     r0, r1, c0, c1, left, right = plan
-    # lengths reach the kernel where they cannot move its diagonal: no band (plan (0, T, 0, S, -1, -1)), or one
-    # array on a square band at the origin (_xla_reason); query lengths alone are applied by the caller
-    kv = dict(q_lengths=q_lengths, kv_lengths=kv_lengths) if kv_lengths is not None else {}
+    # Key lengths reach the kernel as lengths where they cannot move its diagonal (_lengths_keep_the_band), else as
+    # segment ids (the module docstring); query lengths alone are applied by the caller.
+    kv = {}
+    if kv_lengths is not None and _lengths_keep_the_band(plan, q_lengths, kv_lengths):
+        kv = dict(q_lengths=q_lengths, kv_lengths=kv_lengths)
+    elif kv_lengths is not None:
+        past = (jnp.arange(c0, c1)[None, :] >= kv_lengths[:, None]).astype(jnp.int32)  # (B, keys of the slice)
+        kv = dict(q_segment_ids=jnp.zeros((batch, r1 - r0), jnp.int32), kv_segment_ids=past)
     out, lse = attention(query[:, r0:r1], key[:, c0:c1], value[:, c0:c1], softmax_scale=scale, window=(left, right),
                          bias=_sliced(bias, r0, r1, c0, c1), mask=_sliced(mask, r0, r1, c0, c1), return_lse=True,
                          **kv)
@@ -172,7 +157,7 @@ def _on_kernels(query, key, value, scale, band, plan, q_lengths, kv_lengths, ret
     batch, seq_q, heads, head_dim = query.shape
     seq_k = key.shape[1]
     scale = 1.0 / math.sqrt(head_dim) if scale is None else float(scale)
-    if band == _CAUSAL and kv_lengths is not None:
+    if band == _CAUSAL and kv_lengths is not None and bias is None and mask is None:
         out, lse = _causal_with_key_lengths(query, key, value, scale, kv_lengths)
     else:
         out, lse = _banded(query, key, value, scale, plan, q_lengths, kv_lengths, bias, mask)

@@ -13,7 +13,6 @@ import numpy as np
 import pytest
 
 import jax_flash
-from jax_flash import jax_nn
 from conftest import GPU_DEVICES, random_qkv, requires_gpu
 
 CPU = jax.devices("cpu")[0]
@@ -58,6 +57,8 @@ KERNEL_CASES = {
     "implementation-cudnn": dict(implementation="cudnn"),
     "residual": dict(return_residual=True, is_causal=True),
     "residual-lengths": dict(return_residual=True, query_seq_lengths=LENGTHS_Q, key_value_seq_lengths=LENGTHS_K),
+    "window-kv-lengths": dict(is_causal=True, local_window_size=(4, 0), key_value_seq_lengths=LENGTHS_K,
+                              return_residual=True),
 }
 
 
@@ -109,14 +110,19 @@ def test_bias_and_mask_tensors_give_jax_nns_result(bias_shape, mask_shape, band)
     _close(call(q, k, v, bias, mask), jax.nn.dot_product_attention(q, k, v, bias, mask, **band))
 
 
-def test_bias_with_causal_and_key_lengths_runs_xla_with_a_warning():
-    q, k, v = _qkv()
-    bias = jnp.asarray(np.random.default_rng(1).standard_normal((1, 4, 24, 24)), jnp.float32)
-    lengths = jnp.array([24, 9, 17], jnp.int32)
-    jax_nn._warned.clear()
-    with pytest.warns(UserWarning, match="bias and mask tensors do not follow yet"):
-        mine = jax_flash.dot_product_attention(q, k, v, bias, is_causal=True, key_value_seq_lengths=lengths)
-    _close(mine, jax.nn.dot_product_attention(q, k, v, bias, is_causal=True, key_value_seq_lengths=lengths))
+@pytest.mark.parametrize("shape", [(24, 24), (16, 40), (40, 16)], ids=["square", "fewer-queries", "more-queries"])
+def test_tensors_with_causal_and_key_lengths_run_on_the_kernels(shape):
+    """Bias and mask tensors with is_causal and key lengths: the key lengths as segment ids, the band in place."""
+    q, k, v = _qkv(*shape)
+    rng = np.random.default_rng(1)
+    bias = jnp.asarray(rng.standard_normal((1, 4, *shape)), jnp.float32)
+    mask = jnp.asarray(rng.random((3, 1, 1, shape[1])) > 0.2)
+    for kv_lengths in (LENGTHS_K, jnp.array([shape[1], 1, 100], jnp.int32)):
+        for tensors in ((bias, None), (None, mask), (bias, mask)):
+            mine, theirs, hlo = _both(q, k, v, *tensors, is_causal=True, query_seq_lengths=LENGTHS_Q,
+                                      key_value_seq_lengths=kv_lengths, return_residual=True)
+            _close(mine, theirs)
+            assert _on_kernels(hlo)
 
 
 @pytest.mark.parametrize("shape", [(24, 24), (16, 40), (40, 16)], ids=["square", "fewer-queries", "more-queries"])
@@ -132,13 +138,15 @@ def test_causal_with_key_lengths_runs_on_the_kernels(shape, q_lengths):
         assert _on_kernels(hlo)
 
 
-def test_window_with_separate_key_lengths_gives_jax_nns_result():
-    q, k, v = _qkv()
-    jax_nn._warned.clear()
-    with pytest.warns(UserWarning, match="one array passed as both query_seq_lengths and key_value_seq_lengths"):
-        mine, theirs, hlo = _both(q, k, v, is_causal=True, local_window_size=(4, 0), key_value_seq_lengths=LENGTHS_K)
-    _close(mine, theirs)
-    assert not _on_kernels(hlo)
+@pytest.mark.parametrize("shape", [(24, 24), (16, 40), (40, 16)], ids=["square", "fewer-queries", "more-queries"])
+def test_windows_with_key_lengths_run_on_the_kernels(shape):
+    """Windows with key lengths that are not one array on a square band: the key lengths as segment ids."""
+    q, k, v = _qkv(*shape)
+    for kwargs in (dict(is_causal=True, local_window_size=(4, 0)), dict(local_window_size=(3, 5)),
+                   dict(local_window_size=2, query_seq_lengths=LENGTHS_Q)):
+        mine, theirs, hlo = _both(q, k, v, key_value_seq_lengths=LENGTHS_K, return_residual=True, **kwargs)
+        _close(mine, theirs)
+        assert _on_kernels(hlo)
 
 
 def test_unbatched_gqa_and_gradients():
@@ -250,7 +258,7 @@ def test_flax_dropout_and_sown_weights_are_refused():
 
 @requires_gpu
 @pytest.mark.parametrize("case", ["causal", "causal-window", "both-lengths", "causal-kv-lengths", "residual",
-                                  "residual-lengths"])
+                                  "residual-lengths", "window-kv-lengths"])
 def test_gpu_matches_jax_nn(case):
     gpu = GPU_DEVICES[0]
     q, k, v = random_qkv(3, 3, 200, 328, 8, 2, 128, jnp.bfloat16, gpu)
