@@ -326,16 +326,22 @@ def _lower_bwd_cuda(ctx, *args, cfg, **params):
 
 def _bind_bwd_kernel(*args_and_params):
     *args, params = args_and_params
-    if len(args) == 9:  # the ring's steps (no segment ids or tensors there)
-        args += no_extras(args[0].shape[0])
     return tuple(attention_bwd_local_p.bind(*args, **params))
+
+
+def _bind_bwd_ring_step(*args_and_params):
+    """A ring step's backward call: (q, k, v, out, lse, d_out, d_lse, q_lengths, kv_lengths, params, segment_ids),
+    segment_ids the pair's (q, kv) ids or None (the ring refuses tensors)."""
+    *args, params, segment_ids = args_and_params
+    return _bind_bwd_kernel(*args, *no_extras(args[0].shape[0], segment_ids), params)
 
 
 def _bind_bwd_local(*args_and_params):
     *args, params = args_and_params
     params = dict(params)
     if params["ring"] is not None:
-        return ring_backward(*args[:9], params, _bind_bwd_kernel)  # (the ring refuses segment ids)
+        ids = (args[9], args[10]) if params["segments"] else (None, None)
+        return ring_backward(*args[:9], params, _bind_bwd_ring_step, *ids)
     return _bind_bwd_kernel(*args, params)
 
 

@@ -25,7 +25,8 @@ is 0; `_Lengths` says which pair gets which lengths). `ring_refusal` names what 
 partitioning rule then gathers.
 
 The backward walks the same steps: dQ accumulates on its device; dK/dV accumulate in float32 beside the K/V shard
-they belong to, travel with it, and go home by one final permute.
+they belong to, travel with it, and go home by one final permute. Segment ids: the queries' stay, the keys' travel
+with their K/V shard (and take the zigzag permutation with them); each pair's kernel call gets both, cut to its plan.
 """
 
 from __future__ import annotations
@@ -46,8 +47,6 @@ def ring_refusal(params, seq_q: int, seq_k: int, size: int, layout: str) -> str 
     """Why this call cannot run as a ring of `size` devices with local lengths seq_q, seq_k (None: it can)."""
     if params["paged"]:
         return "paged K/V (page_table) are shared pages, not a sequence to shard"
-    if params["segments"]:
-        return "segment ids would have to travel with their K/V shards, which the ring does not do yet"
     if params["alibi"]:
         return "ALiBi slopes measure distances between global positions, which the ring's steps do not pass yet"
     if params["has_bias"] or params["has_mask"]:
@@ -129,16 +128,17 @@ def _steps(params, size, seq_q, seq_k, zigzag):
     return [(t, a, b) for t, (a, b) in enumerate(plans) if a is not None or b is not None]
 
 
-def _visits(steps, k, v, axis, size: int):
-    """Yields (t, plan when r >= t, plan when r < t, K, V, the next needed step or None) for every needed step; the
-    next step's K/V are permuted before this step's work is traced, so XLA may overlap the two."""
+def _visits(steps, shards, axis, size: int):
+    """Yields (t, plan when r >= t, plan when r < t, the visiting shards, the next needed step or None) for every
+    needed step; shards: K, V and, with segment ids, the keys' ids. The next step's shards are permuted before this
+    step's work is traced, so XLA may overlap the two."""
     for index, (t, plan_ge, plan_lt) in enumerate(steps):
         following = steps[index + 1][0] if index + 1 < len(steps) else None
         if following is not None:
-            k_next, v_next = _shift(k, axis, size, following - t), _shift(v, axis, size, following - t)
-        yield t, plan_ge, plan_lt, k, v, following
+            following_shards = tuple(_shift(x, axis, size, following - t) for x in shards)
+        yield t, plan_ge, plan_lt, shards, following
         if following is not None:
-            k, v = k_next, v_next
+            shards = following_shards
 
 
 def _by_side(r, t, plan_ge, plan_lt, pair, *args):
@@ -256,37 +256,52 @@ def _local_params(params, plan, has_q, has_kv):
                 has_q_lengths=has_q, has_kv_lengths=has_kv, same_lengths=False)
 
 
-def _pair_forward(plan, t, q, k, v, lengths, q_start, kv_start, params, bind):
-    """(out float32 (B, Sq, Hq, D), lse (B, Hq, Sq)) of the local queries against one visiting K/V shard."""
+def _segment_slices(plan, q_ids, kv_ids):
+    """The pair's (q_segment_ids, kv_segment_ids) cut to the plan's rows and keys, or None without segment ids."""
+    if q_ids is None:
+        return None
+    r0, r1, c0, c1, _, _ = plan
+    return q_ids[:, r0:r1], kv_ids[:, c0:c1]
+
+
+def _pair_forward(plan, t, q, k, v, lengths, q_start, kv_start, params, bind, q_ids=None, kv_ids=None):
+    """(out float32 (B, Sq, Hq, D), lse (B, Hq, Sq)) of the local queries against one visiting K/V shard (and its
+    keys' segment ids)."""
     batch, seq_q, heads, dim = q.shape
     if plan is None:
         return jnp.zeros((batch, seq_q, heads, dim), jnp.float32), jnp.full((batch, heads, seq_q), -jnp.inf)
     r0, r1, c0, c1, _, _ = plan
     ql, kl, has_q, has_kv = lengths.pair(t, q_start, kv_start, r1 - r0, c1 - c0, (r0, c0))
     table = jnp.zeros((batch, 0), jnp.int32)
-    out, lse = bind(q[:, r0:r1], k[:, c0:c1], v[:, c0:c1], ql, kl, table, _local_params(params, plan, has_q, has_kv))
+    out, lse = bind(q[:, r0:r1], k[:, c0:c1], v[:, c0:c1], ql, kl, table, _local_params(params, plan, has_q, has_kv),
+                    _segment_slices(plan, q_ids, kv_ids))
     out = jnp.pad(out.astype(jnp.float32), ((0, 0), (r0, seq_q - r1), (0, 0), (0, 0)))
     lse = jnp.pad(lse, ((0, 0), (0, 0), (r0, seq_q - r1)), constant_values=-jnp.inf)
     return out, lse
 
 
-def ring_forward(q, k, v, q_len, kv_len, params, bind):
+def ring_forward(q, k, v, q_len, kv_len, params, bind, q_ids=None, kv_ids=None):
     """(out, lse) of this device's queries against every device's keys; `bind(q, k, v, q_lengths, kv_lengths,
-    page_table, params)` runs the per-device kernel."""
+    page_table, params, segment_ids)` runs the per-device kernel (segment_ids: the pair's (q, kv) ids or None).
+    q_ids, kv_ids: this device's segment ids, (B, Sq) and (B, Sk), when params["segments"]; the keys' travel with
+    their K/V shard."""
     axis, size, layout = params["ring"]
     seq_q, seq_k = q.shape[1], k.shape[1]
     zigzag, reorder = _layout(params, seq_q, size, layout)
     if reorder:
         q, k, v = (to_zigzag(x, 1, axis, size) for x in (q, k, v))
+        q_ids, kv_ids = (None if x is None else to_zigzag(x, 1, axis, size) for x in (q_ids, kv_ids))
     r = lax.axis_index(axis)
     positions = _positions(r, seq_q, size, zigzag)
     lengths = _Lengths(params, q_len, kv_len, positions)
     out = lse = None
-    for t, plan_ge, plan_lt, k, v, _ in _visits(_steps(params, size, seq_q, seq_k, zigzag), k, v, axis, size):
-        def pair(plan, q, k, v, source, t=t):
-            return _pair_forward(plan, t, q, k, v, lengths, r * seq_q, source * seq_k, params, bind)
+    shards = (k, v) if kv_ids is None else (k, v, kv_ids)
+    for t, plan_ge, plan_lt, visiting, _ in _visits(_steps(params, size, seq_q, seq_k, zigzag), shards, axis, size):
+        def pair(plan, q, source, *visiting, t=t):
+            return _pair_forward(plan, t, q, *visiting[:2], lengths, r * seq_q, source * seq_k, params, bind, q_ids,
+                                 *visiting[2:])
 
-        part = _by_side(r, t, plan_ge, plan_lt, pair, q, k, v, (r - t) % size)
+        part = _by_side(r, t, plan_ge, plan_lt, pair, q, (r - t) % size, *visiting)
         out, lse = part if out is None else merge_partials(out, lse, *part)
     if lengths.by_diagonal:  # rows past the length: zeros and lse -inf, as the kernels give them
         valid = lengths.valid_rows(positions)
@@ -299,7 +314,8 @@ def ring_forward(q, k, v, q_len, kv_len, params, bind):
 
 
 # ---- backward ------------------------------------------------------------------------------------------------------
-def _pair_backward(plan, t, q, k, v, out, lse, d_out, d_lse, lengths, q_start, kv_start, params, bind_bwd):
+def _pair_backward(plan, t, q, k, v, out, lse, d_out, d_lse, lengths, q_start, kv_start, params, bind_bwd,
+                   q_ids=None, kv_ids=None):
     """(dq, dk, dv) float32 of one (local queries, visiting K/V) pair, given the merged out and lse."""
     f32 = jnp.float32
     if plan is None:
@@ -307,20 +323,22 @@ def _pair_backward(plan, t, q, k, v, out, lse, d_out, d_lse, lengths, q_start, k
     r0, r1, c0, c1, _, _ = plan
     ql, kl, has_q, has_kv = lengths.pair(t, q_start, kv_start, r1 - r0, c1 - c0, (r0, c0))
     dq, dk, dv = bind_bwd(q[:, r0:r1], k[:, c0:c1], v[:, c0:c1], out[:, r0:r1], lse[:, :, r0:r1],
-                          d_out[:, r0:r1], d_lse[:, :, r0:r1], ql, kl, _local_params(params, plan, has_q, has_kv))
+                          d_out[:, r0:r1], d_lse[:, :, r0:r1], ql, kl, _local_params(params, plan, has_q, has_kv),
+                          _segment_slices(plan, q_ids, kv_ids))
     rows, keys = ((0, 0), (r0, q.shape[1] - r1), (0, 0), (0, 0)), ((0, 0), (c0, k.shape[1] - c1), (0, 0), (0, 0))
     return jnp.pad(dq.astype(f32), rows), jnp.pad(dk.astype(f32), keys), jnp.pad(dv.astype(f32), keys)
 
 
-def ring_backward(q, k, v, out, lse, d_out, d_lse, q_len, kv_len, params, bind_bwd):
-    """(dq, dk, dv) of ring_forward; `bind_bwd(q, k, v, out, lse, d_out, d_lse, q_lengths, kv_lengths, params)` runs
-    the per-device backward kernel."""
+def ring_backward(q, k, v, out, lse, d_out, d_lse, q_len, kv_len, params, bind_bwd, q_ids=None, kv_ids=None):
+    """(dq, dk, dv) of ring_forward; `bind_bwd(q, k, v, out, lse, d_out, d_lse, q_lengths, kv_lengths, params,
+    segment_ids)` runs the per-device backward kernel."""
     axis, size, layout = params["ring"]
     seq_q, seq_k = q.shape[1], k.shape[1]
     zigzag, reorder = _layout(params, seq_q, size, layout)
     if reorder:
         q, k, v, out, d_out = (to_zigzag(x, 1, axis, size) for x in (q, k, v, out, d_out))
         lse, d_lse = (to_zigzag(x, 2, axis, size) for x in (lse, d_lse))
+        q_ids, kv_ids = (None if x is None else to_zigzag(x, 1, axis, size) for x in (q_ids, kv_ids))
     r = lax.axis_index(axis)
     positions = _positions(r, seq_q, size, zigzag)
     lengths = _Lengths(params, q_len, kv_len, positions)
@@ -332,13 +350,14 @@ def ring_backward(q, k, v, out, lse, d_out, d_lse, q_len, kv_len, params, bind_b
     dk = jnp.zeros(k.shape, jnp.float32)
     dv = jnp.zeros(v.shape, jnp.float32)
     held = 0  # the step whose K/V shard (and its dK/dV) this device holds
-    for t, plan_ge, plan_lt, k_t, v_t, following in _visits(_steps(params, size, seq_q, seq_k, zigzag), k, v, axis,
-                                                             size):
-        def pair(plan, k, v, source, t=t):
-            return _pair_backward(plan, t, q, k, v, out, lse, d_out, d_lse, lengths, r * seq_q, source * seq_k,
-                                  params, bind_bwd)
+    shards = (k, v) if kv_ids is None else (k, v, kv_ids)
+    for t, plan_ge, plan_lt, visiting, following in _visits(_steps(params, size, seq_q, seq_k, zigzag), shards, axis,
+                                                            size):
+        def pair(plan, source, *visiting, t=t):
+            return _pair_backward(plan, t, q, *visiting[:2], out, lse, d_out, d_lse, lengths, r * seq_q,
+                                  source * seq_k, params, bind_bwd, q_ids, *visiting[2:])
 
-        parts = _by_side(r, t, plan_ge, plan_lt, pair, k_t, v_t, (r - t) % size)
+        parts = _by_side(r, t, plan_ge, plan_lt, pair, (r - t) % size, *visiting)
         dq, dk, dv = dq + parts[0], dk + parts[1], dv + parts[2]
         if following is not None:  # dK/dV travel with their K/V
             dk, dv = (_shift(x, axis, size, following - t) for x in (dk, dv))

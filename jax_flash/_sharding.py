@@ -12,14 +12,15 @@ the call; each device then runs the FFI kernel on its own shard:
   so device i's query heads read exactly device i's kv heads when Hk divides by the split). MQA (Hk = 1) splits q
   heads only and gives every device the one kv head;
 - sequence: a sequence-sharded call runs ring attention over those mesh axes (jax_flash/_ring.py): q, k, v, out
-  and lse keep their sequence sharding and only K/V shards move, by collective-permutes. What the ring cannot run
+  and lse keep their sequence sharding and only K/V shards move, by collective-permutes (with segment ids, the
+  keys' ids beside them; the ids keep the sequence sharding of q and k). What the ring cannot run
   (jax_flash._ring.ring_refusal: paged K/V, causal or window masks with lengths or unequal local lengths, a length
   that does not divide by the devices) is gathered (replicated along the sequence) with a one-time warning.
 - head_dim: never split. An operand sharded along it is gathered first, with a one-time warning, because every
   score needs the whole head_dim.
 - paged K/V, (num_pages, page_size, Hk, D): the pages are shared by the whole batch, so they are split over heads
-  only (replicated along the batch axes); the page table splits with the batch, and so do segment ids (their
-  sequence axis is whole: the ring refuses segment ids). Bias and mask tensors split with the batch and the query
+  only (replicated along the batch axes); the page table splits with the batch (and is whole along its pages).
+  Bias and mask tensors split with the batch and the query
   heads where those dimensions are full (not broadcast), and are whole along the sequences.
 
 The FP8 kernel's call (jax_flash/_fp8_primitive.py; make_partitioned_fp8) splits over batch and heads the same way,
@@ -110,8 +111,9 @@ def make_partitioned_backward(local_backward):
         # (the forward's decision on q, k, v, the lengths, segment ids and tensors; its page table has no part here)
         decision = _decide(mesh, arg_shapes[:3] + arg_shapes[7:9] + arg_shapes[7:8] + arg_shapes[9:13], params,
                            split_shared_kv=False)
-        (q_s, kv_s, _, q_len_s, kv_len_s, _, seg_s, _, bias_s, mask_s), (_, lse_s) = decision.args, decision.outs
-        return ((q_s, kv_s, kv_s, q_s, lse_s, q_s, lse_s, q_len_s, kv_len_s, seg_s, seg_s, bias_s, mask_s),
+        (q_s, kv_s, _, q_len_s, kv_len_s, _, q_seg_s, kv_seg_s, bias_s, mask_s), (_, lse_s) = (decision.args,
+                                                                                              decision.outs)
+        return ((q_s, kv_s, kv_s, q_s, lse_s, q_s, lse_s, q_len_s, kv_len_s, q_seg_s, kv_seg_s, bias_s, mask_s),
                 (q_s, kv_s, kv_s), decision.ring)
 
     def partition(params, mesh, arg_shapes, result_shape):
@@ -370,14 +372,16 @@ def _decide(mesh, arg_shapes, params, split_shared_kv: bool = True) -> Decision:
     kv_sharding = NamedSharding(mesh, PartitionSpec(None if paged else b, s, h if shard_kv_heads else None, None))
     lengths_shardings = tuple(NamedSharding(mesh, PartitionSpec(b if lengths.shape[0] else None))  # (0,): absent
                               for lengths in arg_shapes[3:5])
-    table_sharding = NamedSharding(mesh, PartitionSpec(b, None))  # also the segment ids' (no ring with them)
+    table_sharding = NamedSharding(mesh, PartitionSpec(b, None))
+    segment_shardings = tuple(NamedSharding(mesh, PartitionSpec(b, s if ids.shape[1] else None))  # (B, 0): absent
+                              for ids in arg_shapes[6:8])
     lse_sharding = NamedSharding(mesh, PartitionSpec(b, h, s))
     tensor_shardings = tuple(  # bias, mask: batch and heads where full; whole along the sequences (no ring)
         NamedSharding(mesh, PartitionSpec(b if t.shape[0] == batch and t.shape[0] else None,
                                           h if t.shape[1] == heads_q and t.shape[1] else None, None, None))
         for t in arg_shapes[8:10])
-    arg_shardings = (q_sharding, kv_sharding, kv_sharding, *lengths_shardings, table_sharding,
-                     table_sharding, table_sharding, *tensor_shardings)
+    arg_shardings = (q_sharding, kv_sharding, kv_sharding, *lengths_shardings, table_sharding, *segment_shardings,
+                     *tensor_shardings)
     return Decision(arg_shardings, (q_sharding, lse_sharding), ring)
 
 

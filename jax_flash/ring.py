@@ -15,8 +15,8 @@ __all__ = ["ring_attention", "zigzag_indices"]
 
 def ring_attention(q, k, v, cfg: KernelConfig | None = None, *, axis_name, layout: str = "contiguous",
                    causal: bool = False, softmax_scale: float | None = None, window: tuple[int, int] | None = None,
-                   softcap: float | None = None, q_lengths=None, kv_lengths=None, return_lse: bool = False,
-                   deterministic: bool = False):
+                   softcap: float | None = None, q_lengths=None, kv_lengths=None, q_segment_ids=None,
+                   kv_segment_ids=None, return_lse: bool = False, deterministic: bool = False):
     """jax_flash.attention over a sequence sharded along the mesh axis (or axes) `axis_name`, called inside
     shard_map on the local shards: q (batch, seq_q / n, heads_q, head_dim), k and v (batch, seq_k / n, heads_k,
     head_dim). Returns this device's rows of the output (and of the lse), as attention on the whole sequence would.
@@ -29,8 +29,9 @@ def ring_attention(q, k, v, cfg: KernelConfig | None = None, *, axis_name, layou
     Masks are those of the whole sequence. Causal or window masks need equal local query and key lengths; with
     them, q_lengths / kv_lengths (global, replicated) must be one array passed as both, with causal=True (padded
     self-attention: the kernels align causal masks to each row's actual lengths). Without those masks any lengths
-    work. Other arguments and gradients: as jax_flash.attention (reverse mode: the backward ring moves dK/dV
-    with their K/V shards).
+    work. q_segment_ids, kv_segment_ids: this device's shards (batch, seq_q / n) and (batch, seq_k / n) of packed
+    sequences' ids, in the same layout; the keys' travel with their K/V shard. Other arguments and gradients: as
+    jax_flash.attention (reverse mode: the backward ring moves dK/dV with their K/V shards).
     """
     if layout not in RING_LAYOUTS:
         raise ValueError(f"layout must be one of {RING_LAYOUTS}, got {layout!r}")
@@ -42,4 +43,5 @@ def ring_attention(q, k, v, cfg: KernelConfig | None = None, *, axis_name, layou
                          f"jax.shard_map over that axis ({error})") from None
     return _validated_call(q, k, v, cfg, causal=causal, softmax_scale=softmax_scale, window=window, softcap=softcap,
                            q_lengths=q_lengths, kv_lengths=kv_lengths, page_table=None, return_lse=return_lse,
-                           deterministic=deterministic, ring=(axes, size, layout))
+                           deterministic=deterministic, ring=(axes, size, layout), q_segment_ids=q_segment_ids,
+                           kv_segment_ids=kv_segment_ids)

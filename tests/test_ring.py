@@ -160,6 +160,58 @@ def test_gradients_of_a_sequence_sharded_call_equal_one_device(devices, feature)
     assert 'custom_call_target="jax_flash_attention_bwd"' in hlo
 
 
+def _documents(seed, batch, seq, p=0.08):
+    """int32 (batch, seq) segment ids of packed documents (runs of equal ids), which cross shard boundaries."""
+    starts = jax.random.bernoulli(jax.random.PRNGKey(seed), p, (batch, seq)).astype(jnp.int32)
+    return jnp.cumsum(starts, axis=1)
+
+
+@pytest.mark.parametrize("feature", ["plain", "causal", "causal-window", "window-wide", "causal-lengths", "cross"])
+def test_segment_ids_of_a_sequence_sharded_call_run_a_ring(devices, feature):
+    """Packed documents over a sequence-sharded mesh: the ids shard with the sequence and the keys' travel with their
+    K/V; out, lse and gradients equal one device's, with only collective-permutes. "cross": other query and key ids
+    and lengths (32 queries, 64 keys)."""
+    n = len(devices)
+    kwargs = dict(FEATURES.get(feature, {}))
+    seq_q = 32 if feature == "cross" else 64
+    q, k, v = _inputs(devices, seq_q=seq_q, seed=2)
+    q_ids, kv_ids = _documents(3, 2, seq_q), _documents(3 if feature != "cross" else 4, 2, 64)
+    same = kwargs.get("lengths") == "same"
+    lengths = _lengths(kwargs.pop("lengths", None) or (feature == "cross"), jnp.array([29, 5], jnp.int32),
+                       jnp.array([64, 37], jnp.int32))
+    weights = jnp.cos(jnp.arange(q.size, dtype=jnp.float32)).reshape(q.shape)
+
+    def fn(q, k, v, q_ids, kv_ids, q_lengths, kv_lengths):
+        kv_lengths = q_lengths if same else kv_lengths
+        return jax_flash.attention(q, k, v, return_lse=True, q_segment_ids=q_ids, kv_segment_ids=kv_ids,
+                                   q_lengths=q_lengths, kv_lengths=kv_lengths, **kwargs)
+
+    def loss(q, k, v, *rest):
+        out, lse = fn(q, k, v, *rest)
+        return jnp.sum(out.astype(jnp.float32) * weights) + 0.1 * jnp.sum(jnp.where(jnp.isfinite(lse), lse, 0.0))
+
+    grad = jax.grad(loss, argnums=(0, 1, 2))
+    expected_out, expected_lse = _one_device(devices, fn, q, k, v, q_ids, kv_ids, *lengths)
+    expected_grads = _one_device(devices, grad, q, k, v, q_ids, kv_ids, *lengths)
+    mesh = jax.make_mesh((n,), ("seq",), devices=devices)
+    spec = NamedSharding(mesh, P(None, "seq"))
+    args = [jax.device_put(x, spec) for x in (q, k, v, q_ids, kv_ids)] + list(lengths)
+    import warnings
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # no gather warning
+        out, lse = jax.jit(fn)(*args)
+        grads = jax.jit(grad)(*args)
+    _close(out, expected_out, devices)
+    _close_lse(lse, expected_lse, devices)
+    assert out.sharding.is_equivalent_to(spec, 4), out.sharding
+    assert _collectives(jax.jit(fn).lower(*args).compile().as_text()) == {"collective-permute"}
+    for name, actual, want in zip("qkv", grads, expected_grads):
+        _close(actual, want, devices)
+        assert actual.sharding.is_equivalent_to(spec, 4), (name, actual.sharding)
+    hlo = jax.jit(grad).lower(*args).compile().as_text()
+    assert "collective-permute" in _collectives(hlo) and not _gathers_of_qkv(hlo), _gathers_of_qkv(hlo)
+
+
 @pytest.mark.parametrize("shape,axes", [((2, 2), ("seq", "model")), ((2, 4), ("seq", "model")),
                                         ((2, 2, 2), ("data", "seq", "model"))], ids=["2x2", "2x4", "2x2x2"])
 def test_sequence_times_heads_meshes(shape, axes):
@@ -246,6 +298,27 @@ def test_ring_attention_inside_shard_map(layout):
                                            * weights), argnums=(0, 1, 2))(q, k, v)
     for actual, want in zip(grads, expected):
         _close(np.asarray(actual)[:, undo], want, devices)
+
+
+def test_ring_attention_with_segment_ids_inside_shard_map():
+    """ring_attention takes this device's shards of the segment ids, in the layout of q, k and v (here zigzag)."""
+    n, seq = 4, 48
+    devices = _devices("cpu", n)
+    q, k, v = _inputs(devices, seq_q=seq, seq_k=seq)
+    ids = _documents(5, 2, seq, p=0.1)
+    mesh = jax.make_mesh((n,), ("sp",), devices=devices)
+    order = np.asarray(jax_flash.zigzag_indices(seq, n))
+    undo = np.argsort(order)
+
+    def local(q, k, v, ids):
+        return jax_flash.ring_attention(q, k, v, axis_name="sp", layout="zigzag", causal=True, q_segment_ids=ids,
+                                        kv_segment_ids=ids)
+
+    ring = jax.jit(shard_map(local, mesh=mesh, in_specs=(P(None, "sp"),) * 4, out_specs=P(None, "sp")))
+    args = [jax.device_put(x[:, order], NamedSharding(mesh, P(None, "sp"))) for x in (q, k, v, ids)]
+    expected = jax_flash.attention(q, k, v, causal=True, q_segment_ids=ids, kv_segment_ids=ids)
+    _close(np.asarray(ring(*args))[:, undo], expected, devices)
+    assert _collectives(ring.lower(*args).compile().as_text()) == {"collective-permute"}
 
 
 def test_ring_attention_with_lengths_inside_shard_map():

@@ -143,8 +143,9 @@ def test_new_ids_do_not_recompile_and_vmap(device):
 
 
 def test_sharded_over_batch_and_heads_and_sequence():
-    """Batch / head sharding runs shard-local (no all-gather in the HLO); a sequence-sharded call with segment ids is
-    gathered with a warning naming them (the ring does not carry them yet); all equal one device."""
+    """Batch / head sharding runs shard-local (no all-gather in the HLO); a sequence-sharded call with segment ids runs
+    ring attention (the keys' ids travel with their K/V: only collective-permutes, no warning); all equal one device
+    (tests/test_ring.py has the ring's feature grid)."""
     devices = jax.devices("cpu")[:4]
     mesh = Mesh(np.array(devices).reshape(2, 2), ("b", "h"))
     with jax.default_device(devices[0]):  # (float32: the CPU path, also where a GPU is the default device)
@@ -162,13 +163,12 @@ def test_sharded_over_batch_and_heads_and_sequence():
     seq_spec = NamedSharding(seq_mesh, PartitionSpec(None, "s", None, None))
     args = [jax.device_put(x, seq_spec) for x in (q, k, v)] + [jax.device_put(ids, NamedSharding(seq_mesh,
                                                                                                 PartitionSpec(None, "s")))]
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        import jax_flash._sharding as sharding
-        sharding._warned.discard("sequence")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
         out = attend(*args)
-    assert any("segment ids" in str(w.message) for w in caught), [str(w.message) for w in caught]
-    np.testing.assert_allclose(np.asarray(out), np.asarray(expected), atol=1e-6)
+    hlo = attend.lower(*args).compile().as_text()
+    assert "all-gather" not in hlo and "collective-permute" in hlo
+    np.testing.assert_allclose(np.asarray(out), np.asarray(expected), atol=1e-5)
 
 
 def test_segment_id_errors():
