@@ -20,8 +20,8 @@ the call; each device then runs the FFI kernel on its own shard:
   score needs the whole head_dim.
 - paged K/V, (num_pages, page_size, Hk, D): the pages are shared by the whole batch, so they are split over heads
   only (replicated along the batch axes); the page table splits with the batch (and is whole along its pages).
-  Bias and mask tensors split with the batch and the query
-  heads where those dimensions are full (not broadcast), and are whole along the sequences.
+- bias and mask tensors split with the batch and the query heads where those dimensions are full (not broadcast),
+  and are whole along the sequences.
 
 The FP8 kernel's call (jax_flash/_fp8_primitive.py; make_partitioned_fp8) splits over batch and heads the same way,
 its descales (B, Hk) with the kv heads; it has no ring, so a sequence-sharded FP8 call is gathered.
@@ -66,6 +66,7 @@ def register_partitioned_lowering(primitive, partitioned) -> None:
     # list (custom_partitioning's own primitive is on it, but it appears only inside our lowering, where jit cannot
     # see it).
     _dispatch.prim_requires_devices_during_lowering.add(primitive)
+
 
 def make_partitioned(local_attention):
     """custom_partitioning around `local_attention(q, k, v, q_lengths, kv_lengths, page_table, q_segment_ids,
