@@ -185,7 +185,7 @@ def _decide_fp8(mesh, arg_shapes) -> tuple[tuple, tuple]:
     q, k = arg_shapes[0], arg_shapes[1]
     q_spec, k_spec, vt_spec = (_spec(a.sharding, 4) for a in arg_shapes[:3])
     batch_axes, head_axes, shard_kv_heads = _batch_and_head_axes(mesh, q.shape[0], q.shape[2], k.shape[2], q_spec,
-                                                                 k_spec, False, True)
+                                                                 k_spec, paged=False, split_shared_kv=True)
     used = set(batch_axes) | set(head_axes)
     gathered = [name for name, spec, dims in (("q", q_spec, (1, 3)), ("k", k_spec, (1, 3)), ("v", vt_spec, (2, 3)))
                 if any(a not in used for i in dims for a in _axes(spec[i]))]

@@ -149,6 +149,7 @@ def untransposed_v(v_t, seq_k: int):
     v = v.transpose(0, 3, 4, 6, 5, 7, 1, 2)  # (B, n, h, u, c, w, Hk, D): key 32n + 16h + 8u + 2c + w
     return v.reshape(batch, padded, heads_k, head_dim)[:, :seq_k]
 
+
 def scores_descale(q_descale, k_descale):
     """q_descale * k_descale, the factor of the scores (each None: 1; None when both are)."""
     given = [d for d in (q_descale, k_descale) if d is not None]
