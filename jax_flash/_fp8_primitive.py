@@ -1,14 +1,18 @@
 """The FP8 forward on Hopper: a primitive of its own, with abstract evaluation and a batching rule that folds vmapped
-axes into the batch. It lowers through custom_partitioning (jax_flash/_sharding.py: split over batch and heads) to a
-per-device primitive whose cuda lowering is the "jax_flash_attention_fp8" custom call (ffi/cuda_fp8_handler.cc,
-csrc/sm90/launch_fp8.cuh) and whose lowering elsewhere computes the same call on the dequantised inputs by the CPU
-path. jax_flash/fp8.py decides which FP8 calls reach it; differentiating it raises a clear error.
+axes into the batch. It lowers through custom_partitioning (jax_flash/_sharding.py: split over batch and heads, and
+ring attention over a sharded sequence) to a per-device primitive whose cuda lowering is the
+"jax_flash_attention_fp8" custom call (ffi/cuda_fp8_handler.cc, csrc/sm90/launch_fp8.cuh) and whose lowering
+elsewhere computes the same call on the dequantised inputs by the CPU path. jax_flash/fp8.py decides which FP8 calls
+reach it; differentiating it raises a clear error.
 
-Operands: q (B, Sq, Hq, D) and k (B, Sk, Hk, D) float8_e4m3fn, v_t (B, Hk, D, Sk rounded up to 32) float8_e4m3fn
-(fp8.transposed_v), qk_descale and v_descale float32 (B, Hk), q_lengths and kv_lengths int32 (B,) or (0,).
-Results: out bfloat16 (B, Sq, Hq, D), lse float32 (B, Hq, Sq).
+attention_fp8_p: operands q (B, Sq, Hq, D), k and v (B, Sk, Hk, D) float8_e4m3fn, qk_descale and v_descale float32
+(B, Hk), q_lengths and kv_lengths int32 (B,) or (0,). Results: out bfloat16 (B, Sq, Hq, D), lse float32 (B, Hq, Sq).
 Params: cfg (an sm90 KernelConfig of a compiled FP8 kernel, or None: config.fp8_config), softmax_scale (> 0), causal,
-window_left, window_right, has_q_lengths, has_kv_lengths, return_lse.
+window_left, window_right, has_q_lengths, has_kv_lengths, return_lse; ring (None, or (mesh axes, devices, layout):
+one device's part of ring attention, jax_flash/_ring.py) and same_lengths (q_lengths and kv_lengths are one array),
+as the 16-bit primitive has them.
+attention_fp8_local_p, the kernel's call on one device: the same operands, neither ring nor same_lengths; its cuda
+lowering passes the kernel V^T (B, Hk, D, Sk rounded up to 32; fp8.transposed_v of the device's V).
 """
 
 from __future__ import annotations
@@ -22,7 +26,8 @@ from jax.extend.core import Primitive
 from jax.interpreters import ad, batching, mlir
 
 from jax_flash import fp8, native
-from jax_flash._primitive import attention_local_p, no_extras, result_aval
+from jax_flash._primitive import ShapedArray, attention_local_p, no_extras, result_aval
+from jax_flash._ring import FP8_RING_DEFAULTS, ring_forward
 from jax_flash._sharding import make_partitioned_fp8, register_partitioned_lowering
 from jax_flash.config import CALL_ATTRIBUTES, fp8_config
 
@@ -51,27 +56,32 @@ def _jitted_bind(params):
 attention_fp8_p.def_impl(lambda *args, **params: _jitted_bind(tuple(sorted(params.items())))(*args))
 
 
-def _lower_cuda(ctx, *args, cfg, **params):
-    k_aval = ctx.avals_in[1]  # (fp8.py sends only FP8_CONFIGS' head dims)
+def _lower_cuda(ctx, q, k, v, *rest, cfg, **params):
+    """The custom call, with V^T (fp8.transposed_v, an XLA transpose of this device's V) for v."""
+    k_aval, v_aval = ctx.avals_in[1], ctx.avals_in[2]  # (fp8.py sends only FP8_CONFIGS' head dims)
     cfg = fp8_config(k_aval.shape[3], k_aval.shape[1]) if cfg is None else cfg
     attrs = {name: np.int64(value) for name, value in cfg.to_attrs().items()}
     attrs.update(pack_gqa=np.int64(0), num_splits=np.int64(1))
     call = {"softcap": 0.0, "paged": False, "deterministic": False, "alibi": False, **params}
     for name, kind, _ in CALL_ATTRIBUTES:
         attrs[name] = np.float32(call[name]) if kind == "float" else np.int64(call[name])
-    return jax.ffi.ffi_lowering(native.FP8_TARGET_NAME)(ctx, *args, **attrs)
+    v_t_shape = jax.eval_shape(fp8.transposed_v, jax.ShapeDtypeStruct(v_aval.shape, v_aval.dtype))
+    v_t_aval = ShapedArray(v_t_shape.shape, v_t_shape.dtype)
+    (v_t,) = mlir.lower_fun(lambda v: (fp8.transposed_v(v),), multiple_results=True)(
+        ctx.replace(primitive=None, avals_in=[v_aval], avals_out=[v_t_aval]), v)
+    call_ctx = ctx.replace(avals_in=[ctx.avals_in[0], k_aval, v_t_aval, *ctx.avals_in[3:]])
+    return jax.ffi.ffi_lowering(native.FP8_TARGET_NAME)(call_ctx, q, k, v_t, *rest, **attrs)
 
 
 mlir.register_lowering(attention_fp8_local_p, _lower_cuda, platform="cuda")
 
 
-def _dequantised(q, k, v_t, qk_descale, v_descale, q_lengths, kv_lengths, *, cfg, softmax_scale, causal, window_left,
+def _dequantised(q, k, v, qk_descale, v_descale, q_lengths, kv_lengths, *, cfg, softmax_scale, causal, window_left,
                  window_right, has_q_lengths, has_kv_lengths, return_lse):
     """The call on other platforms: the 16-bit primitive's CPU path on the dequantised float32 inputs (q times
     q_descale * k_descale, the output times v_descale), as jax_flash/fp8.py computes FP8 calls there."""
     del cfg  # (a GPU kernel's)
     batch, heads_q = q.shape[0], q.shape[2]
-    v = fp8.untransposed_v(v_t, k.shape[1])
     q32 = q.astype(jnp.float32) * fp8.per_query_head(qk_descale, heads_q)
     params = dict(cfg=None, softmax_scale=softmax_scale, causal=causal, window_left=window_left,
                   window_right=window_right, softcap=0.0, has_q_lengths=has_q_lengths, has_kv_lengths=has_kv_lengths,
@@ -85,8 +95,30 @@ def _dequantised(q, k, v_t, qk_descale, v_descale, q_lengths, kv_lengths, *, cfg
 mlir.register_lowering(attention_fp8_local_p, mlir.lower_fun(_dequantised, multiple_results=True))
 
 
-def _bind_local(q, k, v_t, qk_descale, v_descale, q_lengths, kv_lengths, params):
-    return tuple(attention_fp8_local_p.bind(q, k, v_t, qk_descale, v_descale, q_lengths, kv_lengths, **dict(params)))
+# The per-device kernel call's parameters (attention_fp8_local_p).
+_KERNEL_PARAMS = ("cfg", "softmax_scale", "causal", "window_left", "window_right", "has_q_lengths", "has_kv_lengths",
+                  "return_lse")
+
+
+def _bind_kernel(q, k, v, qk_descale, v_descale, q_lengths, kv_lengths, params):
+    """The FP8 kernel on one device's (or one ring step's) q, k and v."""
+    local = {name: params[name] for name in _KERNEL_PARAMS}
+    return tuple(attention_fp8_local_p.bind(q, k, v, qk_descale, v_descale, q_lengths, kv_lengths, **local))
+
+
+def _bind_local(q, k, v, qk_descale, v_descale, q_lengths, kv_lengths, params):
+    """One device's call: the kernel on its shards, or, with the `ring` parameter, the ring over the sequence axis
+    (jax_flash/_ring.py) whose steps run the kernel; the descales (B, Hk) are the same for every K/V shard."""
+    params = dict(params)
+    if params["ring"] is None:
+        return _bind_kernel(q, k, v, qk_descale, v_descale, q_lengths, kv_lengths, params)
+
+    def step(q, k, v, q_lengths, kv_lengths, page_table, step_params, segment_ids):
+        del page_table, segment_ids  # (FP8 calls have neither)
+        return _bind_kernel(q, k, v, qk_descale, v_descale, q_lengths, kv_lengths, step_params)
+
+    return ring_forward(q, k, v, q_lengths, kv_lengths, {**FP8_RING_DEFAULTS, **params}, step,
+                        out_dtype=jnp.bfloat16)
 
 
 register_partitioned_lowering(attention_fp8_p, make_partitioned_fp8(_bind_local))

@@ -36,6 +36,8 @@ import jax.numpy as jnp
 from jax import lax
 
 RING_LAYOUTS = ("contiguous", "zigzag")
+# The features the FP8 kernel's call (jax_flash/_fp8_primitive.py) does not have, as the ring reads its parameters.
+FP8_RING_DEFAULTS = dict(paged=False, alibi=False, has_bias=False, has_mask=False, segments=False)
 
 
 # ---- what can run as a ring ----------------------------------------------------------------------------------------
@@ -280,11 +282,11 @@ def _pair_forward(plan, t, q, k, v, lengths, q_start, kv_start, params, bind, q_
     return out, lse
 
 
-def ring_forward(q, k, v, q_len, kv_len, params, bind, q_ids=None, kv_ids=None):
+def ring_forward(q, k, v, q_len, kv_len, params, bind, q_ids=None, kv_ids=None, out_dtype=None):
     """(out, lse) of this device's queries against every device's keys; `bind(q, k, v, q_lengths, kv_lengths,
     page_table, params, segment_ids)` runs the per-device kernel (segment_ids: the pair's (q, kv) ids or None).
     q_ids, kv_ids: this device's segment ids, (B, Sq) and (B, Sk), when params["segments"]; the keys' travel with
-    their K/V shard."""
+    their K/V shard. out_dtype: the output's dtype (q's by default; the FP8 kernel's output is bfloat16)."""
     axis, size, layout = params["ring"]
     seq_q, seq_k = q.shape[1], k.shape[1]
     zigzag, reorder = _layout(params, seq_q, size, layout)
@@ -307,7 +309,7 @@ def ring_forward(q, k, v, q_len, kv_len, params, bind, q_ids=None, kv_ids=None):
         valid = lengths.valid_rows(positions)
         out = jnp.where(valid[:, :, None, None], out, 0.0)
         lse = jnp.where(valid[:, None, :], lse, -jnp.inf)
-    out = out.astype(q.dtype)
+    out = out.astype(q.dtype if out_dtype is None else out_dtype)
     if reorder:
         out, lse = from_zigzag(out, 1, axis, size), from_zigzag(lse, 2, axis, size)
     return out, lse

@@ -23,8 +23,8 @@ the call; each device then runs the FFI kernel on its own shard:
 - bias and mask tensors split with the batch and the query heads where those dimensions are full (not broadcast),
   and are whole along the sequences.
 
-The FP8 kernel's call (jax_flash/_fp8_primitive.py; make_partitioned_fp8) splits over batch and heads the same way,
-its descales (B, Hk) with the kv heads; it has no ring, so a sequence-sharded FP8 call is gathered.
+The FP8 kernel's call (jax_flash/_fp8_primitive.py; make_partitioned_fp8) splits the same way, its descales (B, Hk)
+with the kv heads (whole along the sequence: every K/V shard of a batch row and kv head shares them).
 
 Inside shard_map (all mesh axes manual) the call lowers straight to the per-device kernel: shard_map already handed
 it local shards. On one device custom_partitioning is a no-op.
@@ -42,7 +42,7 @@ from jax.sharding import NamedSharding, PartitionSpec
 
 from jax._src import dispatch as _dispatch  # no public spelling of prim_requires_devices_during_lowering
 
-from jax_flash._ring import ring_refusal
+from jax_flash._ring import FP8_RING_DEFAULTS, ring_refusal
 
 _warned: set[str] = set()
 
@@ -146,9 +146,9 @@ def make_partitioned_backward(local_backward):
 
 
 def make_partitioned_fp8(local_fp8):
-    """custom_partitioning around `local_fp8(q, k, v_t, qk_descale, v_descale, q_lengths, kv_lengths, params)`, the
-    FP8 kernel's call (jax_flash/_fp8_primitive.py): split over batch and heads as the 16-bit call is; it has no ring,
-    so the sequence and head_dim are never split (gathered, with a one-time warning)."""
+    """custom_partitioning around `local_fp8(q, k, v, qk_descale, v_descale, q_lengths, kv_lengths, params)`, the
+    FP8 kernel's call (jax_flash/_fp8_primitive.py): split over batch and heads, and run as ring attention over a
+    sharded sequence, as the 16-bit call is (head_dim is never split)."""
 
     def partitioned_fp8(*args_and_params):
         return local_fp8(*args_and_params)
@@ -156,22 +156,21 @@ def make_partitioned_fp8(local_fp8):
     partitioned_fp8 = custom_partitioning(partitioned_fp8, static_argnums=(7,))
 
     def partition(params, mesh, arg_shapes, result_shape):
-        arg_shardings, out_shardings = _decide_fp8(mesh, arg_shapes)
+        decision = _decide_fp8(mesh, arg_shapes, params)
+        local_params = _with_ring(params, decision.ring)
 
         def lower_fn(*args):
-            return local_fp8(*args, params)
+            return local_fp8(*args, local_params)
 
-        return mesh, lower_fn, out_shardings, arg_shardings
+        return mesh, lower_fn, decision.outs, decision.args
 
     def infer_sharding_from_operands(params, mesh, arg_shapes, result_shape):
-        return _decide_fp8(mesh, arg_shapes)[1]
+        return _decide_fp8(mesh, arg_shapes, params).outs
 
     def shardy_rule(params, mesh, value_types, result_types):
-        # (sq, sk, d and V^T's padded keys skt are never split: no ring, and every score needs all of head_dim)
-        h, hk, extra = _head_factors(value_types[0].shape[2], value_types[1].shape[2],
-                                     {"need_replication_factors": ("sq", "d", "sk", "skt")})
+        h, hk, extra = _head_factors(value_types[0].shape[2], value_types[1].shape[2], {})
         lengths, extra = _length_factors(value_types[5:7], extra)
-        return _in_rule_order(f"b sq {h} d, b sk {hk} d, b {hk} d skt, b {hk}, b {hk}, {lengths} -> b sq {h} d, "
+        return _in_rule_order(f"b sq {h} d, b sk {hk} d, b sk {hk} d, b {hk}, b {hk}, {lengths} -> b sq {h} d, "
                               f"b {h} sq", extra)
 
     partitioned_fp8.def_partition(partition=partition, infer_sharding_from_operands=infer_sharding_from_operands,
@@ -179,31 +178,33 @@ def make_partitioned_fp8(local_fp8):
     return partitioned_fp8
 
 
-def _decide_fp8(mesh, arg_shapes) -> tuple[tuple, tuple]:
-    """(operand shardings, (out, lse) shardings) of the FP8 kernel's call: q (B, Sq, Hq, D), k (B, Sk, Hk, D), V^T
-    (B, Hk, D, Sk rounded up), the descales (B, Hk), the lengths (B,) or (0,)."""
+def _decide_fp8(mesh, arg_shapes, params) -> Decision:
+    """The shardings of the FP8 kernel's call (q (B, Sq, Hq, D), k and v (B, Sk, Hk, D), the descales (B, Hk), the
+    lengths (B,) or (0,)) and whether it runs as a ring: _decide's rules for a call without pages or tensors."""
+    params = {**FP8_RING_DEFAULTS, **dict(params)}
     q, k = arg_shapes[0], arg_shapes[1]
-    q_spec, k_spec, vt_spec = (_spec(a.sharding, 4) for a in arg_shapes[:3])
+    q_spec, k_spec, v_spec = (_spec(a.sharding, 4) for a in arg_shapes[:3])
     batch_axes, head_axes, shard_kv_heads = _batch_and_head_axes(mesh, q.shape[0], q.shape[2], k.shape[2], q_spec,
                                                                  k_spec, paged=False, split_shared_kv=True)
     used = set(batch_axes) | set(head_axes)
-    gathered = [name for name, spec, dims in (("q", q_spec, (1, 3)), ("k", k_spec, (1, 3)), ("v", vt_spec, (2, 3)))
-                if any(a not in used for i in dims for a in _axes(spec[i]))]
+    seq_axes, ring, not_ring = _sequence_plan(mesh, params, q.shape[1], k.shape[1], q_spec, k_spec, used)
+    used |= set(seq_axes)
+    gathered = [name for name, spec in (("q", q_spec), ("k", k_spec), ("v", v_spec))
+                if any(a not in used for entry in (spec[1], spec[3]) for a in _axes(entry))]
     if gathered:
         _warn_once("fp8", f"jax_flash.attention: float8_e4m3fn {', '.join(gathered)} sharded along the sequence or "
-                          f"head_dim axis; it is gathered (replicated along that axis) before the FP8 kernel runs, "
-                          f"which has no ring attention. This costs an all-gather per call and memory for the whole "
-                          f"sequence on each device")
-    b, h = _entry(batch_axes), _entry(head_axes)
+                          f"head_dim axis; it is gathered (replicated along that axis) before the FP8 kernel runs"
+                          f"{not_ring or ', because every score needs all of head_dim'}. This costs an all-gather "
+                          f"per call and memory for the whole sequence on each device")
+    b, h, s = _entry(batch_axes), _entry(head_axes), _entry(seq_axes)
     hk = h if shard_kv_heads else None
-    q_sharding = NamedSharding(mesh, PartitionSpec(b, None, h, None))
-    k_sharding = NamedSharding(mesh, PartitionSpec(b, None, hk, None))
-    vt_sharding = NamedSharding(mesh, PartitionSpec(b, hk, None, None))
+    q_sharding = NamedSharding(mesh, PartitionSpec(b, s, h, None))
+    kv_sharding = NamedSharding(mesh, PartitionSpec(b, s, hk, None))
     descale_sharding = NamedSharding(mesh, PartitionSpec(b, hk))
     lengths_shardings = tuple(NamedSharding(mesh, PartitionSpec(b if lengths.shape[0] else None))  # (0,): absent
                               for lengths in arg_shapes[5:7])
-    args = (q_sharding, k_sharding, vt_sharding, descale_sharding, descale_sharding, *lengths_shardings)
-    return args, (q_sharding, NamedSharding(mesh, PartitionSpec(b, h, None)))
+    args = (q_sharding, kv_sharding, kv_sharding, descale_sharding, descale_sharding, *lengths_shardings)
+    return Decision(args, (q_sharding, NamedSharding(mesh, PartitionSpec(b, h, s))), ring)
 
 
 def _in_rule_order(rule: str, extra: dict) -> tuple[str, dict]:

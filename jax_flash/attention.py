@@ -12,7 +12,7 @@ import numpy as np
 from jax_flash import fp8
 from jax_flash._fp8_primitive import attention_fp8_p
 from jax_flash._primitive import attention_p, no_lengths, no_segments, no_tensor
-from jax_flash._ring import ring_refusal
+from jax_flash._ring import FP8_RING_DEFAULTS, ring_refusal
 from jax_flash.config import KernelConfig
 
 _INPUT_DTYPES = ("float16", "bfloat16", "float32")
@@ -91,8 +91,14 @@ def attention(q, k, v, cfg: KernelConfig | None = None, *, causal: bool = False,
                   kv_lengths=kv_lengths, page_table=page_table, q_segment_ids=q_segment_ids,
                   kv_segment_ids=kv_segment_ids, bias=bias, mask=mask, alibi_slopes=alibi_slopes,
                   deterministic=deterministic, ring=None)
-    q, k, v = (_as_array(x, name) for x, name in ((q, "q"), (k, "k"), (v, "v")))
     descales = {"q_descale": q_descale, "k_descale": k_descale, "v_descale": v_descale}
+    return dispatch(q, k, v, cfg, descales, out_dtype, return_lse, kwargs)
+
+
+def dispatch(q, k, v, cfg, descales, out_dtype, return_lse, kwargs):
+    """attention's call (ring_attention's too, with kwargs["ring"] set): FP8 inputs to their checks and kernel, the
+    others to the 16-bit primitive."""
+    q, k, v = (_as_array(x, name) for x, name in ((q, "q"), (k, "k"), (v, "v")))
     if any(fp8.is_fp8(x) for x in (q, k, v)):
         return _fp8_call(q, k, v, cfg, descales, out_dtype, return_lse, kwargs)
     for name, descale in descales.items():
@@ -142,11 +148,17 @@ def _fp8_kernel_call(q, k, v, cfg, descales, out_dtype, return_lse, kwargs):
     qk = fp8.scores_descale(descales["q_descale"], descales["k_descale"])
     qk_descale = ones if qk is None else qk
     v_descale = ones if descales["v_descale"] is None else descales["v_descale"]
-    out, lse = attention_fp8_p.bind(
-        q, k, fp8.transposed_v(v), qk_descale, v_descale, *(no_lengths() if x is None else x for x in lengths),
-        cfg=None if cfg is None else cfg.kernel(), softmax_scale=float(softmax_scale),
-        causal=_static_bool(kwargs["causal"], "causal"), window_left=window_left, window_right=window_right,
-        has_q_lengths=lengths[0] is not None, has_kv_lengths=lengths[1] is not None, return_lse=bool(return_lse))
+    params = dict(cfg=None if cfg is None else cfg.kernel(), softmax_scale=float(softmax_scale),
+                  causal=_static_bool(kwargs["causal"], "causal"), window_left=window_left, window_right=window_right,
+                  has_q_lengths=lengths[0] is not None, has_kv_lengths=lengths[1] is not None,
+                  return_lse=bool(return_lse), ring=kwargs.get("ring"),
+                  same_lengths=lengths[0] is not None and lengths[0] is lengths[1])
+    if params["ring"] is not None:
+        reason = ring_refusal({**FP8_RING_DEFAULTS, **params}, q.shape[1], k.shape[1], *params["ring"][1:])
+        if reason:
+            raise ValueError(f"ring_attention cannot run this call: {reason}")
+    out, lse = attention_fp8_p.bind(q, k, v, qk_descale, v_descale,
+                                    *(no_lengths() if x is None else x for x in lengths), **params)
     out = out.astype(out_dtype)
     return (out, lse) if return_lse else out
 

@@ -370,8 +370,9 @@ def main(argv=None) -> int:
     parser.add_argument("--json", help="write the rows as JSON here")
     parser.add_argument("--plot", help="write a PNG of TFLOP/s against sequence length here")
     args = parser.parse_args(argv)
-    if "fp8" in args.dtypes and (args.pass_ != "forward" or args.suite != "prefill" or args.configs != "default"):
-        parser.error("--dtypes fp8 times the forward of the prefill suite with the default configs only")
+    if "fp8" in args.dtypes and (args.pass_ != "forward" or args.suite not in ("prefill", "ring")
+                                 or args.configs != "default"):
+        parser.error("--dtypes fp8 times the forward of the prefill and ring suites with the default configs only")
     if args.suite == "decode":
         return _main_decode(args)
     if args.suite == "ring":

@@ -142,14 +142,6 @@ def transposed_v(v):
     return v.reshape(batch, heads_k, head_dim, padded)
 
 
-def untransposed_v(v_t, seq_k: int):
-    """transposed_v's inverse: V^T (B, Hk, D, Sk rounded up to 32) -> V (B, seq_k, Hk, D)."""
-    batch, heads_k, head_dim, padded = v_t.shape
-    v = v_t.reshape(batch, heads_k, head_dim, padded // 32, 2, 4, 2, 2)  # (B, Hk, D, n, h, c, u, w)
-    v = v.transpose(0, 3, 4, 6, 5, 7, 1, 2)  # (B, n, h, u, c, w, Hk, D): key 32n + 16h + 8u + 2c + w
-    return v.reshape(batch, padded, heads_k, head_dim)[:, :seq_k]
-
-
 def scores_descale(q_descale, k_descale):
     """q_descale * k_descale, the factor of the scores (each None: 1; None when both are)."""
     given = [d for d in (q_descale, k_descale) if d is not None]

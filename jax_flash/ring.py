@@ -7,7 +7,7 @@ from __future__ import annotations
 from jax import lax
 
 from jax_flash._ring import RING_LAYOUTS, zigzag_indices
-from jax_flash.attention import _validated_call
+from jax_flash.attention import dispatch
 from jax_flash.config import KernelConfig
 
 __all__ = ["ring_attention", "zigzag_indices"]
@@ -16,7 +16,8 @@ __all__ = ["ring_attention", "zigzag_indices"]
 def ring_attention(q, k, v, cfg: KernelConfig | None = None, *, axis_name, layout: str = "contiguous",
                    causal: bool = False, softmax_scale: float | None = None, window: tuple[int, int] | None = None,
                    softcap: float | None = None, q_lengths=None, kv_lengths=None, q_segment_ids=None,
-                   kv_segment_ids=None, return_lse: bool = False, deterministic: bool = False):
+                   kv_segment_ids=None, return_lse: bool = False, deterministic: bool = False, q_descale=None,
+                   k_descale=None, v_descale=None, out_dtype=None):
     """jax_flash.attention over a sequence sharded along the mesh axis (or axes) `axis_name`, called inside
     shard_map on the local shards: q (batch, seq_q / n, heads_q, head_dim), k and v (batch, seq_k / n, heads_k,
     head_dim). Returns this device's rows of the output (and of the lse), as attention on the whole sequence would.
@@ -30,8 +31,10 @@ def ring_attention(q, k, v, cfg: KernelConfig | None = None, *, axis_name, layou
     them, q_lengths / kv_lengths (global, replicated) must be one array passed as both, with causal=True (padded
     self-attention: the kernels align causal masks to each row's actual lengths). Without those masks any lengths
     work. q_segment_ids, kv_segment_ids: this device's shards (batch, seq_q / n) and (batch, seq_k / n) of packed
-    sequences' ids, in the same layout; the keys' travel with their K/V shard. Other arguments and gradients: as
-    jax_flash.attention (reverse mode: the backward ring moves dK/dV with their K/V shards).
+    sequences' ids, in the same layout; the keys' travel with their K/V shard. float8_e4m3fn q, k, v take their
+    (batch, heads_k) descales (the same on every device of the ring) and out_dtype; on Hopper each step runs the FP8
+    kernel (forward only). Other arguments and gradients: as jax_flash.attention (reverse mode: the backward ring
+    moves dK/dV with their K/V shards).
     """
     if layout not in RING_LAYOUTS:
         raise ValueError(f"layout must be one of {RING_LAYOUTS}, got {layout!r}")
@@ -41,7 +44,8 @@ def ring_attention(q, k, v, cfg: KernelConfig | None = None, *, axis_name, layou
     except NameError as error:
         raise ValueError(f"ring_attention: axis_name {axis_name!r} is not a mesh axis bound here; call it inside "
                          f"jax.shard_map over that axis ({error})") from None
-    return _validated_call(q, k, v, cfg, causal=causal, softmax_scale=softmax_scale, window=window, softcap=softcap,
-                           q_lengths=q_lengths, kv_lengths=kv_lengths, page_table=None, return_lse=return_lse,
-                           deterministic=deterministic, ring=(axes, size, layout), q_segment_ids=q_segment_ids,
-                           kv_segment_ids=kv_segment_ids)
+    kwargs = dict(causal=causal, softmax_scale=softmax_scale, window=window, softcap=softcap, q_lengths=q_lengths,
+                  kv_lengths=kv_lengths, page_table=None, q_segment_ids=q_segment_ids, kv_segment_ids=kv_segment_ids,
+                  bias=None, mask=None, alibi_slopes=None, deterministic=deterministic, ring=(axes, size, layout))
+    descales = {"q_descale": q_descale, "k_descale": k_descale, "v_descale": v_descale}
+    return dispatch(q, k, v, cfg, descales, out_dtype, return_lse, kwargs)

@@ -17,7 +17,8 @@ from jax.sharding import AxisType, NamedSharding
 from jax.sharding import PartitionSpec as P
 
 import jax_flash
-from jax_flash import _ring, _sharding
+from jax_flash import _ring, _sharding, fp8
+from jax_flash.attention import _fp8_kernel_call as fp8_kernel_call
 from jax_flash.reference import visibility_mask
 from conftest import GPU_DEVICES, random_qkv
 
@@ -210,6 +211,96 @@ def test_segment_ids_of_a_sequence_sharded_call_run_a_ring(devices, feature):
         assert actual.sharding.is_equivalent_to(spec, 4), (name, actual.sharding)
     hlo = jax.jit(grad).lower(*args).compile().as_text()
     assert "collective-permute" in _collectives(hlo) and not _gathers_of_qkv(hlo), _gathers_of_qkv(hlo)
+
+
+def _fp8_inputs(devices, seq_q=64, seq_k=64, heads_q=4, heads_k=2):
+    """q, k, v as float8_e4m3fn (head dim 128, the FP8 kernel's) and their (batch, heads_k) descales."""
+    if devices[0].platform != "cpu" and not fp8._on_hopper():
+        pytest.skip("the FP8 kernel runs on Hopper GPUs only")
+    q, k, v = random_qkv(4, 2, seq_q, seq_k, heads_q, heads_k, 128, jnp.float32)
+    (q8, qd), (k8, kd), (v8, vd) = (jax_flash.quantize_fp8(q, heads_k), jax_flash.quantize_fp8(k),
+                                    jax_flash.quantize_fp8(v))
+    return q8, k8, v8, qd, kd, vd
+
+
+def _fp8_kernel(q, k, v, q_descale, k_descale, v_descale, q_lengths=None, kv_lengths=None, ring=None, **kwargs):
+    """The FP8 kernel's primitive, as jax_flash.attention binds it for float8_e4m3fn inputs on Hopper (on the CPU
+    its lowering there computes the CPU path on the dequantised inputs): (out bfloat16, lse)."""
+    call = {**dict(causal=False, window=None, softmax_scale=None), **kwargs, "q_lengths": q_lengths,
+            "kv_lengths": kv_lengths, "ring": ring}
+    descales = {"q_descale": q_descale, "k_descale": k_descale, "v_descale": v_descale}
+    return fp8_kernel_call(q, k, v, None, descales, jnp.bfloat16, True, call)
+
+
+def _close_fp8(actual, expected):
+    """Each ring step's output is rounded to bfloat16 before the merge (so is the 16-bit ring's)."""
+    actual, expected = (np.asarray(jnp.asarray(x, jnp.float32)) for x in (actual, expected))
+    np.testing.assert_allclose(actual, expected, rtol=2e-2, atol=2e-2)
+
+
+@pytest.mark.parametrize("feature", ["plain", "causal", "causal-window", "window-wide", "lengths", "causal-lengths"])
+def test_fp8_kernel_call_over_a_sequence_sharded_mesh_runs_a_ring(devices, feature):
+    """The FP8 kernel's call on sequence-sharded float8_e4m3fn inputs runs the ring (its steps the FP8 kernel on a
+    GPU), with only collective-permutes, and equals one device's call; the descales stay whole along the sequence."""
+    n = len(devices)
+    kwargs = dict(FEATURES[feature])
+    same = kwargs.get("lengths") == "same"
+    lengths = _lengths(kwargs.pop("lengths", None), jnp.array([61, 9], jnp.int32), jnp.array([23, 64], jnp.int32))
+    inputs = _fp8_inputs(devices)
+
+    def fn(q, k, v, qd, kd, vd, q_lengths, kv_lengths):
+        return _fp8_kernel(q, k, v, qd, kd, vd, q_lengths, q_lengths if same else kv_lengths, **kwargs)
+
+    expected_out, expected_lse = _one_device(devices, fn, *inputs, *lengths)
+    mesh = jax.make_mesh((n,), ("seq",), devices=devices)
+    spec = NamedSharding(mesh, P(None, "seq"))
+    args = [jax.device_put(x, spec) for x in inputs[:3]] + list(inputs[3:]) + list(lengths)
+    jitted = jax.jit(fn)
+    import warnings
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # no gather warning
+        out, lse = jitted(*args)
+    assert out.dtype == jnp.bfloat16
+    _close_fp8(out, expected_out)
+    _close_lse(lse, expected_lse, devices)
+    assert out.sharding.is_equivalent_to(spec, 4), out.sharding
+    assert lse.sharding.is_equivalent_to(NamedSharding(mesh, P(None, None, "seq")), 3), lse.sharding
+    hlo = jitted.lower(*args).compile().as_text()
+    assert _collectives(hlo) == {"collective-permute"}, _collectives(hlo)
+    if devices[0].platform != "cpu":
+        assert 'custom_call_target="jax_flash_attention_fp8"' in hlo
+
+
+def test_fp8_ring_attention_inside_shard_map(devices):
+    """ring_attention on float8_e4m3fn shards with descales (zigzag, causal) equals jax_flash.attention on the whole
+    sequence; on a CPU it runs the 16-bit ring on the dequantised inputs, on Hopper the FP8 kernel's."""
+    n, seq = len(devices), 64
+    q, k, v, qd, kd, vd = _fp8_inputs(devices, seq, seq)
+    mesh = jax.make_mesh((n,), ("sp",), devices=devices)
+    order = np.asarray(jax_flash.zigzag_indices(seq, n))
+    undo = np.argsort(order)
+
+    def local(q, k, v, qd, kd, vd):
+        return jax_flash.ring_attention(q, k, v, axis_name="sp", layout="zigzag", causal=True, q_descale=qd,
+                                        k_descale=kd, v_descale=vd, out_dtype=jnp.float32)
+
+    ring = jax.jit(shard_map(local, mesh=mesh, in_specs=(P(None, "sp"),) * 3 + (P(),) * 3,
+                             out_specs=P(None, "sp")))
+    args = [jax.device_put(x[:, order], NamedSharding(mesh, P(None, "sp"))) for x in (q, k, v)] + [qd, kd, vd]
+    out = ring(*args)
+    assert out.dtype == jnp.float32
+    expected = _one_device(devices, lambda q, k, v, qd, kd, vd: jax_flash.attention(
+        q, k, v, causal=True, q_descale=qd, k_descale=kd, v_descale=vd), q, k, v, qd, kd, vd)
+    _close_fp8(np.asarray(out)[:, undo], expected)
+    hlo = ring.lower(*args).compile().as_text()
+    assert _collectives(hlo) == {"collective-permute"}, _collectives(hlo)
+    if devices[0].platform != "cpu":
+        assert 'custom_call_target="jax_flash_attention_fp8"' in hlo
+    with pytest.raises(ValueError, match="ring_attention cannot run this call: causal or window masks with q_lengths"):
+        jax.jit(shard_map(lambda q, k, v, qd, kd, vd: jax_flash.ring_attention(
+            q, k, v, axis_name="sp", causal=True, kv_lengths=jnp.array([3, 4], jnp.int32), q_descale=qd,
+            k_descale=kd, v_descale=vd), mesh=mesh, in_specs=(P(None, "sp"),) * 3 + (P(),) * 3,
+            out_specs=P(None, "sp")))(*args)
 
 
 @pytest.mark.parametrize("shape,axes", [((2, 2), ("seq", "model")), ((2, 4), ("seq", "model")),

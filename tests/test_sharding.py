@@ -292,7 +292,7 @@ def test_fp8_kernel_call_under_batch_and_head_sharding_runs_shard_local(devices,
     assert f"[{4 // n_data},80,{heads_q // n_model},128]" in call, call  # one device's q shard
 
 
-def test_fp8_kernel_call_sequence_sharded_is_gathered_with_one_warning(devices):
+def test_fp8_kernel_call_the_ring_cannot_run_is_gathered_with_one_warning(devices):
     mesh = _mesh(devices)
     inputs = _fp8_inputs(devices, 8, 2)
     lengths = jnp.array([80, 33, 0, 71], jnp.int32)
@@ -301,6 +301,7 @@ def test_fp8_kernel_call_sequence_sharded_is_gathered_with_one_warning(devices):
     args = ([jax.device_put(x, seq_spec) for x in inputs[:3]]
             + [jax.device_put(x, NamedSharding(mesh, P())) for x in (*inputs[3:], lengths)])
     _sharding._warned.clear()
-    with pytest.warns(UserWarning, match="float8_e4m3fn q, k(, v)? sharded along the sequence .* no ring attention"):
+    with pytest.warns(UserWarning, match="float8_e4m3fn q, k, v sharded along the sequence .* instead of running "
+                                         "ring attention, because causal or window masks need equal local"):
         out, _ = jax.jit(_fp8_kernel_call)(*args)
     np.testing.assert_array_equal(np.asarray(out, np.float32), np.asarray(expected_out, np.float32))
