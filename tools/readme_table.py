@@ -114,7 +114,7 @@ def render_ring(results: dict) -> str:
              f"{first['dtype']}, {first['heads']} heads, D = {first['head_dim']}: milliseconds per call of the global "
              f"`jax_flash.attention` call and, in brackets, the speed-up over one device: the sequence sharded over n "
              f"GPUs (ring attention), the same inputs all-gathered first (the fallback), and a global batch split over "
-             f"n GPUs.", "", "| " + " | ".join(head) + " |", "| " + " | ".join("---" for _ in head) + " |"]
+             f"n GPUs." + (f" {results['note']}" if results.get("note") else ""), "", "| " + " | ".join(head) + " |", "| " + " | ".join("---" for _ in head) + " |"]
 
     def cell(match):
         r = next((r for r in rows if all(r[k] == v for k, v in match.items())), None)
