@@ -72,7 +72,8 @@ def render(config_module, kernel_set: str) -> dict[str, str]:
             f"template std::string run_attention_sm90_fp8<{key}>(const AttentionParams&, cudaStream_t);\n"
             "}  // namespace jax_flash::sm90\n")
         fp8.append(f"    {{{key},\n     &sm90::run_attention_sm90_fp8<{key}>,\n     nullptr,\n"
-                   f"     sm90::Traits<{key}>::kSmemBytes,\n     0,\n     sm90::Traits<{key}>::kConsumerRegs}},")
+                   f"     sm90::Traits<{key}>::kSmemBytes,\n     sm90::Traits<{key}>::kSplitBytesPerSm,\n"
+                   f"     sm90::Traits<{key}>::kConsumerRegs}},")
     # The backward: per dtype and head dim an sm80-family kernel (any device) and, for head dims 64 and 128, an
     # sm90-family one (Hopper); their tiles follow from the head dim (sm80/bwd_traits.cuh, sm90/bwd_kernel.cuh).
     backward = []

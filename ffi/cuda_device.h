@@ -72,4 +72,17 @@ inline ffi::Error allocate_tile_counter(ffi::ScratchAllocator& scratch, Attentio
   return ffi::Error::Success();
 }
 
+// The sm90 split tail (csrc/sm90/split_tail.cuh): num_sms x split_bytes_per_sm (the registry entry's; 0: the kernel
+// never splits) of scratch for the partials of the last wave's cut tiles; the launcher splits only where that wave
+// is partial. Without the scratch the kernel runs unsplit.
+inline void allocate_split_tail(ffi::ScratchAllocator& scratch, int split_bytes_per_sm, const DeviceLimits& limits,
+                                AttentionParams& params) {
+  if (split_bytes_per_sm <= 0 || params.num_splits > 1) return;
+  const size_t bytes = static_cast<size_t>(limits.num_sms) * split_bytes_per_sm;
+  if (std::optional<void*> workspace = scratch.Allocate(bytes, kScratchAlignment); workspace.has_value()) {
+    params.split_workspace = *workspace;
+    params.split_workspace_bytes = static_cast<int64_t>(bytes);
+  }
+}
+
 }  // namespace jax_flash

@@ -103,6 +103,7 @@ ffi::Error attention_fp8_cuda_impl(cudaStream_t stream, ffi::ScratchAllocator sc
                           std::to_string(limits.max_smem_optin));
   }
   if (ffi::Error err = allocate_tile_counter(scratch, params); err.failure()) return err;
+  allocate_split_tail(scratch, entry->split_bytes_per_sm, limits, params);
   if (std::string failure = entry->run(params, stream); !failure.empty()) {
     return ffi::Error(ffi::ErrorCode::kInternal, "jax_flash: " + failure);
   }

@@ -117,6 +117,16 @@ def test_head_dim_256_many_short_tiles(seq_k, causal):
 
 
 @requires_gpu
+@pytest.mark.parametrize("dtype", [jnp.bfloat16, jnp.float16], ids=lambda d: jnp.dtype(d).name)
+def test_split_tail_of_a_partial_last_wave(dtype):
+    """Equal-cost head-dim-128 tiles whose last wave is partial (5 heads x 33 query blocks = 165 tiles over at most
+    132 SMs, 16 key blocks each): on Hopper their key blocks are cut into equal shares, one per thread block, and a
+    tile cut between two blocks is merged from the other's partial (csrc/sm90/split_tail.cuh)."""
+    q, k, v = random_qkv(5, 1, 4224, 2048, 5, 5, 128, dtype, GPU_DEVICES[0])
+    assert_flash_close(jax.jit(jax_flash.attention)(q, k, v), q, k, v)
+
+
+@requires_gpu
 def test_gpu_agrees_with_cpu():
     q, k, v = random_qkv(11, 2, 300, 300, 4, 4, 128, jnp.bfloat16)
     cpu_out = jax_flash.attention(*(jax.device_put(x, jax.devices("cpu")[0]) for x in (q, k, v)))

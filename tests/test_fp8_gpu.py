@@ -97,6 +97,16 @@ def test_gpu_fp8_each_shipped_config_with_lengths_and_a_window(which):
 
 
 @requires_hopper
+@pytest.mark.parametrize("seq_k", [4096, 3072], ids=["masked", "unmasked"])
+def test_gpu_fp8_split_tail_of_a_partial_last_wave(seq_k):
+    """5 heads x 33 query blocks = 165 equal-cost tiles of 16-22 key blocks of 192 keys, a partial last wave on any
+    Hopper: their key blocks are cut into equal shares, one per thread block, and a tile cut between two blocks
+    merges the other's partial at the tile's own descaled softmax scale (csrc/sm90/split_tail.cuh); a key length
+    inside a block (the masked variant) and a multiple of it."""
+    _check(*_inputs(13, 1, 4224, seq_k, 5, 5))
+
+
+@requires_hopper
 def test_gpu_fp8_kernel_long_rows_and_vmap():
     """Many key blocks per row (the online rescale over 16384 keys), and vmap folding into the batch."""
     q, k, v, qd, kd, vd = _inputs(6, 1, 256, 16384, 2, 1)

@@ -85,7 +85,7 @@ __device__ __forceinline__ void run_consumer(const AttentionParams& p, SmemView<
         end_tile();
         continue;
       }
-      if (split > 0) partial.merge(r.acc_o, r.softmax, p.scale_log2, consumer, wg_tid);
+      if (split > 0) partial.merge(r.acc_o, r.softmax, mainloop.scale_log2(), consumer, wg_tid);
     }
 
     reload();

@@ -96,8 +96,9 @@ struct Traits {
   // causal (-1.0% at 512 keys), not three consumers (96-144 bytes spilled), not D = 256 (64 more registers).
   static constexpr bool kQInRegs = kHeadDim == 128 && kPingpong && kConsumers == 2;
   // The split tail (split_tail.cuh): a partial last wave of equal-cost tiles is cut into equal key-block shares and
-  // merged; +0.5 / +1.9 / +0.8% at non-causal D = 128 2048 / 4096 / 16384 keys (2048 tiles over 132 SMs).
-  static constexpr bool kSplitTail = kHeadDim == 128 && kConsumers == 2 && kPingpong && !kFp8;
+  // merged; through the package (H200, 2048 tiles over 132 SMs) bf16 non-causal 2048 / 4096 / 16384 keys +2.0-2.5 /
+  // +1.0-2.2 / +0.9-1.6%, FP8 16384 keys +1.6-2.4%.
+  static constexpr bool kSplitTail = kHeadDim == 128 && kConsumers == 2 && kPingpong;
   // ... from this many key blocks per tile: at 4 (512 keys) it cost 2.7%, each share running 2-3 tile boundaries.
   static constexpr int kMinSplitBlocks = 16;
   // The producer numbers tiles in 32 bits where its registers are tight (the 64-bit divisions of tile_work spilled
@@ -222,8 +223,10 @@ struct Variant {
   // (common/mask_fragment.cuh): causal D = 64 512 / 1024 / 2048 keys +5.0 / +3.0 / +1.6%, D = 128 / 256 +0.6-1.5%.
   static constexpr bool kMaskOwnRows = true;
   static constexpr bool kMaskRightOnly = true;
-  // (not in the masked Q-from-registers kernel: its epilogue spilled 4 bytes with the partial and the merge)
-  static constexpr bool kSplit = T::kSplitTail && !(kMaskBlocks && T::kQInRegs && !kHasSoftcap) && !kSplitPaged;
+  // (not in the masked 16-bit Q-from-registers kernel: its epilogue spilled 4 bytes with the partial and the merge;
+  // the FP8 one spills none)
+  static constexpr bool kSplit =
+      T::kSplitTail && !(kMaskBlocks && T::kQInRegs && !kHasSoftcap && !T::kFp8) && !kSplitPaged;
   // The lean step: the previous P V waited for before the exponentials and P packed into the A fragments among
   // them; the early K / V tests issued before the row maxima without a branch; the epilogue's 1 / l by MUFU.RCP and
   // its selects and logf only where needed. D = 128 non-causal 1024 / 2048 / 4096 keys -4.9 / -3.2 / -3.2% time, D = 64
