@@ -524,22 +524,30 @@ def test_odd_shards_run_the_contiguous_ring(kwargs):
 
 
 def test_gspmd_partitioner_runs_the_ring_too():
+    """The 16-bit call and the FP8 kernel's call, sequence-sharded under GSPMD (Shardy off)."""
     devices = _devices("cpu", 4)
     q, k, v = _inputs(devices)
     causal = functools.partial(jax_flash.attention, causal=True)
     expected = _one_device(devices, causal, q, k, v)
+    fp8_inputs = _fp8_inputs(devices)
+    fp8_causal = functools.partial(_fp8_kernel, causal=True)
+    fp8_expected, _ = _one_device(devices, fp8_causal, *fp8_inputs)
     mesh = jax.make_mesh((4,), ("seq",), devices=devices)
-    args = [jax.device_put(x, NamedSharding(mesh, P(None, "seq"))) for x in (q, k, v)]
+    spec = NamedSharding(mesh, P(None, "seq"))
+    args = [jax.device_put(x, spec) for x in (q, k, v)]
+    fp8_args = [jax.device_put(x, spec) for x in fp8_inputs[:3]] + list(fp8_inputs[3:])
     previous = jax.config.jax_use_shardy_partitioner
     jax.config.update("jax_use_shardy_partitioner", False)
     try:
-        jitted = jax.jit(causal)
-        out = jitted(*args)
-        hlo = jitted.lower(*args).compile().as_text()
+        jitted, fp8_jitted = jax.jit(causal), jax.jit(fp8_causal)
+        out, (fp8_out, _) = jitted(*args), fp8_jitted(*fp8_args)
+        hlos = [jitted.lower(*args).compile().as_text(), fp8_jitted.lower(*fp8_args).compile().as_text()]
     finally:
         jax.config.update("jax_use_shardy_partitioner", previous)
     _close(out, expected, devices)
-    assert _collectives(hlo) == {"collective-permute"}, _collectives(hlo)
+    _close_fp8(fp8_out, fp8_expected, _fp8_reference(fp8_inputs, causal=True))
+    for hlo in hlos:
+        assert _collectives(hlo) == {"collective-permute"}, _collectives(hlo)
 
 
 def test_vmap_and_checkpoint_of_a_sequence_sharded_call():
