@@ -26,10 +26,11 @@ import numpy as np
 from jax.ad_checkpoint import checkpoint_name
 from jax.extend.core import Primitive
 from jax.interpreters import ad, batching, mlir
+from jax.sharding import PartitionSpec
 
 from jax_flash import native
 from jax_flash._primitive import (_attrs, attention_p, fold_tensor, has_tensors, no_extras, result_aval,
-                                 xla_fallback_warning)
+                                 ring_extras, xla_fallback_warning)
 from jax_flash._ring import ring_backward
 from jax_flash._sharding import make_partitioned_backward, register_partitioned_lowering
 from jax_flash.reference import alibi_bias, gather_pages, visibility_mask
@@ -166,6 +167,17 @@ def _score_gradient(p, v, out, d_out, d_lse, group):
     return p * (dp - d[..., None])
 
 
+def _every_key(x):
+    """x (B, Sk, ...) whole along its key axis where an explicit mesh axis splits it (a sequence-sharded call): dense
+    scores of the local query rows need every key, and a product of two operands split by the same axis has no legal
+    sharding. Under automatic axes the partitioner gathers the keys by itself; there x is returned as it is."""
+    sharding = getattr(jax.typeof(x), "sharding", None)
+    spec = getattr(sharding, "spec", None)
+    if not spec or len(spec) < 2 or spec[1] is None:
+        return x
+    return jax.sharding.reshard(x, sharding.update(spec=PartitionSpec(spec[0], None, *spec[2:])))
+
+
 def _bias_gradient(q, k, v, out, lse, ct_out, ct_lse, q_lengths, kv_lengths, q_segment_ids, kv_segment_ids, bias,
                    mask, params):
     """d(loss)/d(bias) = dS = P o (dO V^T - D), D = rowsum(dO o O) - dlse, summed over the bias's broadcast
@@ -173,6 +185,7 @@ def _bias_gradient(q, k, v, out, lse, ct_out, ct_lse, q_lengths, kv_lengths, q_s
     way (the bias is slope times that). All rows at once, in plain ops that GSPMD partitions as q is (a loop over the
     batch rows made it gather the batch-sharded q, out and lse onto every device)."""
     group = q.shape[2] // k.shape[2] if k.shape[2] else 1
+    k, v, kv_segment_ids = (_every_key(x) for x in (k, v, kv_segment_ids))
     p, _ = _probabilities(q, k, lse, bias, q_lengths, kv_lengths, q_segment_ids, kv_segment_ids, mask, params)
     ds = _score_gradient(p, v, out, ct_out, ct_lse, group)
     if params["alibi"]:
@@ -330,18 +343,17 @@ def _bind_bwd_kernel(*args_and_params):
 
 
 def _bind_bwd_ring_step(*args_and_params):
-    """A ring step's backward call: (q, k, v, out, lse, d_out, d_lse, q_lengths, kv_lengths, params, segment_ids),
-    segment_ids the pair's (q, kv) ids or None (the ring refuses tensors)."""
-    *args, params, segment_ids = args_and_params
-    return _bind_bwd_kernel(*args, *no_extras(args[0].shape[0], segment_ids), params)
+    """A ring step's backward call: (q, k, v, out, lse, d_out, d_lse, q_lengths, kv_lengths, params, segment_ids,
+    tensors), segment_ids the pair's (q, kv) ids or None, tensors its (bias, mask) or None."""
+    *args, params, segment_ids, tensors = args_and_params
+    return _bind_bwd_kernel(*args, *no_extras(args[0].shape[0], segment_ids, tensors), params)
 
 
 def _bind_bwd_local(*args_and_params):
     *args, params = args_and_params
     params = dict(params)
     if params["ring"] is not None:
-        ids = (args[9], args[10]) if params["segments"] else (None, None)
-        return ring_backward(*args[:9], params, _bind_bwd_ring_step, *ids)
+        return ring_backward(*args[:9], params, _bind_bwd_ring_step, **ring_extras(params, *args[9:13]))
     return _bind_bwd_kernel(*args, params)
 
 

@@ -113,8 +113,8 @@ def _bind_local(q, k, v, qk_descale, v_descale, q_lengths, kv_lengths, params):
     if params["ring"] is None:
         return _bind_kernel(q, k, v, qk_descale, v_descale, q_lengths, kv_lengths, params)
 
-    def step(q, k, v, q_lengths, kv_lengths, page_table, step_params, segment_ids):
-        del page_table, segment_ids  # (FP8 calls have neither)
+    def step(q, k, v, q_lengths, kv_lengths, page_table, step_params, segment_ids, tensors):
+        del page_table, segment_ids, tensors  # (FP8 calls have none of them)
         return _bind_kernel(q, k, v, qk_descale, v_descale, q_lengths, kv_lengths, step_params)
 
     return ring_forward(q, k, v, q_lengths, kv_lengths, {**FP8_RING_DEFAULTS, **params}, step,

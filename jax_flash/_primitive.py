@@ -183,11 +183,11 @@ def no_tensor(dtype):
     return jnp.zeros((0, 0, 0, 0), dtype)
 
 
-def no_extras(batch, segment_ids=None):
-    """(q_segment_ids, kv_segment_ids, bias, mask) of a call without tensors (the ring's steps): segment_ids (a (q, kv)
-    pair) or none."""
-    return (*(no_segments(batch) if segment_ids is None else segment_ids), no_tensor(jnp.float32),
-            no_tensor(jnp.bool_))
+def no_extras(batch, segment_ids=None, tensors=None):
+    """(q_segment_ids, kv_segment_ids, bias, mask) of a call (a ring step's): segment_ids (a (q, kv) pair) or none,
+    tensors (bias, mask) or none."""
+    return (*(no_segments(batch) if segment_ids is None else segment_ids),
+            *((no_tensor(jnp.float32), no_tensor(jnp.bool_)) if tensors is None else tensors))
 
 
 def _bind_kernel(q, k, v, q_lengths, kv_lengths, page_table, params: dict, extra=None):
@@ -196,18 +196,25 @@ def _bind_kernel(q, k, v, q_lengths, kv_lengths, page_table, params: dict, extra
     return tuple(attention_local_p.bind(q, k, v, q_lengths, kv_lengths, page_table, *extra, **params))
 
 
-def _bind_ring_step(q, k, v, q_lengths, kv_lengths, page_table, params: dict, segment_ids):
-    """A ring step's kernel call: segment_ids, the pair's (q, kv) ids or None (the ring refuses tensors)."""
-    return _bind_kernel(q, k, v, q_lengths, kv_lengths, page_table, params, no_extras(q.shape[0], segment_ids))
+def _bind_ring_step(q, k, v, q_lengths, kv_lengths, page_table, params: dict, segment_ids, tensors):
+    """A ring step's kernel call: segment_ids, the pair's (q, kv) ids or None; tensors, its (bias, mask) or None."""
+    return _bind_kernel(q, k, v, q_lengths, kv_lengths, page_table, params,
+                        no_extras(q.shape[0], segment_ids, tensors))
+
+
+def ring_extras(params, q_segment_ids, kv_segment_ids, bias, mask) -> dict:
+    """ring_forward's / ring_backward's keyword arguments for the call's segment ids and bias / mask tensors."""
+    ids = (q_segment_ids, kv_segment_ids) if params["segments"] else (None, None)
+    return dict(q_ids=ids[0], kv_ids=ids[1], tensors=(bias, mask) if has_bias_or_mask(params) else None)
 
 
 def _bind_local(q, k, v, q_lengths, kv_lengths, page_table, q_segment_ids, kv_segment_ids, bias, mask, params):
     """One device's call: the kernel on its shards, or, with the `ring` parameter, the ring over the sequence axis
-    (jax_flash/_ring.py) whose steps run the kernel (with segment ids, never with tensors: the ring refuses them)."""
+    (jax_flash/_ring.py) whose steps run the kernel."""
     params = dict(params)
     if params["ring"] is not None:
-        ids = (q_segment_ids, kv_segment_ids) if params["segments"] else (None, None)
-        return ring_forward(q, k, v, q_lengths, kv_lengths, params, _bind_ring_step, *ids)
+        return ring_forward(q, k, v, q_lengths, kv_lengths, params, _bind_ring_step,
+                            **ring_extras(params, q_segment_ids, kv_segment_ids, bias, mask))
     return _bind_kernel(q, k, v, q_lengths, kv_lengths, page_table, params,
                         (q_segment_ids, kv_segment_ids, bias, mask))
 

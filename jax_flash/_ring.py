@@ -51,8 +51,6 @@ def ring_refusal(params, seq_q: int, seq_k: int, size: int, layout: str) -> str 
         return "paged K/V (page_table) are shared pages, not a sequence to shard"
     if params["alibi"]:
         return "ALiBi slopes measure distances between global positions, which the ring's steps do not pass yet"
-    if params["has_bias"] or params["has_mask"]:
-        return "bias and mask tensors would have to travel with their K/V shards, which the ring does not do yet"
     if layout == "zigzag" and not (params["causal"] and params["window_left"] < 0):
         return "the zigzag layout is for causal attention without a left window"
     if layout == "zigzag" and (seq_q != seq_k or seq_q % 2):
@@ -258,17 +256,43 @@ def _local_params(params, plan, has_q, has_kv):
                 has_q_lengths=has_q, has_kv_lengths=has_kv, same_lengths=False)
 
 
-def _segment_slices(plan, q_ids, kv_ids):
-    """The pair's (q_segment_ids, kv_segment_ids) cut to the plan's rows and keys, or None without segment ids."""
-    if q_ids is None:
-        return None
-    r0, r1, c0, c1, _, _ = plan
-    return q_ids[:, r0:r1], kv_ids[:, c0:c1]
+class _Extras:
+    """What a pair's kernel call takes beside q, k and v, cut to its plan: segment ids (the queries' stay, the keys'
+    travel with their K/V shard) and bias / mask tensors. A tensor's rows are this device's queries (where its query
+    dimension is full; sharded as q is) and its keys the whole sequence (where full), so a pair takes the columns of
+    the visiting shard's global key positions; broadcast dimensions stay 1 and an absent tensor (0, 0, 0, 0) stays
+    absent."""
+
+    def __init__(self, q_ids=None, tensors=None):
+        self.q_ids, self.tensors = q_ids, tensors
+
+    def reordered(self, axis, size: int, seq_q: int):
+        """The same with the queries' rows in zigzag order (a causal call on contiguous shards)."""
+        q_ids = None if self.q_ids is None else to_zigzag(self.q_ids, 1, axis, size)
+        tensors = None if self.tensors is None else tuple(
+            to_zigzag(x, 2, axis, size) if x.shape[2] == seq_q and x.shape[0] else x for x in self.tensors)
+        return _Extras(q_ids, tensors)
+
+    def cut(self, plan, kv_ids, key_positions):
+        """(segment ids or None, (bias, mask) or None) of the pair; kv_ids: the visiting keys' ids; key_positions:
+        their global positions."""
+        r0, r1, c0, c1, _, _ = plan
+        ids = None if self.q_ids is None else (self.q_ids[:, r0:r1], kv_ids[:, c0:c1])
+        if self.tensors is None:
+            return ids, None
+        cut = []
+        for x in self.tensors:
+            if x.shape[0] and x.shape[3] != 1:
+                x = jnp.take(x, key_positions[c0:c1], axis=3)
+            if x.shape[0] and x.shape[2] != 1:
+                x = x[:, :, r0:r1]
+            cut.append(x)
+        return ids, tuple(cut)
 
 
-def _pair_forward(plan, t, q, k, v, lengths, q_start, kv_start, params, bind, q_ids=None, kv_ids=None):
-    """(out float32 (B, Sq, Hq, D), lse (B, Hq, Sq)) of the local queries against one visiting K/V shard (and its
-    keys' segment ids)."""
+def _pair_forward(plan, t, q, k, v, lengths, q_start, kv_start, params, bind, extras, kv_ids, key_positions):
+    """(out float32 (B, Sq, Hq, D), lse (B, Hq, Sq)) of the local queries against one visiting K/V shard (its keys'
+    segment ids kv_ids or None, their global positions key_positions)."""
     batch, seq_q, heads, dim = q.shape
     if plan is None:
         return jnp.zeros((batch, seq_q, heads, dim), jnp.float32), jnp.full((batch, heads, seq_q), -jnp.inf)
@@ -276,23 +300,27 @@ def _pair_forward(plan, t, q, k, v, lengths, q_start, kv_start, params, bind, q_
     ql, kl, has_q, has_kv = lengths.pair(t, q_start, kv_start, r1 - r0, c1 - c0, (r0, c0))
     table = jnp.zeros((batch, 0), jnp.int32)
     out, lse = bind(q[:, r0:r1], k[:, c0:c1], v[:, c0:c1], ql, kl, table, _local_params(params, plan, has_q, has_kv),
-                    _segment_slices(plan, q_ids, kv_ids))
+                    *extras.cut(plan, kv_ids, key_positions))
     out = jnp.pad(out.astype(jnp.float32), ((0, 0), (r0, seq_q - r1), (0, 0), (0, 0)))
     lse = jnp.pad(lse, ((0, 0), (0, 0), (r0, seq_q - r1)), constant_values=-jnp.inf)
     return out, lse
 
 
-def ring_forward(q, k, v, q_len, kv_len, params, bind, q_ids=None, kv_ids=None, out_dtype=None):
+def ring_forward(q, k, v, q_len, kv_len, params, bind, q_ids=None, kv_ids=None, out_dtype=None, tensors=None):
     """(out, lse) of this device's queries against every device's keys; `bind(q, k, v, q_lengths, kv_lengths,
-    page_table, params, segment_ids)` runs the per-device kernel (segment_ids: the pair's (q, kv) ids or None).
-    q_ids, kv_ids: this device's segment ids, (B, Sq) and (B, Sk), when params["segments"]; the keys' travel with
-    their K/V shard. out_dtype: the output's dtype (q's by default; the FP8 kernel's output is bfloat16)."""
+    page_table, params, segment_ids, tensors)` runs the per-device kernel (segment_ids: the pair's (q, kv) ids or
+    None; tensors: its (bias, mask) or None). q_ids, kv_ids: this device's segment ids, (B, Sq) and (B, Sk), when
+    params["segments"]; the keys' travel with their K/V shard. tensors: (bias, mask) with this device's query rows and
+    every key (_Extras), or None. out_dtype: the output's dtype (q's by default; the FP8 kernel's output is
+    bfloat16)."""
     axis, size, layout = params["ring"]
     seq_q, seq_k = q.shape[1], k.shape[1]
     zigzag, reorder = _layout(params, seq_q, size, layout)
+    extras = _Extras(q_ids, tensors)
     if reorder:
         q, k, v = (to_zigzag(x, 1, axis, size) for x in (q, k, v))
-        q_ids, kv_ids = (None if x is None else to_zigzag(x, 1, axis, size) for x in (q_ids, kv_ids))
+        kv_ids = None if kv_ids is None else to_zigzag(kv_ids, 1, axis, size)
+        extras = extras.reordered(axis, size, seq_q)
     r = lax.axis_index(axis)
     positions = _positions(r, seq_q, size, zigzag)
     lengths = _Lengths(params, q_len, kv_len, positions)
@@ -300,8 +328,8 @@ def ring_forward(q, k, v, q_len, kv_len, params, bind, q_ids=None, kv_ids=None, 
     shards = (k, v) if kv_ids is None else (k, v, kv_ids)
     for t, plan_ge, plan_lt, visiting, _ in _visits(_steps(params, size, seq_q, seq_k, zigzag), shards, axis, size):
         def pair(plan, q, source, *visiting, t=t):
-            return _pair_forward(plan, t, q, *visiting[:2], lengths, r * seq_q, source * seq_k, params, bind, q_ids,
-                                 *visiting[2:])
+            return _pair_forward(plan, t, q, *visiting[:2], lengths, r * seq_q, source * seq_k, params, bind, extras,
+                                 visiting[2] if len(visiting) > 2 else None, _positions(source, seq_k, size, zigzag))
 
         part = _by_side(r, t, plan_ge, plan_lt, pair, q, (r - t) % size, *visiting)
         out, lse = part if out is None else merge_partials(out, lse, *part)
@@ -316,8 +344,8 @@ def ring_forward(q, k, v, q_len, kv_len, params, bind, q_ids=None, kv_ids=None, 
 
 
 # ---- backward ------------------------------------------------------------------------------------------------------
-def _pair_backward(plan, t, q, k, v, out, lse, d_out, d_lse, lengths, q_start, kv_start, params, bind_bwd,
-                   q_ids=None, kv_ids=None):
+def _pair_backward(plan, t, q, k, v, out, lse, d_out, d_lse, lengths, q_start, kv_start, params, bind_bwd, extras,
+                   kv_ids, key_positions):
     """(dq, dk, dv) float32 of one (local queries, visiting K/V) pair, given the merged out and lse."""
     f32 = jnp.float32
     if plan is None:
@@ -326,21 +354,24 @@ def _pair_backward(plan, t, q, k, v, out, lse, d_out, d_lse, lengths, q_start, k
     ql, kl, has_q, has_kv = lengths.pair(t, q_start, kv_start, r1 - r0, c1 - c0, (r0, c0))
     dq, dk, dv = bind_bwd(q[:, r0:r1], k[:, c0:c1], v[:, c0:c1], out[:, r0:r1], lse[:, :, r0:r1],
                           d_out[:, r0:r1], d_lse[:, :, r0:r1], ql, kl, _local_params(params, plan, has_q, has_kv),
-                          _segment_slices(plan, q_ids, kv_ids))
+                          *extras.cut(plan, kv_ids, key_positions))
     rows, keys = ((0, 0), (r0, q.shape[1] - r1), (0, 0), (0, 0)), ((0, 0), (c0, k.shape[1] - c1), (0, 0), (0, 0))
     return jnp.pad(dq.astype(f32), rows), jnp.pad(dk.astype(f32), keys), jnp.pad(dv.astype(f32), keys)
 
 
-def ring_backward(q, k, v, out, lse, d_out, d_lse, q_len, kv_len, params, bind_bwd, q_ids=None, kv_ids=None):
+def ring_backward(q, k, v, out, lse, d_out, d_lse, q_len, kv_len, params, bind_bwd, q_ids=None, kv_ids=None,
+                  tensors=None):
     """(dq, dk, dv) of ring_forward; `bind_bwd(q, k, v, out, lse, d_out, d_lse, q_lengths, kv_lengths, params,
-    segment_ids)` runs the per-device backward kernel."""
+    segment_ids, tensors)` runs the per-device backward kernel."""
     axis, size, layout = params["ring"]
     seq_q, seq_k = q.shape[1], k.shape[1]
     zigzag, reorder = _layout(params, seq_q, size, layout)
+    extras = _Extras(q_ids, tensors)
     if reorder:
         q, k, v, out, d_out = (to_zigzag(x, 1, axis, size) for x in (q, k, v, out, d_out))
         lse, d_lse = (to_zigzag(x, 2, axis, size) for x in (lse, d_lse))
-        q_ids, kv_ids = (None if x is None else to_zigzag(x, 1, axis, size) for x in (q_ids, kv_ids))
+        kv_ids = None if kv_ids is None else to_zigzag(kv_ids, 1, axis, size)
+        extras = extras.reordered(axis, size, seq_q)
     r = lax.axis_index(axis)
     positions = _positions(r, seq_q, size, zigzag)
     lengths = _Lengths(params, q_len, kv_len, positions)
@@ -357,7 +388,8 @@ def ring_backward(q, k, v, out, lse, d_out, d_lse, q_len, kv_len, params, bind_b
                                                             size):
         def pair(plan, source, *visiting, t=t):
             return _pair_backward(plan, t, q, *visiting[:2], out, lse, d_out, d_lse, lengths, r * seq_q,
-                                  source * seq_k, params, bind_bwd, q_ids, *visiting[2:])
+                                  source * seq_k, params, bind_bwd, extras, visiting[2] if len(visiting) > 2 else None,
+                                  _positions(source, seq_k, size, zigzag))
 
         parts = _by_side(r, t, plan_ge, plan_lt, pair, (r - t) % size, *visiting)
         dq, dk, dv = dq + parts[0], dk + parts[1], dv + parts[2]

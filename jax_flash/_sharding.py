@@ -14,14 +14,14 @@ the call; each device then runs the FFI kernel on its own shard:
 - sequence: a sequence-sharded call runs ring attention over those mesh axes (jax_flash/_ring.py): q, k, v, out
   and lse keep their sequence sharding and only K/V shards move, by collective-permutes (with segment ids, the
   keys' ids beside them; the ids keep the sequence sharding of q and k). What the ring cannot run
-  (jax_flash._ring.ring_refusal: paged K/V, causal or window masks with lengths or unequal local lengths, a length
-  that does not divide by the devices) is gathered (replicated along the sequence) with a one-time warning.
+  (jax_flash._ring.ring_refusal: paged K/V, ALiBi slopes, causal or window masks with lengths or unequal local
+  lengths, a length that does not divide by the devices) is gathered (replicated along the sequence) with a one-time warning.
 - head_dim: never split. An operand sharded along it is gathered first, with a one-time warning, because every
   score needs the whole head_dim.
 - paged K/V, (num_pages, page_size, Hk, D): the pages are shared by the whole batch, so they are split over heads
   only (replicated along the batch axes); the page table splits with the batch (and is whole along its pages).
-- bias and mask tensors split with the batch and the query heads where those dimensions are full (not broadcast),
-  and are whole along the sequences.
+- bias and mask tensors split with the batch, the query heads and (in a ring) the query rows where those dimensions
+  are full (not broadcast), and are whole along the keys: each ring step takes the visiting shard's columns.
 
 The FP8 kernel's call (jax_flash/_fp8_primitive.py; make_partitioned_fp8) splits the same way, its descales (B, Hk)
 with the kv heads (whole along the sequence: every K/V shard of a batch row and kv head shares them).
@@ -378,9 +378,12 @@ def _decide(mesh, arg_shapes, params, split_shared_kv: bool = True) -> Decision:
     segment_shardings = tuple(NamedSharding(mesh, PartitionSpec(b, s if ids.shape[1] else None))  # (B, 0): absent
                               for ids in arg_shapes[6:8])
     lse_sharding = NamedSharding(mesh, PartitionSpec(b, h, s))
-    tensor_shardings = tuple(  # bias, mask: batch and heads where full; whole along the sequences (no ring)
+    # bias, mask: batch, heads and query rows (the ring's) split as q is where full; every key on each device (a ring
+    # step takes the visiting shard's columns)
+    tensor_shardings = tuple(
         NamedSharding(mesh, PartitionSpec(b if t.shape[0] == batch and t.shape[0] else None,
-                                          h if t.shape[1] == heads_q and t.shape[1] else None, None, None))
+                                          h if t.shape[1] == heads_q and t.shape[1] else None,
+                                          s if t.shape[2] == q.shape[1] and t.shape[0] else None, None))
         for t in arg_shapes[8:10])
     arg_shardings = (q_sharding, kv_sharding, kv_sharding, *lengths_shardings, table_sharding, *segment_shardings,
                      *tensor_shardings)

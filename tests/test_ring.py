@@ -213,6 +213,74 @@ def test_segment_ids_of_a_sequence_sharded_call_run_a_ring(devices, feature):
     assert "collective-permute" in _collectives(hlo) and not _gathers_of_qkv(hlo), _gathers_of_qkv(hlo)
 
 
+def _tensors(kind, batch, heads, seq):
+    """(bias, mask) of a TENSOR_CASES entry, each None or a rank-4 array broadcastable to (B, H, S, S)."""
+    keys = jax.random.split(jax.random.PRNGKey(7), 2)
+    full_bias = jax.random.normal(keys[0], (batch, heads, seq, seq), jnp.float32)
+    random_mask = jax.random.bernoulli(keys[1], 0.8, (batch, 1, seq, seq))
+    prefix = jnp.arange(seq)[None, :] <= jnp.maximum(jnp.arange(seq)[:, None], seq // 4)  # prefix-LM
+    return {"bias": (full_bias, None),
+            "key-bias": (full_bias[:1, :, :1], None),  # (1, H, 1, S)
+            "mask": (None, random_mask),
+            "shared-mask": (None, prefix[None, None]),  # (1, 1, S, S)
+            "both": (full_bias[:1], jnp.arange(seq)[None, None, None, :] < jnp.array([seq, seq - 21])[:, None, None,
+                                                                                                       None])}[kind]
+
+
+TENSOR_CASES = ["bias", "key-bias", "mask", "shared-mask", "both"]
+
+
+@pytest.mark.parametrize("feature", ["plain", "causal", "window-wide"])
+@pytest.mark.parametrize("tensors", TENSOR_CASES)
+def test_bias_and_mask_tensors_of_a_sequence_sharded_call_run_a_ring(devices, tensors, feature):
+    """Bias / mask tensors over a sequence-sharded mesh: their query rows split with q (where full), every key whole
+    on each device, and each ring step takes the visiting shard's columns. Out, lse and the gradients of q, k, v and
+    the bias equal one device's; the forward moves only K/V (collective-permutes)."""
+    _check_ring_with_tensors(devices, tensors, feature, AxisType.Explicit)
+
+
+@pytest.mark.parametrize("tensors,feature", [("bias", "causal"), ("both", "plain")])
+def test_bias_and_mask_tensors_of_a_sequence_sharded_call_under_automatic_axes(devices, tensors, feature):
+    """The same under automatic mesh axes, where the partitioner, not the bias gradient, gathers the keys."""
+    _check_ring_with_tensors(devices, tensors, feature, AxisType.Auto)
+
+
+def _check_ring_with_tensors(devices, tensors, feature, axis_types):
+    n = len(devices)
+    kwargs = dict(FEATURES[feature])
+    q, k, v = _inputs(devices, seed=3)
+    bias, mask = _tensors(tensors, 2, 4, 64)
+    weights = jnp.sin(jnp.arange(q.size, dtype=jnp.float32)).reshape(q.shape)
+
+    def fn(q, k, v, bias, mask):
+        return jax_flash.attention(q, k, v, bias=bias, mask=mask, return_lse=True, **kwargs)
+
+    def loss(q, k, v, bias, mask):
+        out, lse = fn(q, k, v, bias, mask)
+        return jnp.sum(out.astype(jnp.float32) * weights) + 0.1 * jnp.sum(jnp.where(jnp.isfinite(lse), lse, 0.0))
+
+    grad = jax.grad(loss, argnums=(0, 1, 2) + ((3,) if bias is not None else ()))
+    expected_out, expected_lse = _one_device(devices, fn, q, k, v, bias, mask)
+    expected_grads = _one_device(devices, grad, q, k, v, bias, mask)
+    mesh = jax.make_mesh((n,), ("seq",), devices=devices, axis_types=(axis_types,))
+    spec = NamedSharding(mesh, P(None, "seq"))
+    rows = NamedSharding(mesh, P(None, None, "seq"))  # the tensors' query rows with q where full, else whole
+    args = [jax.device_put(x, spec) for x in (q, k, v)] + [
+        None if t is None else jax.device_put(t, rows if t.shape[2] == 64 else NamedSharding(mesh, P()))
+        for t in (bias, mask)]
+    import warnings
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # no gather warning
+        out, lse = jax.jit(fn)(*args)
+        grads = jax.jit(grad)(*args)
+    _close(out, expected_out, devices)
+    _close_lse(lse, expected_lse, devices)
+    assert out.sharding.is_equivalent_to(spec, 4), out.sharding
+    assert _collectives(jax.jit(fn).lower(*args).compile().as_text()) == {"collective-permute"}
+    for actual, want in zip(grads, expected_grads):
+        _close(actual, want, devices)
+
+
 def _fp8_inputs(devices, seq_q=64, seq_k=64, heads_q=4, heads_k=2):
     """q, k, v as float8_e4m3fn (head dim 128, the FP8 kernel's) and their (batch, heads_k) descales."""
     if devices[0].platform != "cpu" and not fp8._on_hopper():
