@@ -27,6 +27,7 @@ partitioning rule then gathers.
 The backward walks the same steps: dQ accumulates on its device; dK/dV accumulate in float32 beside the K/V shard
 they belong to, travel with it, and go home by one final permute. Segment ids: the queries' stay, the keys' travel
 with their K/V shard (and take the zigzag permutation with them); each pair's kernel call gets both, cut to its plan.
+Bias / mask tensors do not travel: each device holds its query rows of them and every key (_Extras).
 """
 
 from __future__ import annotations
