@@ -197,17 +197,8 @@ def test_segment_ids_of_a_sequence_sharded_call_run_a_ring(devices, feature):
     mesh = jax.make_mesh((n,), ("seq",), devices=devices)
     spec = NamedSharding(mesh, P(None, "seq"))
     args = [jax.device_put(x, spec) for x in (q, k, v, q_ids, kv_ids)] + list(lengths)
-    import warnings
-    with warnings.catch_warnings():
-        warnings.simplefilter("error")  # no gather warning
-        out, lse = jax.jit(fn)(*args)
-        grads = jax.jit(grad)(*args)
-    _close(out, expected_out, devices)
-    _close_lse(lse, expected_lse, devices)
-    assert out.sharding.is_equivalent_to(spec, 4), out.sharding
-    assert _collectives(jax.jit(fn).lower(*args).compile().as_text()) == {"collective-permute"}
-    for name, actual, want in zip("qkv", grads, expected_grads):
-        _close(actual, want, devices)
+    grads = _matches_one_device(devices, fn, grad, args, spec, expected_out, expected_lse, expected_grads)
+    for name, actual in zip("qkv", grads):
         assert actual.sharding.is_equivalent_to(spec, 4), (name, actual.sharding)
     hlo = jax.jit(grad).lower(*args).compile().as_text()
     assert "collective-permute" in _collectives(hlo) and not _gathers_of_qkv(hlo), _gathers_of_qkv(hlo)
@@ -268,6 +259,12 @@ def _check_ring_with_tensors(devices, tensors, feature, axis_types):
     args = [jax.device_put(x, spec) for x in (q, k, v)] + [
         None if t is None else jax.device_put(t, rows if t.shape[2] == 64 else NamedSharding(mesh, P()))
         for t in (bias, mask)]
+    _matches_one_device(devices, fn, grad, args, spec, expected_out, expected_lse, expected_grads)
+
+
+def _matches_one_device(devices, fn, grad, args, spec, expected_out, expected_lse, expected_grads):
+    """fn's (out, lse) and grad's gradients on the sequence-sharded args equal one device's, with no gather warning,
+    the output keeping the sequence sharding and the forward moving only K/V; returns the gradients."""
     import warnings
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # no gather warning
@@ -279,6 +276,7 @@ def _check_ring_with_tensors(devices, tensors, feature, axis_types):
     assert _collectives(jax.jit(fn).lower(*args).compile().as_text()) == {"collective-permute"}
     for actual, want in zip(grads, expected_grads):
         _close(actual, want, devices)
+    return grads
 
 
 def _fp8_inputs(devices, seq_q=64, seq_k=64, heads_q=4, heads_k=2):
