@@ -68,33 +68,37 @@ def register_partitioned_lowering(primitive, partitioned) -> None:
     _dispatch.prim_requires_devices_during_lowering.add(primitive)
 
 
-def make_partitioned(local_attention):
-    """custom_partitioning around `local_attention(q, k, v, q_lengths, kv_lengths, page_table, q_segment_ids,
-    kv_segment_ids, bias, mask, params)`; params (a hashable tuple of the primitive's parameters) is static."""
+def _partitioned(local_call, params_index: int, decide, sharding_rule):
+    """custom_partitioning around `local_call(*operands, params)`, params (a hashable tuple of the primitive's
+    parameters) static at params_index: `decide(mesh, arg_shapes, params)` gives the Decision (operand and result
+    shardings, and the ring the per-device call runs, if any)."""
 
-    def partitioned_attention(*args_and_params):
-        return local_attention(*args_and_params)
+    def call(*args_and_params):
+        return local_call(*args_and_params)
 
-    partitioned_attention = custom_partitioning(partitioned_attention, static_argnums=(10,))
+    call = custom_partitioning(call, static_argnums=(params_index,))
 
     def partition(params, mesh, arg_shapes, result_shape):
-        decision = _decide(mesh, arg_shapes, params)
+        decision = decide(mesh, arg_shapes, params)
         local_params = _with_ring(params, decision.ring)
 
         def lower_fn(*args):
-            return local_attention(*args, local_params)
+            return local_call(*args, local_params)
 
         return mesh, lower_fn, decision.outs, decision.args
 
     def infer_sharding_from_operands(params, mesh, arg_shapes, result_shape):  # GSPMD (non-Shardy) propagation
-        return _decide(mesh, arg_shapes, params).outs
+        return decide(mesh, arg_shapes, params).outs
 
-    partitioned_attention.def_partition(
-        partition=partition,
-        infer_sharding_from_operands=infer_sharding_from_operands,
-        sharding_rule=_shardy_rule,
-    )
-    return partitioned_attention
+    call.def_partition(partition=partition, infer_sharding_from_operands=infer_sharding_from_operands,
+                       sharding_rule=sharding_rule)
+    return call
+
+
+def make_partitioned(local_attention):
+    """custom_partitioning around `local_attention(q, k, v, q_lengths, kv_lengths, page_table, q_segment_ids,
+    kv_segment_ids, bias, mask, params)`."""
+    return _partitioned(local_attention, 10, _decide, _shardy_rule)
 
 
 def make_partitioned_backward(local_backward):
@@ -103,31 +107,14 @@ def make_partitioned_backward(local_backward):
     the kv heads split with the query heads); MQA's one kv head is not split, so its gradient sums over every query
     head on one device."""
 
-    def partitioned_backward(*args_and_params):
-        return local_backward(*args_and_params)
-
-    partitioned_backward = custom_partitioning(partitioned_backward, static_argnums=(13,))
-
-    def shardings(params, mesh, arg_shapes):
+    def decide(mesh, arg_shapes, params) -> Decision:
         # (the forward's decision on q, k, v, the lengths, segment ids and tensors; its page table has no part here)
         decision = _decide(mesh, arg_shapes[:3] + arg_shapes[7:9] + arg_shapes[7:8] + arg_shapes[9:13], params,
                            split_shared_kv=False)
         (q_s, kv_s, _, q_len_s, kv_len_s, _, q_seg_s, kv_seg_s, bias_s, mask_s), (_, lse_s) = (decision.args,
                                                                                               decision.outs)
-        return ((q_s, kv_s, kv_s, q_s, lse_s, q_s, lse_s, q_len_s, kv_len_s, q_seg_s, kv_seg_s, bias_s, mask_s),
-                (q_s, kv_s, kv_s), decision.ring)
-
-    def partition(params, mesh, arg_shapes, result_shape):
-        arg_shardings, out_shardings, ring = shardings(params, mesh, arg_shapes)
-        local_params = _with_ring(params, ring)
-
-        def lower_fn(*args):
-            return local_backward(*args, local_params)
-
-        return mesh, lower_fn, out_shardings, arg_shardings
-
-    def infer_sharding_from_operands(params, mesh, arg_shapes, result_shape):
-        return shardings(params, mesh, arg_shapes)[1]
+        return Decision((q_s, kv_s, kv_s, q_s, lse_s, q_s, lse_s, q_len_s, kv_len_s, q_seg_s, kv_seg_s, bias_s,
+                         mask_s), (q_s, kv_s, kv_s), decision.ring)
 
     def shardy_rule(params, mesh, value_types, result_types):
         h, hk, extra = _head_factors(value_types[0].shape[2], value_types[1].shape[2], {})
@@ -139,10 +126,7 @@ def make_partitioned_backward(local_backward):
         return _in_rule_order(f"{q}, {kv}, {kv}, {q}, {lse}, {q}, {lse}, {lengths}, {segments}, {tensors} -> {q}, "
                               f"{kv}, {kv}", extra)
 
-    partitioned_backward.def_partition(partition=partition,
-                                       infer_sharding_from_operands=infer_sharding_from_operands,
-                                       sharding_rule=shardy_rule)
-    return partitioned_backward
+    return _partitioned(local_backward, 13, decide, shardy_rule)
 
 
 def make_partitioned_fp8(local_fp8):
@@ -150,54 +134,19 @@ def make_partitioned_fp8(local_fp8):
     FP8 kernel's call (jax_flash/_fp8_primitive.py): split over batch and heads, and run as ring attention over a
     sharded sequence, as the 16-bit call is (head_dim is never split)."""
 
-    def partitioned_fp8(*args_and_params):
-        return local_fp8(*args_and_params)
-
-    partitioned_fp8 = custom_partitioning(partitioned_fp8, static_argnums=(7,))
-
-    def partition(params, mesh, arg_shapes, result_shape):
-        decision = _decide_fp8(mesh, arg_shapes, params)
-        local_params = _with_ring(params, decision.ring)
-
-        def lower_fn(*args):
-            return local_fp8(*args, local_params)
-
-        return mesh, lower_fn, decision.outs, decision.args
-
-    def infer_sharding_from_operands(params, mesh, arg_shapes, result_shape):
-        return _decide_fp8(mesh, arg_shapes, params).outs
-
     def shardy_rule(params, mesh, value_types, result_types):
         h, hk, extra = _head_factors(value_types[0].shape[2], value_types[1].shape[2], {})
         lengths, extra = _length_factors(value_types[5:7], extra)
         return _in_rule_order(f"b sq {h} d, b sk {hk} d, b sk {hk} d, b {hk}, b {hk}, {lengths} -> b sq {h} d, "
                               f"b {h} sq", extra)
 
-    partitioned_fp8.def_partition(partition=partition, infer_sharding_from_operands=infer_sharding_from_operands,
-                                  sharding_rule=shardy_rule)
-    return partitioned_fp8
+    return _partitioned(local_fp8, 7, _decide_fp8, shardy_rule)
 
 
 def _decide_fp8(mesh, arg_shapes, params) -> Decision:
     """The shardings of the FP8 kernel's call (q (B, Sq, Hq, D), k and v (B, Sk, Hk, D), the descales (B, Hk), the
     lengths (B,) or (0,)) and whether it runs as a ring: _decide's rules for a call without pages or tensors."""
-    params = {**FP8_RING_DEFAULTS, **dict(params)}
-    q, k = arg_shapes[0], arg_shapes[1]
-    q_spec, k_spec, v_spec = (_spec(a.sharding, 4) for a in arg_shapes[:3])
-    batch_axes, head_axes, shard_kv_heads = _batch_and_head_axes(mesh, q.shape[0], q.shape[2], k.shape[2], q_spec,
-                                                                 k_spec, paged=False, split_shared_kv=True)
-    used = set(batch_axes) | set(head_axes)
-    seq_axes, ring, not_ring = _sequence_plan(mesh, params, q.shape[1], k.shape[1], q_spec, k_spec, used)
-    used |= set(seq_axes)
-    gathered = [name for name, spec in (("q", q_spec), ("k", k_spec), ("v", v_spec))
-                if any(a not in used for entry in (spec[1], spec[3]) for a in _axes(entry))]
-    if gathered:
-        _warn_once("fp8", f"jax_flash.attention: float8_e4m3fn {', '.join(gathered)} sharded along the sequence or "
-                          f"head_dim axis; it is gathered (replicated along that axis) before the FP8 kernel runs"
-                          f"{not_ring or ', because every score needs all of head_dim'}. This costs an all-gather "
-                          f"per call and memory for the whole sequence on each device")
-    b, h, s = _entry(batch_axes), _entry(head_axes), _entry(seq_axes)
-    hk = h if shard_kv_heads else None
+    b, h, s, hk, ring = _plan_axes(mesh, arg_shapes, {**FP8_RING_DEFAULTS, **dict(params)}, True, "float8_e4m3fn ")
     q_sharding = NamedSharding(mesh, PartitionSpec(b, s, h, None))
     kv_sharding = NamedSharding(mesh, PartitionSpec(b, s, hk, None))
     descale_sharding = NamedSharding(mesh, PartitionSpec(b, hk))
@@ -342,19 +291,22 @@ def _batch_and_head_axes(mesh, batch, heads_q, heads_k, q_spec, k_spec, paged, s
     return batch_axes, head_axes, shard_kv_heads
 
 
-def _decide(mesh, arg_shapes, params, split_shared_kv: bool = True) -> Decision:
-    """The shardings the per-device kernel runs on, and whether it runs as a ring over the sequence axes.
-    split_shared_kv=False keeps MQA's query heads whole rather than splitting them over one shared kv head (the
-    backward, whose dk and dv would otherwise be partial sums per device)."""
-    params = dict(params)
+class _Axes(NamedTuple):
+    batch: object  # PartitionSpec entries: the batch's, the heads' and the sequence's mesh axes (None: whole)
+    heads: object
+    sequence: object
+    kv_heads: object  # the heads' entry where the kv heads split with the query heads, else None (MQA)
+    ring: tuple | None
+
+
+def _plan_axes(mesh, arg_shapes, params, split_shared_kv: bool, what: str) -> _Axes:
+    """The mesh axes q (B, Sq, Hq, D), k and v (arg_shapes[:3]) are split over, and the ring over the sequence's;
+    what the kernel cannot split is gathered, with a one-time warning that names `what` (the call's kind)."""
     paged = params["paged"]
     q, k = arg_shapes[0], arg_shapes[1]
     q_spec, k_spec, v_spec = (_spec(a.sharding, 4) for a in arg_shapes[:3])
-    batch, _, heads_q, _ = q.shape
-    heads_k = k.shape[2]
-
-    batch_axes, head_axes, shard_kv_heads = _batch_and_head_axes(mesh, batch, heads_q, heads_k, q_spec, k_spec, paged,
-                                                                 split_shared_kv)
+    batch_axes, head_axes, shard_kv_heads = _batch_and_head_axes(mesh, q.shape[0], q.shape[2], k.shape[2], q_spec,
+                                                                 k_spec, paged, split_shared_kv)
     used = set(batch_axes) | set(head_axes)
     seq_axes, ring, not_ring = _sequence_plan(mesh, params, q.shape[1], k.shape[1], q_spec, k_spec, used)
     used |= set(seq_axes)
@@ -364,14 +316,25 @@ def _decide(mesh, arg_shapes, params, split_shared_kv: bool = True) -> Decision:
         gathered += [name for name, spec in (("k", k_spec), ("v", v_spec))
                      if _axes(spec[0]) and name not in gathered]
     if gathered:
-        _warn_once("sequence", f"jax_flash.attention: {', '.join(gathered)} sharded along the sequence or head_dim "
-                               f"axis; it is gathered (replicated along that axis) before the kernel runs"
-                               f"{not_ring or ', because every score needs all of head_dim'}. "
-                               f"This costs an all-gather per call and memory for the whole sequence on each device")
+        _warn_once(what, f"jax_flash.attention: {what}{', '.join(gathered)} sharded along the sequence or head_dim "
+                         f"axis; it is gathered (replicated along that axis) before the kernel runs"
+                         f"{not_ring or ', because every score needs all of head_dim'}. "
+                         f"This costs an all-gather per call and memory for the whole sequence on each device")
+    h = _entry(head_axes)
+    return _Axes(_entry(batch_axes), h, _entry(seq_axes), h if shard_kv_heads else None, ring)
 
-    b, h, s = _entry(batch_axes), _entry(head_axes), _entry(seq_axes)
+
+def _decide(mesh, arg_shapes, params, split_shared_kv: bool = True) -> Decision:
+    """The shardings the per-device kernel runs on, and whether it runs as a ring over the sequence axes.
+    split_shared_kv=False keeps MQA's query heads whole rather than splitting them over one shared kv head (the
+    backward, whose dk and dv would otherwise be partial sums per device)."""
+    params = dict(params)
+    paged = params["paged"]
+    q = arg_shapes[0]
+    batch, _, heads_q, _ = q.shape
+    b, h, s, hk, ring = _plan_axes(mesh, arg_shapes, params, split_shared_kv, "")
     q_sharding = NamedSharding(mesh, PartitionSpec(b, s, h, None))
-    kv_sharding = NamedSharding(mesh, PartitionSpec(None if paged else b, s, h if shard_kv_heads else None, None))
+    kv_sharding = NamedSharding(mesh, PartitionSpec(None if paged else b, s, hk, None))
     lengths_shardings = tuple(NamedSharding(mesh, PartitionSpec(b if lengths.shape[0] else None))  # (0,): absent
                               for lengths in arg_shapes[3:5])
     table_sharding = NamedSharding(mesh, PartitionSpec(b, None))
