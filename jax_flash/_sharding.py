@@ -15,7 +15,8 @@ the call; each device then runs the FFI kernel on its own shard:
   and lse keep their sequence sharding and only K/V shards move, by collective-permutes (with segment ids, the
   keys' ids beside them; the ids keep the sequence sharding of q and k). What the ring cannot run
   (jax_flash._ring.ring_refusal: paged K/V, ALiBi slopes, causal or window masks with lengths or unequal local
-  lengths, a length that does not divide by the devices) is gathered (replicated along the sequence) with a one-time warning.
+  lengths, a length that does not divide by the devices) is gathered (replicated along the sequence) with a
+  one-time warning.
 - head_dim: never split. An operand sharded along it is gathered first, with a one-time warning, because every
   score needs the whole head_dim.
 - paged K/V, (num_pages, page_size, Hk, D): the pages are shared by the whole batch, so they are split over heads
