@@ -294,12 +294,12 @@ class _Extras:
 def _pair_forward(plan, t, q, k, v, lengths, q_start, kv_start, params, bind, extras, kv_ids, key_positions):
     """(out float32 (B, Sq, Hq, D), lse (B, Hq, Sq)) of the local queries against one visiting K/V shard (its keys'
     segment ids kv_ids or None, their global positions key_positions)."""
-    batch, seq_q, heads, dim = q.shape
-    if plan is None:
-        return jnp.zeros((batch, seq_q, heads, dim), jnp.float32), jnp.full((batch, heads, seq_q), -jnp.inf)
+    seq_q = q.shape[1]
+    if plan is None:  # (from q: inside shard_map a cond's branches must vary over the same mesh axes)
+        return jnp.zeros_like(q, jnp.float32), jnp.full_like(jnp.swapaxes(q[..., 0], 1, 2), -jnp.inf, jnp.float32)
     r0, r1, c0, c1, _, _ = plan
     ql, kl, has_q, has_kv = lengths.pair(t, q_start, kv_start, r1 - r0, c1 - c0, (r0, c0))
-    table = jnp.zeros((batch, 0), jnp.int32)
+    table = jnp.zeros((q.shape[0], 0), jnp.int32)
     out, lse = bind(q[:, r0:r1], k[:, c0:c1], v[:, c0:c1], ql, kl, table, _local_params(params, plan, has_q, has_kv),
                     *extras.cut(plan, kv_ids, key_positions))
     out = jnp.pad(out.astype(jnp.float32), ((0, 0), (r0, seq_q - r1), (0, 0), (0, 0)))
@@ -349,8 +349,8 @@ def _pair_backward(plan, t, q, k, v, out, lse, d_out, d_lse, lengths, q_start, k
                    kv_ids, key_positions):
     """(dq, dk, dv) float32 of one (local queries, visiting K/V) pair, given the merged out and lse."""
     f32 = jnp.float32
-    if plan is None:
-        return jnp.zeros(q.shape, f32), jnp.zeros(k.shape, f32), jnp.zeros(v.shape, f32)
+    if plan is None:  # (zeros like the operands: see _pair_forward)
+        return jnp.zeros_like(q, f32), jnp.zeros_like(k, f32), jnp.zeros_like(v, f32)
     r0, r1, c0, c1, _, _ = plan
     ql, kl, has_q, has_kv = lengths.pair(t, q_start, kv_start, r1 - r0, c1 - c0, (r0, c0))
     dq, dk, dv = bind_bwd(q[:, r0:r1], k[:, c0:c1], v[:, c0:c1], out[:, r0:r1], lse[:, :, r0:r1],

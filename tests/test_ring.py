@@ -560,13 +560,30 @@ def test_ring_attention_bad_uses_raise_clear_errors():
         run(layout="zigzag")
     with pytest.raises(ValueError, match="ring_attention cannot run this call: causal or window masks with q_lengths"):
         run(causal=True, kv_lengths=jnp.array([3, 4], jnp.int32))
-    ring = shard_map(lambda q, k, v: jax_flash.ring_attention(q, k, v, axis_name="sp"), mesh=mesh,
-                     in_specs=(P(None, "sp"),) * 3, out_specs=P(None, "sp"))
-    with pytest.raises(NotImplementedError, match=r"forward-mode differentiation \(jax.jvp"):
-        jax.jit(lambda *a: jax.jvp(ring, a, a))(*args)
-    loss = lambda *a: (ring(*a) ** 2).sum()  # noqa: E731
-    with pytest.raises(NotImplementedError, match=r"second-order differentiation \(grad of grad, .*\) of ring"):
-        jax.jit(jax.grad(lambda *a: (jax.grad(loss)(*a) ** 2).sum()))(*args)
+
+
+@pytest.mark.parametrize("kwargs", [dict(window=(5, 7)), dict(causal=True, window=(5, -1)),
+                                    dict(window=(20, 3), softcap=2.0)], ids=["window", "causal-window", "softcap"])
+def test_ring_attention_with_windows_inside_shard_map(kwargs):
+    """A window leaves some steps without a pair on some devices (a lax.cond between the two sides of a step):
+    inside shard_map both branches must vary over the ring's axis, as they do."""
+    n, seq = 4, 48
+    devices = _devices("cpu", n)
+    q, k, v = _inputs(devices, seq_q=seq, seq_k=seq, seed=2)
+    mesh = jax.make_mesh((n,), ("sp",), devices=devices)
+    ring = jax.jit(shard_map(lambda q, k, v: jax_flash.ring_attention(q, k, v, axis_name="sp", return_lse=True,
+                                                                      **kwargs),
+                             mesh=mesh, in_specs=(P(None, "sp"),) * 3, out_specs=(P(None, "sp"), P(None, None, "sp"))))
+    args = [jax.device_put(x, NamedSharding(mesh, P(None, "sp"))) for x in (q, k, v)]
+    out, lse = ring(*args)
+    expected_out, expected_lse = jax_flash.attention(q, k, v, return_lse=True, **kwargs)
+    _close(out, expected_out, devices)
+    _close_lse(lse, expected_lse, devices)
+    weights = jnp.sin(jnp.arange(q.size, dtype=jnp.float32)).reshape(q.shape)
+    grads = jax.jit(jax.grad(lambda *a: jnp.sum(ring(*a)[0] * weights), argnums=(0, 1, 2)))(*args)
+    expected = jax.grad(lambda *a: jnp.sum(jax_flash.attention(*a, **kwargs) * weights), argnums=(0, 1, 2))(q, k, v)
+    for actual, want in zip(grads, expected):
+        _close(actual, want, devices)
 
 
 @pytest.mark.parametrize("kwargs", [dict(causal=True), dict(causal=True, window=(5, -1)), dict(window=(3, 4))])
