@@ -31,7 +31,7 @@ from jax.sharding import PartitionSpec
 from jax_flash import native
 from jax_flash._primitive import (_attrs, attention_p, fold_tensor, has_tensors, no_extras, result_aval,
                                  ring_extras, xla_fallback_warning)
-from jax_flash._ring import ring_backward
+from jax_flash._ring import ring_backward, zigzag_order
 from jax_flash._sharding import make_partitioned_backward, register_partitioned_lowering
 from jax_flash.reference import alibi_bias, gather_pages, visibility_mask
 from jax_flash.selection import CPU_BASE, CPU_TILES
@@ -127,23 +127,88 @@ def _probabilities(q, k, lse, bias, q_lengths, kv_lengths, q_segment_ids, kv_seg
 
 def _lin_impl(q_dot, k_dot, v_dot, bias_dot, q, k, v, out, lse, q_lengths, kv_lengths, page_table, q_segment_ids,
               kv_segment_ids, bias, mask, **params):
-    if params["ring"] is not None:
-        raise NotImplementedError("forward-mode differentiation (jax.jvp, jax.jacfwd) of ring attention is not "
-                                  "supported: it would need every key on every device; use reverse mode (jax.grad, "
-                                  "jax.vjp)")
+    if params["ring"] is not None:  # (ring_attention inside shard_map: q, k, v are this device's shards)
+        return _ring_lin(q_dot, k_dot, v_dot, q, k, v, out, lse, q_lengths, kv_lengths, q_segment_ids,
+                         kv_segment_ids, params)
     if params["paged"]:
         k, v, k_dot, v_dot = (gather_pages(x, page_table) for x in (k, v, k_dot, v_dot))
+    k, v, k_dot, v_dot, kv_segment_ids = (_every_key(x) for x in (k, v, k_dot, v_dot, kv_segment_ids))
+    return _dense_lin(q_dot, k_dot, v_dot, bias_dot, q, k, v, out, lse, q_lengths, kv_lengths, q_segment_ids,
+                      kv_segment_ids, bias, mask, params)
+
+
+def _dense_lin(q_dot, k_dot, v_dot, bias_dot, q, k, v, out, lse, q_lengths, kv_lengths, q_segment_ids,
+               kv_segment_ids, bias, mask, params, block=None):
+    """(out_dot, lse_dot) by the module docstring's formulas with the dense scores; block: as _rows takes it."""
     heads_q = q.shape[2]
     group = heads_q // k.shape[2] if k.shape[2] else 1
-    p, slope = _probabilities(q, k, lse, bias, q_lengths, kv_lengths, q_segment_ids, kv_segment_ids, mask, params)
+    p, slope = _probabilities(q, k, lse, bias, q_lengths, kv_lengths, q_segment_ids, kv_segment_ids, mask, params,
+                              block)
     f32 = jnp.float32
     qk_dot = (jnp.einsum("bqhd,bkhd->bhqk", q_dot.astype(f32), jnp.repeat(k, group, axis=2).astype(f32)) +
               jnp.einsum("bqhd,bkhd->bhqk", q.astype(f32), jnp.repeat(k_dot, group, axis=2).astype(f32)))
-    ds = qk_dot * slope + (_bias_of(bias_dot, p.shape, q_lengths, kv_lengths, params) if params["has_bias"] else 0.0)
+    ds = qk_dot * slope
+    if params["has_bias"]:
+        ds = ds + _bias_of(bias_dot, p.shape, q_lengths, kv_lengths, params, _rows(q, block))
     lse_dot = jnp.sum(p * ds, axis=-1)
     out_dot = (jnp.einsum("bhqk,bkhd->bqhd", p * (ds - lse_dot[..., None]), jnp.repeat(v, group, axis=2).astype(f32)) +
                jnp.einsum("bhqk,bkhd->bqhd", p, jnp.repeat(v_dot, group, axis=2).astype(f32)))
     return out_dot.astype(out.dtype), lse_dot.astype(lse.dtype)
+
+
+# ---- ring attention's dense forms (forward mode, second order): this device's rows against every key --------------
+# ring_attention inside shard_map binds the primitive on this device's shards with params["ring"] = (mesh axes,
+# devices n, layout). Its forward-mode and second-order rules gather K and V (and their tangents) whole, as every
+# forward-mode rule here holds dense scores (O(Sq Sk) memory: the local rows x every key), and send the key
+# gradients' tangents back to their shards with a reduce-scatter.
+def _ring_blocks(params, local_rows: int):
+    """This device's query rows as blocks of consecutive global positions: (first local row, count, first global row)
+    for each; one block (contiguous: device r holds r S .. (r + 1) S - 1, S local rows) or two (zigzag: halves r and
+    2n - 1 - r of the sequence cut into 2n halves)."""
+    axes, size, layout = params["ring"]
+    r = jax.lax.axis_index(axes)
+    if layout == "zigzag":
+        half = local_rows // 2
+        return ((0, half, r * half), (half, half, (2 * size - 1 - r) * half))
+    return ((0, local_rows, r * local_rows),)
+
+
+def _zigzag_order(params, seq: int):
+    """The global key order the layout's shards hold, concatenated (None: the sequence's own)."""
+    _, size, layout = params["ring"]
+    return zigzag_order(seq, size) if layout == "zigzag" else None
+
+
+def _every_key_of_ring(params, x):
+    """x (B, local keys, ...), this device's shard along the keys, whole and in global key order."""
+    whole = jax.lax.all_gather(x, params["ring"][0], axis=1, tiled=True)
+    order = _zigzag_order(params, whole.shape[1])
+    return whole if order is None else jnp.take(whole, jnp.asarray(np.argsort(order)), axis=1)
+
+
+def _own_keys_of_ring(params, x):
+    """x (B, every key, ...) in global key order, summed over the devices: this device's shard of the sum."""
+    order = _zigzag_order(params, x.shape[1])
+    x = x if order is None else jnp.take(x, jnp.asarray(order), axis=1)
+    return jax.lax.psum_scatter(x, params["ring"][0], scatter_dimension=1, tiled=True)
+
+
+def _ring_rows(x, start: int, count: int, axis: int = 1):
+    return jax.lax.slice_in_dim(x, start, start + count, axis=axis)
+
+
+def _ring_lin(q_dot, k_dot, v_dot, q, k, v, out, lse, q_lengths, kv_lengths, q_segment_ids, kv_segment_ids, params):
+    """_dense_lin of this device's rows (ring attention carries no bias, mask or ALiBi: ring_refusal)."""
+    k, v, k_dot, v_dot = (_every_key_of_ring(params, x) for x in (k, v, k_dot, v_dot))
+    kv_ids = _every_key_of_ring(params, kv_segment_ids) if params["segments"] else kv_segment_ids
+    seq_q = q.shape[1] * params["ring"][1]
+    parts = []
+    for start, count, first in _ring_blocks(params, q.shape[1]):
+        rows = functools.partial(_ring_rows, start=start, count=count)
+        q_ids = rows(q_segment_ids) if params["segments"] else q_segment_ids
+        parts.append(_dense_lin(rows(q_dot), k_dot, v_dot, None, rows(q), k, v, rows(out), rows(lse, axis=2),
+                                q_lengths, kv_lengths, q_ids, kv_ids, None, None, params, block=(first, seq_q)))
+    return (jnp.concatenate([o for o, _ in parts], axis=1), jnp.concatenate([lse_dot for _, lse_dot in parts], axis=2))
 
 
 def _bias_of(bias, scores_shape, q_lengths, kv_lengths, params, rows=None):
@@ -167,14 +232,21 @@ def _score_gradient(p, v, out, d_out, d_lse, group):
     return p * (dp - d[..., None])
 
 
+def _explicit_sharding(x):
+    """x's sharding where explicit mesh axes split its key axis (as _every_key undoes), else None."""
+    sharding = getattr(jax.typeof(x), "sharding", None)
+    spec = getattr(sharding, "spec", None)
+    return sharding if spec and len(spec) >= 2 and spec[1] is not None else None
+
+
 def _every_key(x):
     """x (B, Sk, ...) whole along its key axis where an explicit mesh axis splits it (a sequence-sharded call): dense
     scores of the local query rows need every key, and a product of two operands split by the same axis has no legal
     sharding. Under automatic axes the partitioner gathers the keys by itself; there x is returned as it is."""
-    sharding = getattr(jax.typeof(x), "sharding", None)
-    spec = getattr(sharding, "spec", None)
-    if not spec or len(spec) < 2 or spec[1] is None:
+    sharding = _explicit_sharding(x)
+    if sharding is None:
         return x
+    spec = sharding.spec
     return jax.sharding.reshard(x, sharding.update(spec=PartitionSpec(spec[0], None, *spec[2:])))
 
 
@@ -376,11 +448,15 @@ def _dense_backward(q, k, v, out, lse, d_out, d_lse, bias, q_lengths, kv_lengths
     attention_bwd_p's own JVP (grad of grad, Hessian-vector products, jax.hessian)."""
     f32 = jnp.float32
     group = q.shape[2] // k.shape[2] if k.shape[2] else 1
+    # Under explicit mesh axes that split the sequence: every key beside the local rows, and dk, dv (sums over the
+    # split rows) sharded as k and v are.
+    key_sharding = _explicit_sharding(k)
+    k, v, kv_segment_ids = (_every_key(x) for x in (k, v, kv_segment_ids))
     p, slope = _probabilities(q, k, lse, bias, q_lengths, kv_lengths, q_segment_ids, kv_segment_ids, mask, params)
     ds = _score_gradient(p, v, out, d_out, d_lse, group) * slope
     dq = jnp.einsum("bhqk,bkhd->bqhd", ds, jnp.repeat(k, group, axis=2).astype(f32))
-    dk = jnp.einsum("bhqk,bqhd->bkhd", ds, q.astype(f32))
-    dv = jnp.einsum("bhqk,bqhd->bkhd", p, d_out.astype(f32))
+    dk = jnp.einsum("bhqk,bqhd->bkhd", ds, q.astype(f32), out_sharding=key_sharding)
+    dv = jnp.einsum("bhqk,bqhd->bkhd", p, d_out.astype(f32), out_sharding=key_sharding)
 
     def per_kv_head(g):  # (B, Sk, Hq, D) -> (B, Sk, Hk, D): a group's query heads summed
         return g.reshape(*g.shape[:2], k.shape[2], group, g.shape[3]).sum(axis=3)
@@ -388,16 +464,44 @@ def _dense_backward(q, k, v, out, lse, d_out, d_lse, bias, q_lengths, kv_lengths
     return dq.astype(q.dtype), per_kv_head(dk).astype(k.dtype), per_kv_head(dv).astype(v.dtype)
 
 
+def _ring_dense_backward(q, k, v, out, lse, d_out, d_lse, q_lengths, kv_lengths, q_segment_ids, kv_segment_ids,
+                         params):
+    """_dense_backward of ring attention's shards: this device's rows against every key; dk and dv summed over the
+    devices into this device's shards."""
+    f32 = jnp.float32
+    group = q.shape[2] // k.shape[2] if k.shape[2] else 1
+    k, v = _every_key_of_ring(params, k), _every_key_of_ring(params, v)
+    kv_ids = _every_key_of_ring(params, kv_segment_ids) if params["segments"] else kv_segment_ids
+    seq_q = q.shape[1] * params["ring"][1]
+    dq_parts, dk, dv = [], 0.0, 0.0
+    for start, count, first in _ring_blocks(params, q.shape[1]):
+        rows = functools.partial(_ring_rows, start=start, count=count)
+        q_ids = rows(q_segment_ids) if params["segments"] else q_segment_ids
+        q_b, d_out_b = rows(q), rows(d_out)
+        p, slope = _probabilities(q_b, k, rows(lse, axis=2), None, q_lengths, kv_lengths, q_ids, kv_ids, None, params,
+                                  block=(first, seq_q))
+        ds = _score_gradient(p, v, rows(out), d_out_b, rows(d_lse, axis=2), group) * slope
+        dq_parts.append(jnp.einsum("bhqk,bkhd->bqhd", ds, jnp.repeat(k, group, axis=2).astype(f32)))
+        dk = dk + jnp.einsum("bhqk,bqhd->bkhd", ds, q_b.astype(f32))
+        dv = dv + jnp.einsum("bhqk,bqhd->bkhd", p, d_out_b.astype(f32))
+
+    def own_per_kv_head(g):  # (B, Sk, Hq, D) -> this device's (B, Sk / n, Hk, D), a group's query heads summed
+        return _own_keys_of_ring(params, g.reshape(*g.shape[:2], k.shape[2], group, g.shape[3]).sum(axis=3))
+
+    return (jnp.concatenate(dq_parts, axis=1).astype(q.dtype), own_per_kv_head(dk).astype(k.dtype),
+            own_per_kv_head(dv).astype(v.dtype))
+
+
 def _bwd_jvp(primals, tangents, **params):
-    if params["ring"] is not None:
-        raise NotImplementedError("second-order differentiation (grad of grad, jax.hessian) of ring attention is not "
-                                  "supported: it would need every key on every device; differentiate once")
     grads = attention_bwd_p.bind(*primals, **params)
     q, k, v, out, lse, d_out, d_lse, q_lengths, kv_lengths, q_segment_ids, kv_segment_ids, bias, mask = primals
     floats = (q, k, v, out, lse, d_out, d_lse, bias)
     dots = tuple(ad.instantiate_zeros(t) for t in (*tangents[:7], tangents[11]))
 
     def backward(q, k, v, out, lse, d_out, d_lse, bias):
+        if params["ring"] is not None:  # (ring_attention inside shard_map: this device's shards)
+            return _ring_dense_backward(q, k, v, out, lse, d_out, d_lse, q_lengths, kv_lengths, q_segment_ids,
+                                        kv_segment_ids, params)
         return _dense_backward(q, k, v, out, lse, d_out, d_lse, bias, q_lengths, kv_lengths, q_segment_ids,
                                kv_segment_ids, mask, params)
 

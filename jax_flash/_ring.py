@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from jax import lax
 
 RING_LAYOUTS = ("contiguous", "zigzag")
@@ -193,11 +194,16 @@ def zigzag_indices(seq_len: int, size: int):
     """Global token order that makes a contiguous sharding over `size` devices hold the zigzag layout: x[:, idx]
     sharded contiguously puts halves r and 2 size - 1 - r of the original sequence on device r (undo with
     jnp.argsort(idx)). seq_len must divide by 2 size."""
+    return jnp.asarray(zigzag_order(seq_len, size))
+
+
+def zigzag_order(seq_len: int, size: int) -> np.ndarray:
+    """zigzag_indices as a NumPy array (a constant while tracing)."""
     if size < 1 or seq_len % (2 * size):
         raise ValueError(f"zigzag_indices: seq_len {seq_len} must be a multiple of 2 * size = {2 * size}")
     half = seq_len // (2 * size)
     order = [h for r in range(size) for h in (r, 2 * size - 1 - r)]
-    return jnp.concatenate([jnp.arange(h * half, (h + 1) * half) for h in order]).astype(jnp.int32)
+    return np.concatenate([np.arange(h * half, (h + 1) * half) for h in order]).astype(np.int32)
 
 
 # ---- the merge of partial results ----------------------------------------------------------------------------------

@@ -586,6 +586,69 @@ def test_ring_attention_with_windows_inside_shard_map(kwargs):
         _close(actual, want, devices)
 
 
+def _forward_mode_and_second_order(fn, expected_fn, args, inputs, undo, devices):
+    """jax.jvp of fn (out, lse) at args and the gradient of |d loss / dk|^2 (grad of grad) against expected_fn's at
+    inputs, the one-device arrays (undo: their order from the layout's)."""
+    tangents = [jnp.cos(3.0 * x) for x in args]
+    (out, lse), (out_dot, lse_dot) = jax.jit(lambda a, t: jax.jvp(fn, a, t))(tuple(args), tuple(tangents))
+    inverse = np.argsort(undo)
+    (_, _), (want_out_dot, want_lse_dot) = jax.jvp(expected_fn, tuple(inputs),
+                                                   tuple(jnp.asarray(np.asarray(t)[:, undo]) for t in tangents))
+    _close(np.asarray(out_dot)[:, undo], want_out_dot, devices)
+    _close_lse(np.asarray(lse_dot)[:, :, undo], want_lse_dot, devices)
+
+    def second_order(f, weights):
+        loss = lambda *a: jnp.sum(f(*a)[0] * weights)  # noqa: E731
+        return jax.grad(lambda *a: jnp.sum(jax.grad(loss, argnums=1)(*a) ** 2), argnums=(0, 1, 2))
+
+    weights = jnp.sin(jnp.arange(inputs[0].size, dtype=jnp.float32)).reshape(inputs[0].shape)
+    actual = jax.jit(second_order(fn, jnp.asarray(np.asarray(weights)[:, inverse])))(*args)
+    for got, want in zip(actual, second_order(expected_fn, weights)(*inputs)):
+        _close(np.asarray(got)[:, undo], want, devices)
+
+
+@pytest.mark.parametrize("layout,feature", [("contiguous", "causal-lengths"), ("zigzag", "causal-segments"),
+                                            ("contiguous", "window-softcap")])
+def test_forward_mode_and_second_order_of_ring_attention_inside_shard_map(layout, feature):
+    """jax.jvp and grad of grad of ring_attention gather K and V whole on each device (dense scores of its rows) and
+    equal one device's."""
+    n, seq = 4, 48
+    devices = _devices("cpu", n)
+    q, k, v = _inputs(devices, seq_q=seq, seq_k=seq, seed=3)
+    order = np.asarray(jax_flash.zigzag_indices(seq, n)) if layout == "zigzag" else np.arange(seq)
+    undo = np.argsort(order)
+    lengths = jnp.array([48, 29], jnp.int32)
+    ids = _documents(6, 2, seq, p=0.1)
+    kwargs = {"causal-lengths": dict(causal=True, q_lengths=lengths, kv_lengths=lengths),
+              "causal-segments": dict(causal=True),
+              "window-softcap": dict(window=(9, 4), softcap=2.0)}[feature]
+    segments = feature == "causal-segments"
+    mesh = jax.make_mesh((n,), ("sp",), devices=devices)
+
+    def local(q, k, v, ids):
+        extra = dict(q_segment_ids=ids, kv_segment_ids=ids) if segments else {}
+        return jax_flash.ring_attention(q, k, v, axis_name="sp", layout=layout, return_lse=True, **kwargs, **extra)
+
+    ring = shard_map(local, mesh=mesh, in_specs=(P(None, "sp"),) * 4, out_specs=(P(None, "sp"), P(None, None, "sp")))
+    ids_local = jax.device_put(ids[:, order], NamedSharding(mesh, P(None, "sp")))
+    args = [jax.device_put(x[:, order], NamedSharding(mesh, P(None, "sp"))) for x in (q, k, v)]
+    extra = dict(q_segment_ids=ids, kv_segment_ids=ids) if segments else {}
+    _forward_mode_and_second_order(lambda *a: ring(*a, ids_local),
+                                   lambda *a: jax_flash.attention(*a, return_lse=True, **kwargs, **extra),
+                                   args, (q, k, v), undo, devices)
+
+
+def test_forward_mode_and_second_order_of_a_sequence_sharded_call():
+    """Under explicit mesh axes the dense forms take K and V whole along the keys, and dk, dv come back sharded as k
+    and v are (a product of two operands split by the same axis has no legal sharding otherwise)."""
+    devices = _devices("cpu", 4)
+    q, k, v = _inputs(devices, seed=4)
+    mesh = jax.make_mesh((4,), ("seq",), devices=devices, axis_types=(AxisType.Explicit,))
+    args = [jax.device_put(x, NamedSharding(mesh, P(None, "seq"))) for x in (q, k, v)]
+    fn = functools.partial(jax_flash.attention, causal=True, window=(20, -1), return_lse=True)
+    _forward_mode_and_second_order(fn, fn, args, (q, k, v), np.arange(q.shape[1]), devices)
+
+
 @pytest.mark.parametrize("kwargs", [dict(causal=True), dict(causal=True, window=(5, -1)), dict(window=(3, 4))])
 def test_odd_shards_run_the_contiguous_ring(kwargs):
     """36 tokens over 4 devices: shards of 9 cannot be halved for zigzag, so causal runs the contiguous ring."""
