@@ -128,8 +128,8 @@ def _probabilities(q, k, lse, bias, q_lengths, kv_lengths, q_segment_ids, kv_seg
 def _lin_impl(q_dot, k_dot, v_dot, bias_dot, q, k, v, out, lse, q_lengths, kv_lengths, page_table, q_segment_ids,
               kv_segment_ids, bias, mask, **params):
     if params["ring"] is not None:  # (ring_attention inside shard_map: q, k, v are this device's shards)
-        return _ring_lin(q_dot, k_dot, v_dot, q, k, v, out, lse, q_lengths, kv_lengths, q_segment_ids,
-                         kv_segment_ids, params)
+        return _ring_lin(q_dot, k_dot, v_dot, bias_dot, q, k, v, out, lse, q_lengths, kv_lengths, q_segment_ids,
+                         kv_segment_ids, bias, mask, params)
     if params["paged"]:
         k, v, k_dot, v_dot = (gather_pages(x, page_table) for x in (k, v, k_dot, v_dot))
     k, v, k_dot, v_dot, kv_segment_ids = (_every_key(x) for x in (k, v, k_dot, v_dot, kv_segment_ids))
@@ -193,21 +193,34 @@ def _own_keys_of_ring(params, x):
     return jax.lax.psum_scatter(x, params["ring"][0], scatter_dimension=1, tiled=True)
 
 
-def _ring_rows(x, start: int, count: int, axis: int = 1):
-    return jax.lax.slice_in_dim(x, start, start + count, axis=axis)
+def _ring_row_blocks(params, local_rows: int):
+    """(cut, block) for each block of this device's rows (_ring_blocks): cut(x) the block's rows of a q-shaped x,
+    cut(x, 2) of an lse-shaped one, cut(x, "tensor") of a bias or mask that holds rows (others pass as they are);
+    block as _rows takes it. Ring attention's bias and mask hold this device's rows and every key (no ALiBi:
+    ring_refusal)."""
+    seq_q = local_rows * params["ring"][1]
+    for start, count, first in _ring_blocks(params, local_rows):
+        def cut(x, axis=1, start=start, count=count):
+            if axis == "tensor":
+                if x.ndim != 4 or x.shape[2] != local_rows:
+                    return x
+                axis = 2
+            return jax.lax.slice_in_dim(x, start, start + count, axis=axis)
+
+        yield cut, (first, seq_q)
 
 
-def _ring_lin(q_dot, k_dot, v_dot, q, k, v, out, lse, q_lengths, kv_lengths, q_segment_ids, kv_segment_ids, params):
-    """_dense_lin of this device's rows (ring attention carries no bias, mask or ALiBi: ring_refusal)."""
+def _ring_lin(q_dot, k_dot, v_dot, bias_dot, q, k, v, out, lse, q_lengths, kv_lengths, q_segment_ids,
+              kv_segment_ids, bias, mask, params):
+    """_dense_lin of this device's rows against every key."""
     k, v, k_dot, v_dot = (_every_key_of_ring(params, x) for x in (k, v, k_dot, v_dot))
     kv_ids = _every_key_of_ring(params, kv_segment_ids) if params["segments"] else kv_segment_ids
-    seq_q = q.shape[1] * params["ring"][1]
     parts = []
-    for start, count, first in _ring_blocks(params, q.shape[1]):
-        rows = functools.partial(_ring_rows, start=start, count=count)
-        q_ids = rows(q_segment_ids) if params["segments"] else q_segment_ids
-        parts.append(_dense_lin(rows(q_dot), k_dot, v_dot, None, rows(q), k, v, rows(out), rows(lse, axis=2),
-                                q_lengths, kv_lengths, q_ids, kv_ids, None, None, params, block=(first, seq_q)))
+    for cut, block in _ring_row_blocks(params, q.shape[1]):
+        q_ids = cut(q_segment_ids) if params["segments"] else q_segment_ids
+        parts.append(_dense_lin(cut(q_dot), k_dot, v_dot, cut(bias_dot, "tensor"), cut(q), k, v, cut(out),
+                                cut(lse, 2), q_lengths, kv_lengths, q_ids, kv_ids, cut(bias, "tensor"),
+                                cut(mask, "tensor"), params, block))
     return (jnp.concatenate([o for o, _ in parts], axis=1), jnp.concatenate([lse_dot for _, lse_dot in parts], axis=2))
 
 
@@ -257,6 +270,9 @@ def _bias_gradient(q, k, v, out, lse, ct_out, ct_lse, q_lengths, kv_lengths, q_s
     way (the bias is slope times that). All rows at once, in plain ops that GSPMD partitions as q is (a loop over the
     batch rows made it gather the batch-sharded q, out and lse onto every device)."""
     group = q.shape[2] // k.shape[2] if k.shape[2] else 1
+    if params["ring"] is not None:  # (ring_attention inside shard_map: no ALiBi)
+        return _ring_bias_gradient(q, k, v, out, lse, ct_out, ct_lse, q_lengths, kv_lengths, q_segment_ids,
+                                   kv_segment_ids, bias, mask, params, group)
     k, v, kv_segment_ids = (_every_key(x) for x in (k, v, kv_segment_ids))
     p, _ = _probabilities(q, k, lse, bias, q_lengths, kv_lengths, q_segment_ids, kv_segment_ids, mask, params)
     ds = _score_gradient(p, v, out, ct_out, ct_lse, group)
@@ -264,6 +280,27 @@ def _bias_gradient(q, k, v, out, lse, ct_out, ct_lse, q_lengths, kv_lengths, q_s
         ds = ds * _bias_of(jnp.ones_like(bias), p.shape, q_lengths, kv_lengths, params)
     axes = tuple(i for i, n in enumerate(bias.shape) if n == 1 and ds.shape[i] != 1)
     return jnp.sum(ds, axis=axes, keepdims=True).astype(bias.dtype)
+
+
+def _ring_bias_gradient(q, k, v, out, lse, ct_out, ct_lse, q_lengths, kv_lengths, q_segment_ids, kv_segment_ids,
+                        bias, mask, params, group):
+    """_bias_gradient of ring attention's shards: the bias and mask hold this device's query rows (or one row for
+    all) and every key; dS of this device's rows against every key, summed over the devices where the bias is one
+    row for all of them."""
+    k, v = _every_key_of_ring(params, k), _every_key_of_ring(params, v)
+    kv_ids = _every_key_of_ring(params, kv_segment_ids) if params["segments"] else kv_segment_ids
+    parts = []
+    for cut, block in _ring_row_blocks(params, q.shape[1]):
+        q_ids = cut(q_segment_ids) if params["segments"] else q_segment_ids
+        p, _ = _probabilities(cut(q), k, cut(lse, 2), cut(bias, "tensor"), q_lengths, kv_lengths, q_ids, kv_ids,
+                              cut(mask, "tensor"), params, block)
+        parts.append(_score_gradient(p, v, cut(out), cut(ct_out), cut(ct_lse, 2), group))
+    ds = jnp.concatenate(parts, axis=2)
+    axes = tuple(i for i, n in enumerate(bias.shape) if n == 1 and ds.shape[i] != 1)
+    grad = jnp.sum(ds, axis=axes, keepdims=True)
+    if bias.shape[2] == 1 and q.shape[1] != 1:  # one row for every device's rows
+        grad = jax.lax.psum(grad, params["ring"][0])
+    return grad.astype(bias.dtype)
 
 
 def _lin_transpose(cts, q_dot, k_dot, v_dot, bias_dot, q, k, v, out, lse, q_lengths, kv_lengths, page_table,
@@ -464,23 +501,21 @@ def _dense_backward(q, k, v, out, lse, d_out, d_lse, bias, q_lengths, kv_lengths
     return dq.astype(q.dtype), per_kv_head(dk).astype(k.dtype), per_kv_head(dv).astype(v.dtype)
 
 
-def _ring_dense_backward(q, k, v, out, lse, d_out, d_lse, q_lengths, kv_lengths, q_segment_ids, kv_segment_ids,
-                         params):
+def _ring_dense_backward(q, k, v, out, lse, d_out, d_lse, bias, q_lengths, kv_lengths, q_segment_ids,
+                         kv_segment_ids, mask, params):
     """_dense_backward of ring attention's shards: this device's rows against every key; dk and dv summed over the
     devices into this device's shards."""
     f32 = jnp.float32
     group = q.shape[2] // k.shape[2] if k.shape[2] else 1
     k, v = _every_key_of_ring(params, k), _every_key_of_ring(params, v)
     kv_ids = _every_key_of_ring(params, kv_segment_ids) if params["segments"] else kv_segment_ids
-    seq_q = q.shape[1] * params["ring"][1]
     dq_parts, dk, dv = [], 0.0, 0.0
-    for start, count, first in _ring_blocks(params, q.shape[1]):
-        rows = functools.partial(_ring_rows, start=start, count=count)
-        q_ids = rows(q_segment_ids) if params["segments"] else q_segment_ids
-        q_b, d_out_b = rows(q), rows(d_out)
-        p, slope = _probabilities(q_b, k, rows(lse, axis=2), None, q_lengths, kv_lengths, q_ids, kv_ids, None, params,
-                                  block=(first, seq_q))
-        ds = _score_gradient(p, v, rows(out), d_out_b, rows(d_lse, axis=2), group) * slope
+    for cut, block in _ring_row_blocks(params, q.shape[1]):
+        q_ids = cut(q_segment_ids) if params["segments"] else q_segment_ids
+        q_b, d_out_b = cut(q), cut(d_out)
+        p, slope = _probabilities(q_b, k, cut(lse, 2), cut(bias, "tensor"), q_lengths, kv_lengths, q_ids, kv_ids,
+                                  cut(mask, "tensor"), params, block)
+        ds = _score_gradient(p, v, cut(out), d_out_b, cut(d_lse, 2), group) * slope
         dq_parts.append(jnp.einsum("bhqk,bkhd->bqhd", ds, jnp.repeat(k, group, axis=2).astype(f32)))
         dk = dk + jnp.einsum("bhqk,bqhd->bkhd", ds, q_b.astype(f32))
         dv = dv + jnp.einsum("bhqk,bqhd->bkhd", p, d_out_b.astype(f32))
@@ -500,8 +535,8 @@ def _bwd_jvp(primals, tangents, **params):
 
     def backward(q, k, v, out, lse, d_out, d_lse, bias):
         if params["ring"] is not None:  # (ring_attention inside shard_map: this device's shards)
-            return _ring_dense_backward(q, k, v, out, lse, d_out, d_lse, q_lengths, kv_lengths, q_segment_ids,
-                                        kv_segment_ids, params)
+            return _ring_dense_backward(q, k, v, out, lse, d_out, d_lse, bias, q_lengths, kv_lengths, q_segment_ids,
+                                        kv_segment_ids, mask, params)
         return _dense_backward(q, k, v, out, lse, d_out, d_lse, bias, q_lengths, kv_lengths, q_segment_ids,
                                kv_segment_ids, mask, params)
 

@@ -638,6 +638,59 @@ def test_forward_mode_and_second_order_of_ring_attention_inside_shard_map(layout
                                    args, (q, k, v), undo, devices)
 
 
+@pytest.mark.parametrize("layout,causal", [("contiguous", True), ("zigzag", True), ("contiguous", False)])
+@pytest.mark.parametrize("tensors", ["bias", "key-bias", "mask"])
+def test_ring_attention_with_bias_and_mask_tensors_inside_shard_map(layout, causal, tensors):
+    """ring_attention takes a bias or mask with this device's query rows (in the layout's order, sharded as q) and
+    every key, or one row for all (replicated): out, lse, the gradients of q, k, v and the bias, and the tangents of
+    out and lse equal one device's."""
+    n, seq = 4, 48
+    devices = _devices("cpu", n)
+    q, k, v = _inputs(devices, seq_q=seq, seq_k=seq, seed=7)
+    order = np.asarray(jax_flash.zigzag_indices(seq, n)) if layout == "zigzag" else np.arange(seq)
+    undo = np.argsort(order)
+    key = jax.random.PRNGKey(8)
+    tensor = {"bias": jax.random.normal(key, (2, 1, seq, seq)), "key-bias": jax.random.normal(key, (1, 4, 1, seq)),
+              "mask": jax.random.bernoulli(key, 0.7, (2, 1, seq, seq))}[tensors]
+    name = "mask" if tensors == "mask" else "bias"
+    has_rows = tensor.shape[2] == seq
+    tensor_spec = P(None, None, "sp") if has_rows else P()
+    mesh = jax.make_mesh((n,), ("sp",), devices=devices)
+    window = None if causal else (9, 4)
+
+    def local(q, k, v, t):
+        return jax_flash.ring_attention(q, k, v, axis_name="sp", layout=layout, causal=causal, window=window,
+                                        return_lse=True, **{name: t})
+
+    ring = shard_map(local, mesh=mesh, in_specs=(P(None, "sp"),) * 3 + (tensor_spec,),
+                     out_specs=(P(None, "sp"), P(None, None, "sp")))
+    one = lambda q, k, v, t: jax_flash.attention(q, k, v, causal=causal, window=window, return_lse=True,  # noqa: E731
+                                                 **{name: t})
+    args = [jax.device_put(x[:, order], NamedSharding(mesh, P(None, "sp"))) for x in (q, k, v)]
+    local_tensor = jax.device_put(tensor[:, :, order] if has_rows else tensor, NamedSharding(mesh, tensor_spec))
+    out, lse = jax.jit(ring)(*args, local_tensor)
+    expected_out, expected_lse = one(q, k, v, tensor)
+    _close(np.asarray(out)[:, undo], expected_out, devices)
+    _close_lse(np.asarray(lse)[:, :, undo], expected_lse, devices)
+
+    weights = jnp.sin(jnp.arange(q.size, dtype=jnp.float32)).reshape(q.shape)
+    argnums = (0, 1, 2, 3) if name == "bias" else (0, 1, 2)
+    grads = jax.jit(jax.grad(lambda *a: jnp.sum(ring(*a)[0] * weights[:, order]), argnums=argnums))(*args,
+                                                                                                   local_tensor)
+    expected = jax.grad(lambda *a: jnp.sum(one(*a)[0] * weights), argnums=argnums)(q, k, v, tensor)
+    for actual, want in zip(grads[:3], expected[:3]):
+        _close(np.asarray(actual)[:, undo], want, devices)
+    if name == "bias":
+        _close(np.asarray(grads[3])[:, :, undo] if has_rows else grads[3], expected[3], devices)
+
+    tangents = [jnp.cos(3.0 * x) for x in (q, k, v)]
+    (_, _), (out_dot, lse_dot) = jax.jit(lambda a, t: jax.jvp(lambda *x: ring(*x, local_tensor), a, t))(
+        tuple(args), tuple(jax.device_put(t[:, order], NamedSharding(mesh, P(None, "sp"))) for t in tangents))
+    (_, _), (want_out_dot, want_lse_dot) = jax.jvp(lambda *x: one(*x, tensor), (q, k, v), tuple(tangents))
+    _close(np.asarray(out_dot)[:, undo], want_out_dot, devices)
+    _close_lse(np.asarray(lse_dot)[:, :, undo], want_lse_dot, devices)
+
+
 def test_forward_mode_and_second_order_of_a_sequence_sharded_call():
     """Under explicit mesh axes the dense forms take K and V whole along the keys, and dk, dv come back sharded as k
     and v are (a product of two operands split by the same axis has no legal sharding otherwise)."""
