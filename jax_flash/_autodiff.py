@@ -285,8 +285,8 @@ def _bias_gradient(q, k, v, out, lse, ct_out, ct_lse, q_lengths, kv_lengths, q_s
 def _ring_bias_gradient(q, k, v, out, lse, ct_out, ct_lse, q_lengths, kv_lengths, q_segment_ids, kv_segment_ids,
                         bias, mask, params, group):
     """_bias_gradient of ring attention's shards: the bias and mask hold this device's query rows (or one row for
-    all) and every key; dS of this device's rows against every key, summed over the devices where the bias is one
-    row for all of them."""
+    all) and every key; dS of this device's rows against every key, summed over the devices where every device holds
+    the same bias."""
     k, v = _every_key_of_ring(params, k), _every_key_of_ring(params, v)
     kv_ids = _every_key_of_ring(params, kv_segment_ids) if params["segments"] else kv_segment_ids
     parts = []
@@ -298,8 +298,12 @@ def _ring_bias_gradient(q, k, v, out, lse, ct_out, ct_lse, q_lengths, kv_lengths
     ds = jnp.concatenate(parts, axis=2)
     axes = tuple(i for i, n in enumerate(bias.shape) if n == 1 and ds.shape[i] != 1)
     grad = jnp.sum(ds, axis=axes, keepdims=True)
-    if bias.shape[2] == 1 and q.shape[1] != 1:  # one row for every device's rows
-        grad = jax.lax.psum(grad, params["ring"][0])
+    # A bias every device holds alike (not varying over the ring's axes: one row for all) gets every device's part.
+    # (Without varying-axes types, one row stands for that.)
+    vma, ring_axes = getattr(jax.typeof(bias), "vma", None), params["ring"][0]
+    shared = bias.shape[2] == 1 if vma is None else not set(ring_axes) & set(vma)
+    if shared:
+        grad = jax.lax.psum(grad, ring_axes)
     return grad.astype(bias.dtype)
 
 
