@@ -9,7 +9,8 @@ With the scaled (soft-capped) scores s, P = exp(s - lse) on visible keys, and ds
   lse_dot = rowsum(P o ds),  out_dot = (P o (ds - lse_dot)) v + P v_dot;
 the transpose, given the cotangents dO and dlse, is the FlashAttention backward (csrc/cpu/attention_bwd_cpu.cc):
   dV = P^T dO,  dS = P o (dO V^T - D),  D = rowsum(dO o O) - dlse,  dQ = dS' K,  dK = dS'^T Q  (dS' = dS o ds/d(q.k)).
-Lengths and page tables get no gradient. Paged K/V have no backward (a training step reads contiguous K/V).
+Lengths and page tables get no gradient; paged K/V get theirs from the backward of the contiguous K/V the
+pages stand for, added back into the pages (gather_pages' transpose).
 The forward's out and lse carry checkpoint names (CHECKPOINT_NAMES) for jax.checkpoint policies.
 Second order: attention_bwd_p's JVP is jax.jvp of those formulas in jnp (_dense_backward), beside the custom call;
 attention_lin_p's is jax.jvp of its own jnp.
@@ -53,8 +54,8 @@ attention_bwd_p.multiple_results = True
 attention_bwd_local_p = Primitive("jax_flash_attention_bwd_local")
 attention_bwd_local_p.multiple_results = True
 
-_PAGED = ("jax_flash.attention has no gradient for paged K/V (page_table): differentiate a call on contiguous k and v "
-          "instead (gather_pages in jax_flash.reference turns pages into them), or apply jax.lax.stop_gradient")
+_PAGED = ("differentiate a call on contiguous k and v instead (gather_pages in jax_flash.reference turns pages into "
+          "them)")
 
 
 # ---- the JVP of attention_p ----------------------------------------------------------------------------------------
@@ -313,12 +314,18 @@ def _lin_transpose(cts, q_dot, k_dot, v_dot, bias_dot, q, k, v, out, lse, q_leng
     residuals = [None] * 12
     if type(ct_out) is ad.Zero and type(ct_lse) is ad.Zero:  # no cotangent reaches attention: no gradient
         return [None, None, None, None, *residuals]
-    if params["paged"]:
-        raise NotImplementedError(_PAGED)
     ct_out = jnp.zeros(out.shape, out.dtype) if type(ct_out) is ad.Zero else ct_out.astype(out.dtype)
     ct_lse = jnp.zeros(lse.shape, lse.dtype) if type(ct_lse) is ad.Zero else ct_lse.astype(lse.dtype)
+    pull_pages = None
+    if params["paged"]:
+        # The backward of the contiguous K / V the pages stand for (gather_pages: ids outside the pool read zeros),
+        # whose dK / dV its transpose adds back into the pages (a page two sequences share gets both sums).
+        (k, v), pull_pages = jax.vjp(lambda *pools: tuple(gather_pages(x, page_table) for x in pools), k, v)
+        params = dict(params, paged=False)
     lengths_and_masks = (q_lengths, kv_lengths, q_segment_ids, kv_segment_ids, bias, mask)
     dq, dk, dv = attention_bwd_p.bind(q, k, v, out, lse, ct_out, ct_lse, *lengths_and_masks, **params)
+    if pull_pages is not None:
+        dk, dv = pull_pages((dk, dv))
     grads = [dq if ad.is_undefined_primal(q_dot) else None, dk if ad.is_undefined_primal(k_dot) else None,
              dv if ad.is_undefined_primal(v_dot) else None, None]
     if ad.is_undefined_primal(bias_dot) and params["has_bias"]:

@@ -15,6 +15,7 @@ import pytest
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 import jax_flash
+from jax_flash.reference import gather_pages
 from conftest import GPU_DEVICES, random_qkv, requires_gpu
 
 CPU = jax.devices("cpu")[0]
@@ -224,12 +225,35 @@ def test_grad_under_sharding_equals_one_device():
             np.testing.assert_allclose(np.asarray(a), np.asarray(b), atol=1e-5)
 
 
-def test_paged_gradient_is_a_clear_error():
-    q, k, v = random_qkv(8, 1, 1, 32, 2, 1, 32, jnp.float32, CPU)
-    pages = k.reshape(2, 16, 1, 32)
-    table = jnp.array([[0, 1]], jnp.int32)
-    with pytest.raises(NotImplementedError, match="no gradient for paged K/V"):
-        jax.grad(lambda q: jax_flash.attention(q, pages, pages, page_table=table).sum())(q)
+def test_paged_gradient_equals_the_contiguous_one():
+    """Shuffled pages, one page shared by both sequences, ids past a sequence's length -1 (or out of the pool):
+    the gradients of q and of the page pools equal those through gather_pages and a contiguous call; unused pages
+    get zeros."""
+    q, _, _ = random_qkv(8, 2, 5, 48, 4, 2, 32, jnp.float32, CPU)
+    k_pages, v_pages = (jax.random.normal(jax.random.PRNGKey(s), (7, 16, 2, 32)) for s in (1, 2))
+    table = jnp.array([[3, 0, 5], [5, 6, -1]], jnp.int32)  # page 5 in both; row 1 reads 32 keys
+    kv_lengths = jnp.array([48, 29], jnp.int32)
+    weights = jnp.cos(jnp.arange(q.size, dtype=jnp.float32)).reshape(q.shape)
+    kwargs = dict(causal=True, softcap=5.0, kv_lengths=kv_lengths, return_lse=True)
+
+    def loss(q, k, v, paged):
+        if paged:
+            out, lse = jax_flash.attention(q, k, v, page_table=table, **kwargs)
+        else:
+            out, lse = jax_flash.attention(q, gather_pages(k, table), gather_pages(v, table), **kwargs)
+        return jnp.sum(out * weights) + 0.1 * jnp.sum(jnp.where(jnp.isfinite(lse), lse, 0.0))
+
+    got = jax.jit(jax.grad(loss, argnums=(0, 1, 2)), static_argnums=3)(q, k_pages, v_pages, True)
+    want = jax.grad(loss, argnums=(0, 1, 2))(q, k_pages, v_pages, False)
+    for a, b in zip(got, want):
+        np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-5, atol=1e-5)
+    assert np.abs(np.asarray(got[1])[5]).max() > 0  # the shared page
+    for unused in (1, 2, 4):
+        assert not np.asarray(got[1])[unused].any() and not np.asarray(got[2])[unused].any()
+    second = lambda paged: jax.grad(  # noqa: E731  (grad of grad: the contiguous call's second order)
+        lambda *a: jnp.sum(jax.grad(loss, argnums=1)(*a, paged) ** 2), argnums=(0, 1, 2))(q, k_pages, v_pages)
+    for a, b in zip(second(True), second(False)):
+        np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-4, atol=1e-4)
 
 
 # ---- the GPU backward -------------------------------------------------------------------------------------------
