@@ -162,18 +162,6 @@ def _dense_lin(q_dot, k_dot, v_dot, bias_dot, q, k, v, out, lse, q_lengths, kv_l
 # devices n, layout). Its forward-mode and second-order rules gather K and V (and their tangents) whole, as every
 # forward-mode rule here holds dense scores (O(Sq Sk) memory: the local rows x every key), and send the key
 # gradients' tangents back to their shards with a reduce-scatter.
-def _ring_blocks(params, local_rows: int):
-    """This device's query rows as blocks of consecutive global positions: (first local row, count, first global row)
-    for each; one block (contiguous: device r holds r S .. (r + 1) S - 1, S local rows) or two (zigzag: halves r and
-    2n - 1 - r of the sequence cut into 2n halves)."""
-    axes, size, layout = params["ring"]
-    r = jax.lax.axis_index(axes)
-    if layout == "zigzag":
-        half = local_rows // 2
-        return ((0, half, r * half), (half, half, (2 * size - 1 - r) * half))
-    return ((0, local_rows, r * local_rows),)
-
-
 def _zigzag_order(params, seq: int):
     """The global key order the layout's shards hold, concatenated (None: the sequence's own)."""
     _, size, layout = params["ring"]
@@ -194,13 +182,25 @@ def _own_keys_of_ring(params, x):
     return jax.lax.psum_scatter(x, params["ring"][0], scatter_dimension=1, tiled=True)
 
 
+def _ring_keys(params, k, v, kv_segment_ids):
+    """K, V and the keys' segment ids (where the call has them) whole, in global key order."""
+    kv_ids = _every_key_of_ring(params, kv_segment_ids) if params["segments"] else kv_segment_ids
+    return _every_key_of_ring(params, k), _every_key_of_ring(params, v), kv_ids
+
+
 def _ring_row_blocks(params, local_rows: int):
-    """(cut, block) for each block of this device's rows (_ring_blocks): cut(x) the block's rows of a q-shaped x,
-    cut(x, 2) of an lse-shaped one, cut(x, "tensor") of a bias or mask that holds rows (others pass as they are);
-    block as _rows takes it. Ring attention's bias and mask hold this device's rows and every key (no ALiBi:
-    ring_refusal)."""
-    seq_q = local_rows * params["ring"][1]
-    for start, count, first in _ring_blocks(params, local_rows):
+    """(cut, block) for each block of this device's rows that holds consecutive global positions: one (contiguous:
+    device r holds r S .. (r + 1) S - 1, S local rows) or two (zigzag: halves r and 2n - 1 - r of the sequence cut
+    into 2n halves). cut(x) the block's rows of a q-shaped x, cut(x, 2) of an lse-shaped one, cut(x, "tensor") of a
+    bias or mask that holds rows (others pass as they are); block as _rows takes it. Ring attention's bias and mask
+    hold this device's rows and every key (no ALiBi: ring_refusal)."""
+    axes, size, layout = params["ring"]
+    r = jax.lax.axis_index(axes)
+    half = local_rows // 2
+    blocks = (((0, half, r * half), (half, half, (2 * size - 1 - r) * half)) if layout == "zigzag"
+              else ((0, local_rows, r * local_rows),))
+    seq_q = local_rows * size
+    for start, count, first in blocks:
         def cut(x, axis=1, start=start, count=count):
             if axis == "tensor":
                 if x.ndim != 4 or x.shape[2] != local_rows:
@@ -214,8 +214,8 @@ def _ring_row_blocks(params, local_rows: int):
 def _ring_lin(q_dot, k_dot, v_dot, bias_dot, q, k, v, out, lse, q_lengths, kv_lengths, q_segment_ids,
               kv_segment_ids, bias, mask, params):
     """_dense_lin of this device's rows against every key."""
-    k, v, k_dot, v_dot = (_every_key_of_ring(params, x) for x in (k, v, k_dot, v_dot))
-    kv_ids = _every_key_of_ring(params, kv_segment_ids) if params["segments"] else kv_segment_ids
+    k, v, kv_ids = _ring_keys(params, k, v, kv_segment_ids)
+    k_dot, v_dot = _every_key_of_ring(params, k_dot), _every_key_of_ring(params, v_dot)
     parts = []
     for cut, block in _ring_row_blocks(params, q.shape[1]):
         q_ids = cut(q_segment_ids) if params["segments"] else q_segment_ids
@@ -272,40 +272,38 @@ def _bias_gradient(q, k, v, out, lse, ct_out, ct_lse, q_lengths, kv_lengths, q_s
     batch rows made it gather the batch-sharded q, out and lse onto every device)."""
     group = q.shape[2] // k.shape[2] if k.shape[2] else 1
     if params["ring"] is not None:  # (ring_attention inside shard_map: no ALiBi)
-        return _ring_bias_gradient(q, k, v, out, lse, ct_out, ct_lse, q_lengths, kv_lengths, q_segment_ids,
-                                   kv_segment_ids, bias, mask, params, group)
-    k, v, kv_segment_ids = (_every_key(x) for x in (k, v, kv_segment_ids))
-    p, _ = _probabilities(q, k, lse, bias, q_lengths, kv_lengths, q_segment_ids, kv_segment_ids, mask, params)
-    ds = _score_gradient(p, v, out, ct_out, ct_lse, group)
-    if params["alibi"]:
-        ds = ds * _bias_of(jnp.ones_like(bias), p.shape, q_lengths, kv_lengths, params)
+        ds = _ring_score_gradient(q, k, v, out, lse, ct_out, ct_lse, q_lengths, kv_lengths, q_segment_ids,
+                                  kv_segment_ids, bias, mask, params, group)
+    else:
+        k, v, kv_segment_ids = (_every_key(x) for x in (k, v, kv_segment_ids))
+        p, _ = _probabilities(q, k, lse, bias, q_lengths, kv_lengths, q_segment_ids, kv_segment_ids, mask, params)
+        ds = _score_gradient(p, v, out, ct_out, ct_lse, group)
+        if params["alibi"]:
+            ds = ds * _bias_of(jnp.ones_like(bias), p.shape, q_lengths, kv_lengths, params)
     axes = tuple(i for i, n in enumerate(bias.shape) if n == 1 and ds.shape[i] != 1)
-    return jnp.sum(ds, axis=axes, keepdims=True).astype(bias.dtype)
+    grad = jnp.sum(ds, axis=axes, keepdims=True)
+    if params["ring"] is not None:
+        # A bias every device holds alike (not varying over the ring's axes: one row for all) gets every device's
+        # part. (Without varying-axes types, one row stands for that.)
+        vma, ring_axes = getattr(jax.typeof(bias), "vma", None), params["ring"][0]
+        shared = bias.shape[2] == 1 if vma is None else not set(ring_axes) & set(vma)
+        if shared:
+            grad = jax.lax.psum(grad, ring_axes)
+    return grad.astype(bias.dtype)
 
 
-def _ring_bias_gradient(q, k, v, out, lse, ct_out, ct_lse, q_lengths, kv_lengths, q_segment_ids, kv_segment_ids,
-                        bias, mask, params, group):
-    """_bias_gradient of ring attention's shards: the bias and mask hold this device's query rows (or one row for
-    all) and every key; dS of this device's rows against every key, summed over the devices where every device holds
-    the same bias."""
-    k, v = _every_key_of_ring(params, k), _every_key_of_ring(params, v)
-    kv_ids = _every_key_of_ring(params, kv_segment_ids) if params["segments"] else kv_segment_ids
+def _ring_score_gradient(q, k, v, out, lse, ct_out, ct_lse, q_lengths, kv_lengths, q_segment_ids, kv_segment_ids,
+                         bias, mask, params, group):
+    """_score_gradient's dS of ring attention's shards: this device's rows against every key, (B, Hq, local rows,
+    every key); the bias and mask hold this device's query rows (or one row for all) and every key."""
+    k, v, kv_ids = _ring_keys(params, k, v, kv_segment_ids)
     parts = []
     for cut, block in _ring_row_blocks(params, q.shape[1]):
         q_ids = cut(q_segment_ids) if params["segments"] else q_segment_ids
         p, _ = _probabilities(cut(q), k, cut(lse, 2), cut(bias, "tensor"), q_lengths, kv_lengths, q_ids, kv_ids,
                               cut(mask, "tensor"), params, block)
         parts.append(_score_gradient(p, v, cut(out), cut(ct_out), cut(ct_lse, 2), group))
-    ds = jnp.concatenate(parts, axis=2)
-    axes = tuple(i for i, n in enumerate(bias.shape) if n == 1 and ds.shape[i] != 1)
-    grad = jnp.sum(ds, axis=axes, keepdims=True)
-    # A bias every device holds alike (not varying over the ring's axes: one row for all) gets every device's part.
-    # (Without varying-axes types, one row stands for that.)
-    vma, ring_axes = getattr(jax.typeof(bias), "vma", None), params["ring"][0]
-    shared = bias.shape[2] == 1 if vma is None else not set(ring_axes) & set(vma)
-    if shared:
-        grad = jax.lax.psum(grad, ring_axes)
-    return grad.astype(bias.dtype)
+    return jnp.concatenate(parts, axis=2)
 
 
 def _lin_transpose(cts, q_dot, k_dot, v_dot, bias_dot, q, k, v, out, lse, q_lengths, kv_lengths, page_table,
@@ -518,8 +516,7 @@ def _ring_dense_backward(q, k, v, out, lse, d_out, d_lse, bias, q_lengths, kv_le
     devices into this device's shards."""
     f32 = jnp.float32
     group = q.shape[2] // k.shape[2] if k.shape[2] else 1
-    k, v = _every_key_of_ring(params, k), _every_key_of_ring(params, v)
-    kv_ids = _every_key_of_ring(params, kv_segment_ids) if params["segments"] else kv_segment_ids
+    k, v, kv_ids = _ring_keys(params, k, v, kv_segment_ids)
     dq_parts, dk, dv = [], 0.0, 0.0
     for cut, block in _ring_row_blocks(params, q.shape[1]):
         q_ids = cut(q_segment_ids) if params["segments"] else q_segment_ids
