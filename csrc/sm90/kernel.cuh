@@ -60,6 +60,12 @@ __global__ void __launch_bounds__(T::kNumThreads, 1)
   const int warpgroup = tid / 128;
   if (warpgroup == 0) {
     setmaxnreg_dec<T::kProducerRegs>();
+    if constexpr (Producer<T, V>::kWarp) {  // (paged calls of boxes under 64 rows: warp 0, Producer::lanes_for)
+      if (Producer<T, V>::lanes_for(p)) {
+        if (tid < 32) Producer<T, V, true>{p, s, tma_q, tma_k, tma_v}.run(num_tiles);
+        return;
+      }
+    }
     if (tid == 0) Producer<T, V>{p, s, tma_q, tma_k, tma_v}.run(num_tiles);
     return;
   }
