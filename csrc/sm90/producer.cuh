@@ -84,6 +84,10 @@ struct Producer {
     int page_index, in_page;
     int ids[kIdBatch];
   };
+  // The index in a table row of the page that holds key `key` (a shift for power-of-two page sizes).
+  __device__ __forceinline__ int page_index_of(int key) const {
+    return page_shift >= 0 ? key >> page_shift : key / p.page_size;
+  }
   __device__ __forceinline__ void advance_box(int& page_index, int& in_page) const {
     in_page += box_rows;
     page_index += in_page == p.page_size ? 1 : 0;
@@ -103,7 +107,7 @@ struct Producer {
   __device__ __forceinline__ PagedBlock paged_block(const TileWork& w, int j) const {
     PagedBlock block;
     const int key0 = j * T::kBlockKV;
-    block.page_index = page_shift >= 0 ? key0 >> page_shift : key0 / p.page_size;
+    block.page_index = page_index_of(key0);
     block.in_page = key0 - block.page_index * p.page_size;
     read_page_ids(w, key0, 0, block.page_index, block.in_page, block.ids);
     return block;
@@ -113,9 +117,6 @@ struct Producer {
   // recomputed after it (kept, it doubled the 40-register producer's spills).
   __device__ __forceinline__ int paged_boxes() const { return T::kBlockKV / box_rows * T::kPanels; }
   __device__ __forceinline__ int box_key(int j, int b) const { return j * T::kBlockKV + b / T::kPanels * box_rows; }
-  __device__ __forceinline__ int page_index_of(int key) const {
-    return page_shift >= 0 ? key >> page_shift : key / p.page_size;
-  }
   __device__ __forceinline__ int box_page_id(const TileWork& w, int j, int b) const {
     const int key = box_key(j, b);
     return b < paged_boxes() && key < w.len.kv_len ? p.page_table[w.batch * p.page_table_stride + page_index_of(key)]
