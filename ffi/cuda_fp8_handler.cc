@@ -1,7 +1,6 @@
-// XLA FFI handler of the sm90 FP8 forward ("jax_flash_attention_fp8", CUDA): float8_e4m3fn q (B, Sq, Hq, D) and k
-// (B, Sk, Hk, D), V^T (B, Hk, D, Sk rounded up to 32) with the keys of each 32 in the order P's fragments need
-// (jax_flash/fp8.py, transposed_v), float32 (B, Hk) factors q_descale x k_descale and v_descale; bfloat16 o like q
-// and float32 lse (B, Hq, Sq). Hopper only; jax_flash/fp8.py sends every other FP8 call to the 16-bit kernels.
+// XLA FFI handler of the sm90 FP8 forward ("jax_flash_attention_fp8", CUDA): float8_e4m3fn q (B, Sq, Hq, D), k and
+// v (B, Sk, Hk, D), float32 (B, Hk) factors q_descale x k_descale and v_descale; bfloat16 o like q and float32 lse
+// (B, Hq, Sq). Hopper only; jax_flash/fp8.py sends every other FP8 call to the 16-bit kernels.
 #include <cuda_runtime_api.h>
 
 #include <optional>
@@ -26,22 +25,15 @@ bool has_dims(const ffi::AnyBuffer& b, ffi::DataType type, std::initializer_list
   return true;
 }
 
-// What the FP8 kernel needs beyond check_buffers (run with k as v and q as the output): e4m3 q and k, V^T, the
-// descales, a bfloat16 output, and none of the features it leaves to the 16-bit kernels.
+// What the FP8 kernel needs beyond check_buffers (run with q as the output): e4m3 q, k and v, the descales, a
+// bfloat16 output, and none of the features it leaves to the 16-bit kernels.
 std::optional<ffi::Error> check_fp8_buffers(const ffi::AnyBuffer& q, const ffi::AnyBuffer& k,
-                                            const ffi::AnyBuffer& v_t, const ffi::AnyBuffer& qk_descale,
+                                            const ffi::AnyBuffer& v, const ffi::AnyBuffer& qk_descale,
                                             const ffi::AnyBuffer& v_descale, const ffi::AnyBuffer& o,
                                             const AttentionAttrs& attrs) {
   const auto qd = q.dimensions(), kd = k.dimensions();
-  if (q.element_type() != ffi::DataType::F8E4M3FN) {
-    return invalid("the FP8 call takes float8_e4m3fn q, k and v");
-  }
-  const int64_t keys_padded = (kd[1] + 31) / 32 * 32;
-  if (!has_dims(v_t, ffi::DataType::F8E4M3FN, {kd[0], kd[2], kd[3], keys_padded})) {
-    return invalid("the FP8 call's v must be float8_e4m3fn V^T of shape (batch, heads_k, head_dim, seq_k rounded up "
-                   "to 32) = (" + std::to_string(kd[0]) + ", " + std::to_string(kd[2]) + ", " +
-                   std::to_string(kd[3]) + ", " + std::to_string(keys_padded) + "); got " +
-                   dims_string(v_t.dimensions()));
+  for (const auto* b : {&q, &k, &v}) {
+    if (b->element_type() != ffi::DataType::F8E4M3FN) return invalid("the FP8 call takes float8_e4m3fn q, k and v");
   }
   for (const auto* d : {&qk_descale, &v_descale}) {
     if (!has_dims(*d, ffi::DataType::F32, {qd[0], kd[2]})) {
@@ -61,13 +53,13 @@ std::optional<ffi::Error> check_fp8_buffers(const ffi::AnyBuffer& q, const ffi::
 }
 
 ffi::Error attention_fp8_cuda_impl(cudaStream_t stream, ffi::ScratchAllocator scratch, ffi::AnyBuffer q,
-                                   ffi::AnyBuffer k, ffi::AnyBuffer v_t, ffi::AnyBuffer qk_descale,
+                                   ffi::AnyBuffer k, ffi::AnyBuffer v, ffi::AnyBuffer qk_descale,
                                    ffi::AnyBuffer v_descale, ffi::AnyBuffer q_lengths, ffi::AnyBuffer kv_lengths,
                                    ffi::Result<ffi::AnyBuffer> o, ffi::Result<ffi::AnyBuffer> lse,
                                    AttentionAttrs attrs) {
-  // q, k, the lengths, the lse and the attributes as the 16-bit call checks them (k standing in for v, q for o)
-  if (auto err = check_buffers(q, k, k, q_lengths, kv_lengths, nullptr, q, *lse, attrs)) return std::move(*err);
-  if (auto err = check_fp8_buffers(q, k, v_t, qk_descale, v_descale, *o, attrs)) return std::move(*err);
+  // q, k, v, the lengths, the lse and the attributes as the 16-bit call checks them (q standing in for o)
+  if (auto err = check_buffers(q, k, v, q_lengths, kv_lengths, nullptr, q, *lse, attrs)) return std::move(*err);
+  if (auto err = check_fp8_buffers(q, k, v, qk_descale, v_descale, *o, attrs)) return std::move(*err);
   KernelKey key{};
   key.dtype = static_cast<int>(DType::kFloat8E4M3);
   key.head_dim = static_cast<int>(q.dimensions()[3]);
@@ -81,8 +73,7 @@ ffi::Error attention_fp8_cuda_impl(cudaStream_t stream, ffi::ScratchAllocator sc
     return ffi::Error(ffi::ErrorCode::kNotFound, "jax_flash: no compiled FP8 GPU kernel for " + describe(key) +
                                                      "; compiled:" + (compiled.empty() ? " none" : compiled));
   }
-  AttentionParams params = params_from_buffers(q, k, k, q_lengths, kv_lengths, nullptr, *o, *lse, attrs);
-  params.v = v_t.untyped_data();
+  AttentionParams params = params_from_buffers(q, k, v, q_lengths, kv_lengths, nullptr, *o, *lse, attrs);
   params.qk_descale = static_cast<const float*>(qk_descale.untyped_data());
   params.v_descale = static_cast<const float*>(v_descale.untyped_data());
   params.num_splits = 1;
@@ -118,7 +109,7 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(AttentionFp8Cuda, attention_fp8_cuda_impl,
                                   .Ctx<ffi::ScratchAllocator>()
                                   .Arg<ffi::AnyBuffer>()  // q float8_e4m3fn (B, Sq, Hq, D)
                                   .Arg<ffi::AnyBuffer>()  // k float8_e4m3fn (B, Sk, Hk, D)
-                                  .Arg<ffi::AnyBuffer>()  // V^T float8_e4m3fn (B, Hk, D, Sk rounded up to 32)
+                                  .Arg<ffi::AnyBuffer>()  // v float8_e4m3fn (B, Sk, Hk, D)
                                   .Arg<ffi::AnyBuffer>()  // q_descale x k_descale float32 (B, Hk)
                                   .Arg<ffi::AnyBuffer>()  // v_descale float32 (B, Hk)
                                   .Arg<ffi::AnyBuffer>()  // q_lengths int32 (B,) or (0,)

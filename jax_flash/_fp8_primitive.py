@@ -11,8 +11,7 @@ Params: cfg (an sm90 KernelConfig of a compiled FP8 kernel, or None: config.fp8_
 window_left, window_right, has_q_lengths, has_kv_lengths, return_lse; ring (None, or (mesh axes, devices, layout):
 one device's part of ring attention, jax_flash/_ring.py) and same_lengths (q_lengths and kv_lengths are one array),
 as the 16-bit primitive has them.
-attention_fp8_local_p, the kernel's call on one device: the same operands, neither ring nor same_lengths; its cuda
-lowering passes the kernel V^T (B, Hk, D, Sk rounded up to 32; fp8.transposed_v of the device's V).
+attention_fp8_local_p, the kernel's call on one device: the same operands, neither ring nor same_lengths.
 """
 
 from __future__ import annotations
@@ -26,7 +25,7 @@ from jax.extend.core import Primitive
 from jax.interpreters import ad, batching, mlir
 
 from jax_flash import fp8, native
-from jax_flash._primitive import ShapedArray, attention_local_p, no_extras, result_aval
+from jax_flash._primitive import attention_local_p, no_extras, result_aval
 from jax_flash._ring import FP8_RING_DEFAULTS, ring_forward
 from jax_flash._sharding import make_partitioned_fp8, register_partitioned_lowering
 from jax_flash.config import CALL_ATTRIBUTES, fp8_config
@@ -56,21 +55,16 @@ def _jitted_bind(params):
 attention_fp8_p.def_impl(lambda *args, **params: _jitted_bind(tuple(sorted(params.items())))(*args))
 
 
-def _lower_cuda(ctx, q, k, v, *rest, cfg, **params):
-    """The custom call, with V^T (fp8.transposed_v, an XLA transpose of this device's V) for v."""
-    k_aval, v_aval = ctx.avals_in[1], ctx.avals_in[2]  # (fp8.py sends only FP8_CONFIGS' head dims)
+def _lower_cuda(ctx, *args, cfg, **params):
+    """The custom call (V is transposed in shared memory by the kernel, csrc/sm90/v_transpose.cuh)."""
+    k_aval = ctx.avals_in[1]  # (fp8.py sends only FP8_CONFIGS' head dims)
     cfg = fp8_config(k_aval.shape[3], k_aval.shape[1]) if cfg is None else cfg
     attrs = {name: np.int64(value) for name, value in cfg.to_attrs().items()}
     attrs.update(pack_gqa=np.int64(0), num_splits=np.int64(1))
     call = {"softcap": 0.0, "paged": False, "deterministic": False, "alibi": False, **params}
     for name, kind, _ in CALL_ATTRIBUTES:
         attrs[name] = np.float32(call[name]) if kind == "float" else np.int64(call[name])
-    v_t_shape = jax.eval_shape(fp8.transposed_v, jax.ShapeDtypeStruct(v_aval.shape, v_aval.dtype))
-    v_t_aval = ShapedArray(v_t_shape.shape, v_t_shape.dtype)
-    (v_t,) = mlir.lower_fun(lambda v: (fp8.transposed_v(v),), multiple_results=True)(
-        ctx.replace(primitive=None, avals_in=[v_aval], avals_out=[v_t_aval]), v)
-    call_ctx = ctx.replace(avals_in=[ctx.avals_in[0], k_aval, v_t_aval, *ctx.avals_in[3:]])
-    return jax.ffi.ffi_lowering(native.FP8_TARGET_NAME)(call_ctx, q, k, v_t, *rest, **attrs)
+    return jax.ffi.ffi_lowering(native.FP8_TARGET_NAME)(ctx, *args, **attrs)
 
 
 mlir.register_lowering(attention_fp8_local_p, _lower_cuda, platform="cuda")

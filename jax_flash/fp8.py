@@ -8,9 +8,9 @@ rescaled (a paged pool's page may belong to any sequence).
 
 On a GPU, the sm90 FP8 kernel (Hopper, head dim 128; jax_flash/_fp8_primitive.py) takes contiguous calls with causal,
 window and length masks: e4m3 wgmma for both products, P rounded to e4m3, the descales folded into the softmax's
-scale and the output, V read as V^T (transposed_v). Every other FP8 call on a GPU (other head dims or devices, paged
-K/V, segment ids, bias / mask tensors, softcap, a scale <= 0) runs the 16-bit kernels on bfloat16 inputs
-dequantised by XLA (q * q_descale * k_descale, k; the output times v_descale).
+scale and the output, each V block transposed in shared memory. Every other FP8 call on a GPU (other head dims or
+devices, paged K/V, segment ids, bias / mask tensors, softcap, a scale <= 0) runs the 16-bit kernels on bfloat16
+inputs dequantised by XLA (q * q_descale * k_descale, k; the output times v_descale).
 """
 
 from __future__ import annotations
@@ -128,18 +128,6 @@ def kernel_refusal(q, k, cfg, kwargs) -> str | None:
 def _on_hopper() -> bool:
     """Whether every default-backend device is a Hopper GPU (compute capability 9.x)."""
     return all(str(getattr(d, "compute_capability", "")).startswith("9.") for d in jax.devices())
-
-
-def transposed_v(v):
-    """(B, Sk, Hk, D) -> V^T (B, Hk, D, Sk rounded up to 32, zero-padded), each 32 keys in the order of P's FP8
-    wgmma fragments (csrc/sm90/fragments.cuh, pack_k32_e4m3): k position 16h + 4c + 2u + w holds key
-    16h + 8u + 2c + w, so the kernel packs P with no exchange between lanes. One XLA transpose over V."""
-    batch, seq_k, heads_k, head_dim = v.shape
-    padded = -(-seq_k // 32) * 32
-    v = jnp.pad(v, ((0, 0), (0, padded - seq_k), (0, 0), (0, 0)))
-    v = v.reshape(batch, padded // 32, 2, 2, 4, 2, heads_k, head_dim)  # key 32n + 16h + 8u + 2c + w
-    v = v.transpose(0, 6, 7, 1, 2, 4, 3, 5)  # (B, Hk, D, n, h, c, u, w): position 16h + 4c + 2u + w
-    return v.reshape(batch, heads_k, head_dim, padded)
 
 
 def scores_descale(q_descale, k_descale):

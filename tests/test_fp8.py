@@ -1,7 +1,7 @@
 """FP8 (float8_e4m3fn) inputs with descale factors on the CPU path: the semantics of the dequantised inputs (against
 attention_reference given the same descales), with every mask, paged caches, jit and vmap, and clear errors; the
-routing of GPU calls (lowered for CUDA here: the FP8 kernel on Hopper, else the 16-bit kernels) and V^T's key order.
-The FP8 kernel itself: tests/test_fp8_gpu.py."""
+routing of GPU calls (lowered for CUDA here: the FP8 kernel on Hopper, else the 16-bit kernels). The FP8 kernel
+itself (its V^T written in shared memory included): tests/test_fp8_gpu.py."""
 
 from __future__ import annotations
 
@@ -117,26 +117,6 @@ def test_fp8_errors():
         jax_flash.attention(*e5m2)
 
 
-def test_transposed_v_puts_each_key_where_the_fragments_read_it():
-    """V^T's k position p of each 32 holds the key whose probability the lane that owns p packs there: register 0
-    (2) of lane c holds positions 4c .. 4c + 3 (+ 16), taken from accumulator columns 2c, 2c + 1 of n-tiles 4t and
-    4t + 1 (4t + 2 and 4t + 3) (csrc/sm90/fragments.cuh, pack_k32_e4m3); keys past seq_k are zeros."""
-    key_at = np.empty(32, np.int64)
-    for c in range(4):  # lane % 4
-        for half in range(2):  # register 0 / 2: positions +0 / +16, tiles 4t, 4t + 1 / 4t + 2, 4t + 3
-            for i in range(4):  # byte i: tile 4t + 2 half + i // 2, column 2c + i % 2 of it
-                key_at[16 * half + 4 * c + i] = 8 * (2 * half + i // 2) + 2 * c + i % 2
-    assert sorted(key_at) == list(range(32))
-    seq_k = 70
-    v = jnp.arange(2 * seq_k * 3 * 4, dtype=jnp.float32).reshape(2, seq_k, 3, 4)
-    v_t = np.asarray(fp8.transposed_v(v))
-    assert v_t.shape == (2, 3, 4, 96)
-    for p in range(96):
-        key = 32 * (p // 32) + key_at[p % 32]
-        expected = np.asarray(v[:, key]).transpose(0, 1, 2) if key < seq_k else np.zeros((2, 3, 4))
-        np.testing.assert_array_equal(v_t[:, :, :, p], expected)
-
-
 def _as_on_gpu(monkeypatch, hopper=True):
     """The default device reported as a (Hopper) GPU."""
     monkeypatch.setattr(fp8, "_default_platform", lambda: "gpu")
@@ -194,7 +174,7 @@ def test_fp8_kernel_call_refuses_differentiation_clearly(monkeypatch):
 
 def test_fp8_kernel_call_lowered_for_cpu_computes_the_cpu_path(monkeypatch):
     """The FP8 kernel's primitive lowered for the CPU (a call traced for a GPU and run on the CPU; each shard in the
-    CPU sharding tests) computes what the CPU path computes: the call on the dequantised inputs, V from V^T."""
+    CPU sharding tests) computes what the CPU path computes: the call on the dequantised inputs."""
     q, k, v, (qd, kd, vd) = _fp8_inputs(13, head_dim=128)
     lengths = jnp.array([70, 20], jnp.int32)
     kwargs = dict(causal=True, kv_lengths=lengths, q_descale=qd, k_descale=kd, v_descale=vd, return_lse=True)

@@ -84,8 +84,9 @@ def test_gpu_fp8_kernel_with_lengths_and_a_window():
 @requires_hopper
 @pytest.mark.parametrize("which", ["short", "long"])
 def test_gpu_fp8_each_shipped_config_with_lengths_and_a_window(which):
-    """Both FP8 configs cfg=None picks by key length (FP8_CONFIGS, FP8_LONG_CONFIGS: 192-key blocks, whose V^T stage
-    is one and a half 128-key panels), forced on lengths that end inside a key block, with and without masks."""
+    """Both FP8 configs cfg=None picks by key length (FP8_CONFIGS, FP8_LONG_CONFIGS: 192-key blocks, whose V^T stage,
+    written in shared memory, is one and a half 128-key panels), forced on lengths that end inside a key block, with
+    and without masks."""
     table = jax_flash.config.FP8_CONFIGS if which == "short" else jax_flash.config.FP8_LONG_CONFIGS
     cfg = table[128]
     q, k, v, qd, kd, vd = _inputs(11, 3, 200, 1000, 4, 2)

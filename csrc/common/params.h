@@ -137,8 +137,7 @@ struct AttentionParams {
   uint8_t* mask_partial;
   int* mask_ranges;
   // sm90 FP8 kernels (float8_e4m3fn q, k, v; sm90/launch_fp8.cuh): float32 (B, Hk) factors, q_descale x k_descale
-  // (the scores') and v_descale (the output's), read once per tile. v then holds V^T (B, Hk, D, Sk rounded up to
-  // 32) with the keys of each 32 permuted (jax_flash/fp8.py, transposed_v). nullptr in every other call.
+  // (the scores') and v_descale (the output's), read once per tile. nullptr in every other call.
   const float* qk_descale;
   const float* v_descale;
   // ALiBi: nonzero when `bias` holds one slope per (batch, query head), shape (B|1, Hq, 1, 1) in bias_strides, instead

@@ -1,7 +1,7 @@
-// run_attention_sm90_fp8: the sm90 forward of float8_e4m3fn q, k and V^T (common/params.h, qk_descale): the TMA
-// maps (q and k in boxes of 128 one-byte columns; V^T (B, Hk, D, keys) in boxes of (128 keys, D rows), so V is read
-// K-major as FP8 wgmma requires; o bfloat16 in boxes of 64 columns), then the masked or unmasked variant of the same
-// kernel as the 16-bit calls (launch.cuh). Calls run unsplit, on contiguous K / V, without packed GQA, segment ids,
+// run_attention_sm90_fp8: the sm90 forward of float8_e4m3fn q, k and v (common/params.h, qk_descale): the TMA
+// maps (q, k and v in boxes of 128 one-byte columns, v's blocks transposed in shared memory, v_transpose.cuh;
+// o bfloat16 in boxes of 64 columns), then the masked or unmasked variant of the same kernel as the 16-bit calls
+// (launch.cuh). Calls run unsplit, on contiguous K / V, without packed GQA, segment ids,
 // bias / mask tensors or a softcap: jax_flash/fp8.py runs those on the 16-bit kernels.
 #pragma once
 
@@ -25,8 +25,6 @@ std::string run_attention_sm90_fp8(const AttentionParams& params, cudaStream_t s
     return "the sm90 FP8 kernel takes contiguous K / V and descale factors, without softcap, packed GQA, split key "
            "ranges, segment ids or bias / mask tensors";
   }
-  // V^T's key dimension: seqlen_k rounded up to 32 (the permutation's unit, jax_flash/fp8.py); its rows are D.
-  const int64_t keys_padded = (int64_t{p.seqlen_k} + 31) / 32 * 32;
   p.num_q_blocks = static_cast<int>((int64_t{p.seqlen_q} + T::kBlockQ - 1) / T::kBlockQ);
   constexpr CUtensorMapDataType kU8 = CU_TENSOR_MAP_DATA_TYPE_UINT8;
   CUtensorMap map_q{}, map_k{}, map_v{}, map_o{};
@@ -36,10 +34,9 @@ std::string run_attention_sm90_fp8(const AttentionParams& params, cudaStream_t s
     failure = encode_bshd_map(&map_k, p.k, kU8, 1, p.batch, p.seqlen_k, p.heads_k, p.head_dim, p.k_batch_stride,
                               p.k_seq_stride, p.k_head_stride, T::kBlockKV);
   }
-  if (failure.empty() && p.seqlen_k > 0 && p.batch > 0) {  // V^T as a (B, D, Hk, keys) "BSHD" tensor: rows are D
-    const int64_t head_stride = int64_t{p.head_dim} * keys_padded;
-    failure = encode_bshd_map(&map_v, p.v, kU8, 1, p.batch, p.head_dim, p.heads_k, keys_padded,
-                              head_stride * p.heads_k, keys_padded, head_stride, T::kHeadDim);
+  if (failure.empty() && p.seqlen_k > 0 && p.batch > 0) {
+    failure = encode_bshd_map(&map_v, p.v, kU8, 1, p.batch, p.seqlen_k, p.heads_k, p.head_dim, p.v_batch_stride,
+                              p.v_seq_stride, p.v_head_stride, T::kBlockKV);
   }
   if (failure.empty()) {
     failure = encode_bshd_map(&map_o, p.o, true, p.batch, p.seqlen_q, p.heads_q, p.head_dim, p.o_batch_stride,

@@ -204,6 +204,18 @@ struct Producer {
     }
   }
   __device__ __forceinline__ void load_v(const TileWork& w, int j, int step) {
+    if constexpr (T::kFp8) {  // V as loaded, into the raw buffer that v_transpose.cuh writes the stage's V^T from
+      VRawState* const raw = s.vraw_state();
+      mbarrier_wait(&raw->empty, (step & 1) ^ 1);  // the previous block is transposed
+      trace(kTraceProducerV, j);
+      mbarrier_arrive_expect_tx(&raw->full, T::kKBytes);
+#pragma unroll
+      for (int panel = 0; panel < T::kPanels; ++panel) {
+        tma_load_4d(s.vraw() + panel * T::kKVPanelBytes, &tma_v, &raw->full, panel * T::kPanelCols, j * T::kBlockKV,
+                    w.kv_head, w.batch);
+      }
+      return;
+    }
     const int stage = P::stage_of(step);
     PagedBlock pages{};
     if constexpr (V::kSplitPaged) {
@@ -215,13 +227,7 @@ struct Producer {
       mbarrier_arrive_expect_tx(s.v_full(stage), T::kVBytes);
     }
     sync_lanes();
-    if constexpr (T::kFp8) {  // V^T (B, Hk, D, keys): panel n is keys 128n .. 128n + 127 of the block, all D rows
-#pragma unroll
-      for (int panel = 0; panel < T::kVtPanels; ++panel) {
-        tma_load_4d(s.v(stage) + panel * T::kVtPanelBytes, &tma_v, s.v_full(stage), j * T::kBlockKV + 128 * panel, 0,
-                    w.kv_head, w.batch);
-      }
-    } else if constexpr (V::kSplitPaged) {
+    if constexpr (V::kSplitPaged) {
       load_block(s.v(stage), tma_v, s.v_full(stage), w, j, pages);
     } else {
 #pragma unroll
@@ -332,6 +338,12 @@ struct Producer {
       if (lane == 0) load_q(w, n, tiles_done);
       ++tiles_done;
       load_key_blocks(w, it);
+    }
+    if constexpr (T::kFp8) {  // the end, to the transposing warps: an arrival on the raw buffer with no block
+      VRawState* const raw = s.vraw_state();
+      mbarrier_wait(&raw->empty, (it & 1) ^ 1);
+      raw->done = 1;
+      mbarrier_arrive(&raw->full);
     }
   }
 };

@@ -198,7 +198,16 @@ __device__ __forceinline__ void setmaxnreg_dec() {
   asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(kRegs));
 }
 
-// ---- stmatrix: four 8x8 b16 matrices from mma-fragment registers to shared memory --------------------------------
+// ---- ldmatrix / stmatrix: four 8x8 b16 matrices between shared memory and mma-fragment registers -------------------
+// Transposed load: lane t gives the shared address of row t%8 of matrix t/8 (16 bytes); register k of lane t receives
+// rows 2*(t%4) and +1 of matrix k at column t/4 (the first row's element in the low half).
+__device__ __forceinline__ void ldmatrix_x4_trans(uint32_t smem_addr, uint32_t (&r)[4]) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(smem_addr)
+               : "memory");
+}
+
 // Register k of lane t holds row t/4, columns 2*(t%4) and +1 of matrix k (the ldmatrix / mma.sync fragment layout);
 // lane t gives the shared address of row t%8 of matrix t/8.
 __device__ __forceinline__ void stmatrix_x4(uint32_t smem_addr, const uint32_t (&r)[4]) {

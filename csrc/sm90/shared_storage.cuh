@@ -23,6 +23,7 @@ struct SmemShape {
   int consumers;     // consumer warpgroups
   bool split_state;  // the split tail's shared state (split_tail.cuh)
   int o_bytes;       // O's staging buffer (kBlockQ, D) of the output dtype (q_bytes but for FP8 inputs)
+  int vraw_bytes;    // FP8: one V block (kBlockKV, D) as loaded, before v_transpose.cuh writes its V^T stage; else 0
 };
 
 // `s` with its Q buffering replaced (the traits size the candidates to choose between them).
@@ -42,6 +43,8 @@ struct Bytes<0, Tag> {};
 struct OTag;
 struct PTag;
 struct SplitTag;
+struct VRawTag;
+struct VRawStateTag;
 
 // The split tail's shared state: the producer's position in its share (the tile among the split ones, its first key
 // block, the share's key blocks left) and what tile n of the block is, at kind[n % 4] (split_tail.cuh).
@@ -49,6 +52,13 @@ struct SplitState {
   int tile, first_block, blocks_left;
   int unused;  // (padding: the layout the split tail was measured with)
   int kind[4];
+};
+
+// FP8's raw V buffer (one block; v_transpose.cuh): the TMA copy completes on `full`, the transposing threads
+// release it on `empty`; `done` is set before the producer's last arrival on `full`, which carries no block.
+struct VRawState {
+  uint64_t full, empty;
+  int done;
 };
 
 // Every tile region starts on a 1024-byte boundary (each is a whole number of 8-row swizzle atoms: 64 rows of Q,
@@ -60,6 +70,7 @@ struct SharedStorage {
   char k[kS.stages][kS.kv_bytes];                                     // [stages] (kBlockKV, D)
   char v[kS.stages][kS.kv_bytes];                                     // [stages] (kBlockKV, D)
   [[no_unique_address]] Bytes<kS.consumers * kS.p_bytes, PTag> p;     // [consumers] (64, kBlockKV)
+  [[no_unique_address]] Bytes<kS.vraw_bytes, VRawTag> vraw;           // FP8: (kBlockKV, D) as loaded
   // mbarriers
   uint64_t q_full[kS.q_buffers];   // the buffer's Q has landed
   uint64_t q_empty[kS.q_buffers];  // the consumers no longer read it
@@ -73,6 +84,7 @@ struct SharedStorage {
   // have taken tile n + 2, so after tile n's epilogue
   int tile_split[4];
   [[no_unique_address]] std::conditional_t<kS.split_state, SplitState, Bytes<0, SplitTag>> split;
+  [[no_unique_address]] std::conditional_t<(kS.vraw_bytes > 0), VRawState, Bytes<0, VRawStateTag>> vraw_state;
 };
 
 // The 128-byte swizzle is a function of address bits 4-9: the kernel rounds its dynamic shared-memory base up to a
@@ -92,6 +104,8 @@ struct SmemOffsets {
   static constexpr int kK = offsetof(S, k);
   static constexpr int kV = offsetof(S, v);
   static constexpr int kP = kV + kS.stages * kS.kv_bytes;
+  static constexpr int kVRaw = kP + kS.consumers * kS.p_bytes;
+  static constexpr int kVRawState = offsetof(S, vraw_state);
   static constexpr int kQFull = offsetof(S, q_full);
   static constexpr int kQEmpty = offsetof(S, q_empty);
   static constexpr int kKFull = offsetof(S, k_full);
@@ -103,7 +117,7 @@ struct SmemOffsets {
   static constexpr int kSched = offsetof(S, sched);
   static constexpr int kTileSplit = offsetof(S, tile_split);
   static constexpr int kSplit = offsetof(S, tile_split) + sizeof(S::tile_split);
-  static_assert(kQ % 1024 == 0 && kK % 1024 == 0 && kV % 1024 == 0 && kP % 1024 == 0,
+  static_assert(kQ % 1024 == 0 && kK % 1024 == 0 && kV % 1024 == 0 && kP % 1024 == 0 && kVRaw % 1024 == 0,
                 "tile regions must start on the 1024-byte swizzle atom");
 };
 
@@ -120,6 +134,7 @@ struct SmemView {
   __device__ __forceinline__ char* k(int stage) const { return base + Off::kK + stage * T::kKVBytes; }
   __device__ __forceinline__ char* v(int stage) const { return base + Off::kV + stage * T::kKVBytes; }
   __device__ __forceinline__ char* p(int consumer) const { return base + Off::kP + consumer * T::kPBytes; }
+  __device__ __forceinline__ char* vraw() const { return base + Off::kVRaw; }
   // mbarriers
   __device__ __forceinline__ uint64_t* q_full(int b) const { return bar(Off::kQFull) + b; }
   __device__ __forceinline__ uint64_t* q_empty(int b) const { return bar(Off::kQEmpty) + b; }
@@ -132,6 +147,9 @@ struct SmemView {
   __device__ __forceinline__ TileSlot* sched() const { return reinterpret_cast<TileSlot*>(base + Off::kSched); }
   __device__ __forceinline__ int* tile_split() const { return reinterpret_cast<int*>(base + Off::kTileSplit); }
   __device__ __forceinline__ SplitState* split() const { return reinterpret_cast<SplitState*>(base + Off::kSplit); }
+  __device__ __forceinline__ VRawState* vraw_state() const {
+    return reinterpret_cast<VRawState*>(base + Off::kVRawState);
+  }
 
  private:
   __device__ __forceinline__ uint64_t* bar(int offset) const { return reinterpret_cast<uint64_t*>(base + offset); }

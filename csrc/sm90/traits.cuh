@@ -143,9 +143,9 @@ struct Traits {
   static constexpr int kVtPanelBytes = kHeadDim * kRowBytes;
   static constexpr int kQBytes = kQPanelBytes * kPanels;    // (kBlockQ, D)
   static constexpr int kKBytes = kKVPanelBytes * kPanels;  // (kBlockKV, D): one K stage's bytes
-  // FP8's V^T stage: ceil(kBlockKV / 128) panels of [D][128 keys]. A 192-key block's second panel is loaded whole
-  // (keys 128-255 of the block; the last 64 are never read): a 64-key box would need the 64-byte swizzle and
-  // descriptors of their own.
+  // FP8's V^T stage: ceil(kBlockKV / 128) panels of [D][128 keys]. A 192-key block fills the first half of its
+  // second panel's rows (the other half is never written or read): a 64-key panel would need the 64-byte swizzle
+  // and descriptors of their own.
   static constexpr int kVtPanels = (kBlockKV + 127) / 128;
   static constexpr int kVBytes = kFp8 ? kVtPanels * kVtPanelBytes : kKBytes;  // one V stage's bytes
   static constexpr int kKVBytes = kKBytes > kVBytes ? kKBytes : kVBytes;     // a K or V stage's stride
@@ -156,8 +156,13 @@ struct Traits {
   // swizzled like Q (wgmma's A).
   static constexpr int kPPanelBytes = 64 * kRowBytes;
   static constexpr int kPBytes = kPSmemIfSoftcap ? (kBlockKV + 63) / 64 * kPPanelBytes : 0;
+  // FP8: one buffer of V as loaded, (kBlockKV, D) like a K stage, which warps 1-3 of the producer warpgroup
+  // transpose into the V^T stage (v_transpose.cuh). One buffer: the 192-key config has 24 KB left beside two Q
+  // buffers, and its copy is issued as soon as the previous block is transposed, two key blocks before its P V.
+  static constexpr int kVRawBytes = kFp8 ? kKBytes : 0;
   static constexpr int kMaxSmemBytes = 227 * 1024;  // opt-in dynamic shared memory per block on sm_90
-  static constexpr SmemShape kShape1{kQBytes, 1, false, kKVBytes, kStages, kPBytes, kConsumers, kSplitTail, kOBytes};
+  static constexpr SmemShape kShape1{kQBytes, 1,          false,     kKVBytes, kStages,
+                                     kPBytes, kConsumers, kSplitTail, kOBytes, kVRawBytes};
   // Where even one Q buffer and a separate O buffer do not fit (head dim 256: Q and O are 64 KB each), each consumer
   // stages its 64 rows of O in the stage of the tile's final key block, consumer 0 in its K and consumer 1 in its V
   // (epilogue.cuh), and that K / V is released once the TMA store has read them. Q is released at the tile's last
@@ -173,6 +178,7 @@ struct Traits {
   static_assert(kSmemBytes <= kMaxSmemBytes, "sm90 config does not fit in 227 KB of shared memory");
   static_assert(!kOInKV || (kConsumers == 2 && kKBytes >= kOBytes / 2 && kVBytes >= kOBytes / 2),
                 "O staged in K / V: two consumers, each one's 64 rows of O no larger than a K or V stage");
+  static_assert(!(kFp8 && kOInKV), "FP8: O has a buffer of its own (the V stages hold V^T)");
   static_assert(!(kSplitTail && kOInKV),
                 "a split tile's partial leaves before the epilogue that releases the last K / V stage");
 
