@@ -38,7 +38,10 @@ struct VTransposer {
   // 9} (+ 16): V^T positions 4 c4 .. 4 c4 + 3 (+ 16) of the group. One stmatrix.x4 writes them, matrix i row r being
   // V^T row 16c + 2r + i % 2 at the group's 16 positions (i / 2) xor (r >= 4): lanes j >= 4 swap the halves, so
   // that the 8 rows of each matrix fall in 8 distinct 16-byte chunks (the rows' d % 8 takes 4 values). Each ldmatrix
-  // and stmatrix phase (a matrix: 8 rows of 16 bytes) is one conflict-free wavefront.
+  // and stmatrix phase (a matrix: 8 rows of 16 bytes) is one conflict-free wavefront. About 11 instructions a step,
+  // 16 steps a warp per 192-key block: the transposing warps share the consumers' schedulers, and 4-byte loads with
+  // 4 x 4 byte transposes (about 300 a block) ran at 0.87x, this form at 0.94x, the rate of the XLA-transposed V^T
+  // build timed beside it (H200, 16384 keys, non-causal).
   __device__ __forceinline__ void transpose_block(const char* raw, char* vt, int warp, int lane) const {
     const int i = lane >> 3, r = lane & 7;  // the matrix and row this lane addresses
     const bool swap = (lane >> 2) >= 4;     // j >= 4: this lane's registers go to the other half of the group
