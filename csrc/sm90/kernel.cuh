@@ -18,7 +18,7 @@
 namespace jax_flash::sm90 {
 
 // The mbarriers' arrival counts, set once by thread 0 before any role starts.
-template <class T, class V>
+template <class T>
 __device__ __forceinline__ void init_barriers(SmemView<T> s) {
   for (int b = 0; b < T::kQBuffers; ++b) {
     mbarrier_init(s.q_full(b), 1);
@@ -63,7 +63,7 @@ __global__ void __launch_bounds__(T::kNumThreads, 1)
   char* smem = smem_raw + ((kSmemAlignSlack - (smem_address(smem_raw) & kMask)) & kMask);
   const SmemView<T> s{smem};
   const int tid = threadIdx.x;
-  if (tid == 0) init_barriers<T, V>(s);
+  if (tid == 0) init_barriers<T>(s);
   __syncthreads();
   const int warpgroup = tid / 128;
   if (warpgroup == 0) {
