@@ -27,9 +27,10 @@ start=$(date +%s)
 (cd "$REPO" && CMAKE_BUILD_PARALLEL_LEVEL=16 python3 -m pip install --no-build-isolation --no-deps -v ${BUILD_ARGS:-} . ) \
   > "$OUT/build.log" 2>&1 || { tail -60 "$OUT/build.log"; exit 1; }
 echo "build: $(( $(date +%s) - start )) s"
+# (bounded: a dump that does not finish must not take the rest of the call's 10 minutes)
 (cd /tmp && so=$(python3 -c "import jax_flash._jax_flash as m; print(m.__file__)"); \
-  cuobjdump -sass "$so" | python3 "$REPO/tools/sass_report.py" > "$OUT/sass.txt" 2>&1)
-echo "SASS: $(grep -c . "$OUT/sass.txt") kernels listed; with LDL/STL in the KV loop:"
+  timeout ${SASS_TIMEOUT:-90} bash -c "cuobjdump -sass '$so' | python3 '$REPO/tools/sass_report.py'" > "$OUT/sass.txt" 2>&1)
+echo "SASS (exit $?): $(grep -c . "$OUT/sass.txt") kernels listed; with LDL/STL in the KV loop:"
 awk 'NR > 1 && $NF > 0' "$OUT/sass.txt" | head -5
 
 cd /tmp
