@@ -26,11 +26,12 @@ struct VTransposer {
   static_assert(T::kFp8 && T::kHeadDim % 128 == 0 && T::kBlockKV % 32 == 0, "V^T of FP8 blocks of 32-key groups");
   static constexpr int kGroups = T::kBlockKV / 32;  // 32-key groups of a block
   static constexpr int kChunks = T::kHeadDim / 16;  // 16-byte column chunks of D
+  static constexpr int kWarps = kVTransposeThreads / 32;
 
   SmemView<T> s;
 
   // The raw block at `raw` as V^T into the stage at `vt`, one (32-key group n, 16-column chunk c) per warp step;
-  // warp w takes groups w, w + 3, ... and every chunk of them.
+  // warp w takes groups w, w + kWarps, ... and every chunk of them.
   //
   // Step: one transposed ldmatrix.x4 of the group's keys 8i .. 8i + 7 (matrix i, row r = lane l % 8 at lane l = 8i +
   // r) at chunk c gives lane l (c4 = l % 4, j = l / 4) register i = keys 8i + 2 c4 and + 1, each at columns 2j and
@@ -51,7 +52,7 @@ struct VTransposer {
     const int row = 2 * r + (i & 1);
     const uint32_t vt_lane = smem_address(vt) + row * T::kRowBytes + ((((i >> 1) ^ (r >> 2)) ^ (row & 7)) << 4);
 #pragma unroll 1
-    for (int n = warp; n < kGroups; n += 3) {
+    for (int n = warp; n < kGroups; n += kWarps) {
       const uint32_t raw_group = raw_lane + n * 32 * T::kRowBytes;
       // group n: panel n / 4, positions 32 (n % 4): the 16-byte half h is chunk 2 (n % 4) + h before the swizzle
       const uint32_t vt_group = (vt_lane + (n / 4) * T::kVtPanelBytes) ^ ((2 * (n % 4)) << 4);
