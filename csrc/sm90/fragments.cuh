@@ -35,7 +35,7 @@ __device__ __forceinline__ void pack_k16(const float (&acc)[1][kTiles][4], int t
 // the row 8 below, while the accumulator holds columns 2 * (lane % 4) + {0, 1} of each n-tile: register 0 takes
 // tiles 4t and 4t + 1, register 2 tiles 4t + 2 and 4t + 3, with no exchange between lanes. So k position
 // p = 16h + 4c + 2u + v (c = lane % 4) carries column 16h + 8u + 2c + v, and V^T holds its keys in that order within
-// each 32 (jax_flash/fp8.py, transposed_v).
+// each 32 (v_transpose.cuh).
 __device__ __forceinline__ uint32_t pack4_e4m3(float c0, float c1, float c2, float c3) {
   const uint32_t lo = __nv_cvt_float2_to_fp8x2(make_float2(c0, c1), __NV_SATFINITE, __NV_E4M3);  // c0: byte 0
   const uint32_t hi = __nv_cvt_float2_to_fp8x2(make_float2(c2, c3), __NV_SATFINITE, __NV_E4M3);
