@@ -30,12 +30,13 @@ struct VTransposer {
   static constexpr int kUnitChunks = 4;                          // chunks of a work unit
   static constexpr int kUnitsPerGroup = kChunks / kUnitChunks;
   static constexpr int kUnits = kGroups * kUnitsPerGroup;
+  static_assert(kChunks % kUnitChunks == 0, "whole work units per 32-key group");
 
   SmemView<T> s;
 
   // The raw block at `raw` as V^T into the stage at `vt`, one (32-key group n, 16-column chunk c) per warp step.
   // Work unit: a group's run of 4 chunks; warp w takes units w, w + kWarps, ... (128 keys at D = 128: 8 units, so
-  // 3 / 3 / 2 per warp where whole groups gave 2 / 1 / 1).
+  // 12 / 12 / 8 steps per warp where whole groups gave 16 / 8 / 8).
   //
   // Step: one transposed ldmatrix.x4 of the group's keys 8i .. 8i + 7 (matrix i, row r = lane l % 8 at lane l = 8i +
   // r) at chunk c gives lane l (c4 = l % 4, j = l / 4) register i = keys 8i + 2 c4 and + 1, each at columns 2j and
