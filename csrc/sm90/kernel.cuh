@@ -38,8 +38,10 @@ __device__ __forceinline__ void init_barriers(SmemView<T> s) {
     mbarrier_init(s.sched_empty(slot), T::kConsumers * 128);
   }
   if constexpr (T::kFp8) {
-    mbarrier_init(&s.vraw_state()->full, 1);
-    mbarrier_init(&s.vraw_state()->empty, kVTransposeThreads);
+    for (int b = 0; b < T::kVRawBuffers; ++b) {
+      mbarrier_init(&s.vraw_state()->full[b], 1);
+      mbarrier_init(&s.vraw_state()->empty[b], kVTransposeThreads);
+    }
     s.vraw_state()->done = 0;
   }
   fence_barrier_init();

@@ -204,15 +204,16 @@ struct Producer {
     }
   }
   __device__ __forceinline__ void load_v(const TileWork& w, int j, int step) {
-    if constexpr (T::kFp8) {  // V as loaded, into the raw buffer that v_transpose.cuh writes the stage's V^T from
+    if constexpr (T::kFp8) {  // V as loaded, into a raw buffer that v_transpose.cuh writes the stage's V^T from
       VRawState* const raw = s.vraw_state();
-      mbarrier_wait(&raw->empty, (step & 1) ^ 1);  // the previous block is transposed
+      const int b = step % T::kVRawBuffers, use = step / T::kVRawBuffers;
+      mbarrier_wait(&raw->empty[b], (use & 1) ^ 1);  // the buffer's block before is transposed
       trace(kTraceProducerV, j);
-      mbarrier_arrive_expect_tx(&raw->full, T::kKBytes);
+      mbarrier_arrive_expect_tx(&raw->full[b], T::kKBytes);
 #pragma unroll
       for (int panel = 0; panel < T::kPanels; ++panel) {
-        tma_load_4d(s.vraw() + panel * T::kKVPanelBytes, &tma_v, &raw->full, panel * T::kPanelCols, j * T::kBlockKV,
-                    w.kv_head, w.batch);
+        tma_load_4d(s.vraw(b) + panel * T::kKVPanelBytes, &tma_v, &raw->full[b], panel * T::kPanelCols,
+                    j * T::kBlockKV, w.kv_head, w.batch);
       }
       return;
     }
@@ -339,11 +340,14 @@ struct Producer {
       ++tiles_done;
       load_key_blocks(w, it);
     }
-    if constexpr (T::kFp8) {  // the end, to the transposing warps: an arrival on the raw buffer with no block
+    if constexpr (T::kFp8) {  // the end, to the transposing warps: an arrival on the next raw buffer with no block
+      // every buffer's last block transposed first: the transposing warps read `done` after each wait
       VRawState* const raw = s.vraw_state();
-      mbarrier_wait(&raw->empty, (it & 1) ^ 1);
+      for (int k = it; k < it + T::kVRawBuffers; ++k) {
+        mbarrier_wait(&raw->empty[k % T::kVRawBuffers], ((k / T::kVRawBuffers) & 1) ^ 1);
+      }
       raw->done = 1;
-      mbarrier_arrive(&raw->full);
+      mbarrier_arrive(&raw->full[it % T::kVRawBuffers]);
     }
   }
 };

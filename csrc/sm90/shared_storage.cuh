@@ -24,6 +24,7 @@ struct SmemShape {
   bool split_state;  // the split tail's shared state (split_tail.cuh)
   int o_bytes;       // O's staging buffer (kBlockQ, D) of the output dtype (q_bytes but for FP8 inputs)
   int vraw_bytes;    // FP8: one V block (kBlockKV, D) as loaded, before v_transpose.cuh writes its V^T stage; else 0
+  int vraw_buffers;  // FP8: how many (2); else 0
 };
 
 // `s` with its Q buffering replaced (the traits size the candidates to choose between them).
@@ -54,10 +55,11 @@ struct SplitState {
   int kind[4];
 };
 
-// FP8's raw V buffer (one block; v_transpose.cuh): the TMA copy completes on `full`, the transposing threads
-// release it on `empty`; `done` is set before the producer's last arrival on `full`, which carries no block.
+// FP8's raw V buffers (one block each, used in turn; v_transpose.cuh): buffer b's TMA copy completes on full[b],
+// the transposing threads release it on empty[b]; `done` is set before the producer's last arrival on the next
+// buffer's `full`, which carries no block.
 struct VRawState {
-  uint64_t full, empty;
+  uint64_t full[2], empty[2];
   int done;
 };
 
@@ -70,7 +72,7 @@ struct SharedStorage {
   char k[kS.stages][kS.kv_bytes];                                     // [stages] (kBlockKV, D)
   char v[kS.stages][kS.kv_bytes];                                     // [stages] (kBlockKV, D)
   [[no_unique_address]] Bytes<kS.consumers * kS.p_bytes, PTag> p;     // [consumers] (64, kBlockKV)
-  [[no_unique_address]] Bytes<kS.vraw_bytes, VRawTag> vraw;           // FP8: (kBlockKV, D) as loaded
+  [[no_unique_address]] Bytes<kS.vraw_bytes * kS.vraw_buffers, VRawTag> vraw;  // FP8: [vraw_buffers] (kBlockKV, D)
   // mbarriers
   uint64_t q_full[kS.q_buffers];   // the buffer's Q has landed
   uint64_t q_empty[kS.q_buffers];  // the consumers no longer read it
@@ -134,7 +136,7 @@ struct SmemView {
   __device__ __forceinline__ char* k(int stage) const { return base + Off::kK + stage * T::kKVBytes; }
   __device__ __forceinline__ char* v(int stage) const { return base + Off::kV + stage * T::kKVBytes; }
   __device__ __forceinline__ char* p(int consumer) const { return base + Off::kP + consumer * T::kPBytes; }
-  __device__ __forceinline__ char* vraw() const { return base + Off::kVRaw; }
+  __device__ __forceinline__ char* vraw(int buffer) const { return base + Off::kVRaw + buffer * T::kVRawBytes; }
   // mbarriers
   __device__ __forceinline__ uint64_t* q_full(int b) const { return bar(Off::kQFull) + b; }
   __device__ __forceinline__ uint64_t* q_empty(int b) const { return bar(Off::kQEmpty) + b; }

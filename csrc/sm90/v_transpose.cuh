@@ -1,7 +1,8 @@
 // FP8's V^T, written in shared memory. FP8 wgmma reads its B operand K-major only, so O += P V needs V as (D, keys).
-// The producer (producer.cuh) copies each key block of V (B, Sk, Hk, D) into the raw buffer as TMA loads it
-// (SmemView::vraw: (kBlockKV, D) in 128-byte swizzled rows, like a K stage); warps 1-3 of the producer warpgroup
-// (96 threads) wait for it and for the block's V stage to be free, write the stage's V^T, and release both.
+// The producer (producer.cuh) copies each key block of V (B, Sk, Hk, D) into one of two raw buffers in turn as TMA
+// loads it (SmemView::vraw: (kBlockKV, D) in 128-byte swizzled rows, like a K stage); warps 1-3 of the producer
+// warpgroup (96 threads) wait for it and for the block's V stage to be free, write the stage's V^T, and release
+// both.
 //
 // V^T stage: kVtPanels panels of [D rows][128 key positions], 128-byte swizzled like every tile (16-byte chunk c of
 // row d at chunk c ^ (d % 8)). Within each 32 positions, position 16h + 4c + 2u + w holds key 16h + 8u + 2c + w:
@@ -86,14 +87,15 @@ struct VTransposer {
     const int warp = t / 32, lane = t % 32;
     VRawState* const raw = s.vraw_state();
     for (int step = 0;; ++step) {
-      mbarrier_wait(&raw->full, step & 1);
+      const int b = step % T::kVRawBuffers, use = step / T::kVRawBuffers;
+      mbarrier_wait(&raw->full[b], use & 1);
       if (*reinterpret_cast<volatile int*>(&raw->done) != 0) return;
       const int stage = P::stage_of(step);
       mbarrier_wait(s.v_empty(stage), P::parity_of(step) ^ 1);  // the consumers are done with the stage's last V^T
-      transpose_block(s.vraw(), s.v(stage), warp, lane);
+      transpose_block(s.vraw(b), s.v(stage), warp, lane);
       fence_proxy_async_smem();  // (the wgmma reads V^T through the async proxy)
       mbarrier_arrive(s.v_full(stage));
-      mbarrier_arrive(&raw->empty);
+      mbarrier_arrive(&raw->empty[b]);
     }
   }
 };
