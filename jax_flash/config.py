@@ -504,7 +504,10 @@ def shipped_kernels() -> Iterator[tuple[str, int, KernelConfig]]:
 # config per head dim an FP8 call on Hopper runs with cfg=None (fp8_config); an sm90 cfg picks another compiled one
 # (the candidates: build with -DJAX_FLASH_CONFIG_SET=sweep_fp8).
 FP8_DTYPE, FP8_DTYPE_VALUE = "float8_e4m3fn", 2
-FP8_CONFIGS = {128: KernelConfig.sm90(block_kv=128, stages=2, consumer_warpgroups=2, pingpong=True)}
+# Head dim 256: 64-key blocks, the most that fit (Q 32 KB, O 64 KB, two K stages of 16 KB, two V^T stages of one
+# 32 KB panel of 128 key positions, half of it unread, two raw V buffers of 16 KB: 230,656 bytes).
+FP8_CONFIGS = {128: KernelConfig.sm90(block_kv=128, stages=2, consumer_warpgroups=2, pingpong=True),
+               256: KernelConfig.sm90(block_kv=64, stages=2, consumer_warpgroups=2, pingpong=True)}
 # From FP8_LONG_KEYS keys, 192-key blocks (FlashAttention-3 takes 192-224 for FP8 at head dim 128): each block's
 # row maxima, barriers and waits cover 1.5x the products and exponentials. H200, against 128-key blocks: causal
 # 2048 / 4096 / 16384 keys +2 / +6 / +7%, non-causal 4096 / 16384 +1 / +4%, but 1024 keys -10% (non-causal) and -4%.
@@ -513,12 +516,15 @@ FP8_LONG_KEYS = 2048
 FP8_SWEEP_CONFIGS: dict[int, tuple[KernelConfig, ...]] = {
     128: (KernelConfig.sm90(block_kv=128, pingpong=False), KernelConfig.sm90(block_kv=128, stages=3),
           KernelConfig.sm90(block_kv=128, overlap=False)),
+    256: (KernelConfig.sm90(block_kv=128),),
 }
 
 
 def fp8_config(head_dim: int, seq_k: int) -> KernelConfig:
     """The config an FP8 call of this head dim (a key of FP8_CONFIGS) and key length runs with cfg=None."""
-    return (FP8_LONG_CONFIGS if seq_k >= FP8_LONG_KEYS else FP8_CONFIGS)[head_dim]
+    if seq_k >= FP8_LONG_KEYS and head_dim in FP8_LONG_CONFIGS:
+        return FP8_LONG_CONFIGS[head_dim]
+    return FP8_CONFIGS[head_dim]
 
 
 def fp8_kernels(name: str) -> list[tuple[int, KernelConfig]]:

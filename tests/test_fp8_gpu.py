@@ -65,35 +65,40 @@ def _check(q, k, v, qd, kd, vd, cfg=None, **mask):
 
 
 @requires_hopper
+@pytest.mark.parametrize("head_dim", [128, 256])
 @pytest.mark.parametrize("heads", [(4, 4), (8, 2), (8, 1)], ids=["mha", "gqa", "mqa"])
 @pytest.mark.parametrize("seq_q,seq_k", [(128, 128), (300, 1000), (1000, 300), (1, 4100), (129, 77)])
 @pytest.mark.parametrize("causal", [False, True])
-def test_gpu_fp8_kernel_matches_the_dequantised_reference(heads, seq_q, seq_k, causal):
-    q, k, v, qd, kd, vd = _inputs(seq_q + seq_k + heads[1], 2, seq_q, seq_k, *heads)
+def test_gpu_fp8_kernel_matches_the_dequantised_reference(heads, seq_q, seq_k, causal, head_dim):
+    q, k, v, qd, kd, vd = _inputs(seq_q + seq_k + heads[1], 2, seq_q, seq_k, *heads, head_dim=head_dim)
     _check(q, k, v, qd, kd, vd, causal=causal)
 
 
 @requires_hopper
-def test_gpu_fp8_kernel_with_lengths_and_a_window():
-    q, k, v, qd, kd, vd = _inputs(5, 3, 200, 700, 4, 2)
+@pytest.mark.parametrize("head_dim", [128, 256])
+def test_gpu_fp8_kernel_with_lengths_and_a_window(head_dim):
+    q, k, v, qd, kd, vd = _inputs(5, 3, 200, 700, 4, 2, head_dim=head_dim)
     mask = dict(causal=True, window=(150, -1), q_lengths=jnp.array([200, 17, 0], jnp.int32),
                 kv_lengths=jnp.array([700, 300, 5], jnp.int32))
     _check(q, k, v, qd, kd, vd, **mask)
 
 
+FP8_SHIPPED = [(head_dim, cfg) for table in (jax_flash.config.FP8_CONFIGS, jax_flash.config.FP8_LONG_CONFIGS)
+               for head_dim, cfg in table.items()]
+
+
 @requires_hopper
-@pytest.mark.parametrize("which", ["short", "long"])
-def test_gpu_fp8_each_shipped_config_with_lengths_and_a_window(which):
-    """Both FP8 configs cfg=None picks by key length (FP8_CONFIGS, FP8_LONG_CONFIGS: 192-key blocks, whose V^T stage,
-    written in shared memory, is one and a half 128-key panels), forced on lengths that end inside a key block, with
-    and without masks."""
-    table = jax_flash.config.FP8_CONFIGS if which == "short" else jax_flash.config.FP8_LONG_CONFIGS
-    cfg = table[128]
-    q, k, v, qd, kd, vd = _inputs(11, 3, 200, 1000, 4, 2)
+@pytest.mark.parametrize("head_dim,cfg", FP8_SHIPPED, ids=[f"d{d}_kv{c.block_kv}" for d, c in FP8_SHIPPED])
+def test_gpu_fp8_each_shipped_config_with_lengths_and_a_window(head_dim, cfg):
+    """Every FP8 config cfg=None picks by head dim and key length (FP8_CONFIGS, FP8_LONG_CONFIGS: 192-key blocks,
+    whose V^T stage, written in shared memory, is one and a half 128-key panels; head dim 256's 64-key blocks, half
+    a panel), forced on lengths that end inside a key block, with and without masks."""
+    q, k, v, qd, kd, vd = _inputs(11, 3, 200, 1000, 4, 2, head_dim=head_dim)
     _check(q, k, v, qd, kd, vd, cfg=cfg)
     _check(q, k, v, qd, kd, vd, cfg=cfg, causal=True, window=(300, -1), q_lengths=jnp.array([200, 33, 0], jnp.int32),
            kv_lengths=jnp.array([1000, 577, 191], jnp.int32))
-    q, k, v, qd, kd, vd = _inputs(12, 1, 130, 3 * cfg.block_kv, 2, 1)  # a multiple of the block: unmasked variant
+    # a multiple of the block: the unmasked variant
+    q, k, v, qd, kd, vd = _inputs(12, 1, 130, 3 * cfg.block_kv, 2, 1, head_dim=head_dim)
     _check(q, k, v, qd, kd, vd, cfg=cfg)
 
 
@@ -108,11 +113,12 @@ def test_gpu_fp8_split_tail_of_a_partial_last_wave(seq_k):
 
 
 @requires_hopper
-def test_gpu_fp8_kernel_long_rows_and_vmap():
+@pytest.mark.parametrize("head_dim", [128, 256])
+def test_gpu_fp8_kernel_long_rows_and_vmap(head_dim):
     """Many key blocks per row (the online rescale over 16384 keys), and vmap folding into the batch."""
-    q, k, v, qd, kd, vd = _inputs(6, 1, 256, 16384, 2, 1)
+    q, k, v, qd, kd, vd = _inputs(6, 1, 256, 16384, 2, 1, head_dim=head_dim)
     _check(q, k, v, qd, kd, vd, causal=True)
-    small = _inputs(7, 2, 64, 96, 2, 2)
+    small = _inputs(7, 2, 64, 96, 2, 2, head_dim=head_dim)
     call = lambda q, k, v, qd, kd, vd: jax_flash.attention(q, k, v, q_descale=qd, k_descale=kd, v_descale=vd)
     mapped = jax.jit(jax.vmap(call))(*(jnp.stack([x, x]) for x in small))
     np.testing.assert_array_equal(np.asarray(mapped[1], np.float32), np.asarray(call(*small), np.float32))

@@ -146,11 +146,11 @@ struct Mainloop {
     return smem_offset(q_desc0, (kk / 4) * T::kQPanelBytes + (kk % 4) * 32);
   }
   __device__ __forceinline__ uint64_t k_desc(int stage, int kk) const {
-    return smem_offset(k_desc0, stage * T::kKVBytes + (kk / 4) * T::kKVPanelBytes + (kk % 4) * 32);
+    return smem_offset(k_desc0, stage * T::kKBytes + (kk / 4) * T::kKVPanelBytes + (kk % 4) * 32);
   }
   __device__ __forceinline__ uint64_t v_desc(int stage, int t) const {
-    if constexpr (T::kFp8) return smem_offset(v_desc0, stage * T::kKVBytes + (t / 4) * T::kVtPanelBytes + (t % 4) * 32);
-    return smem_offset(v_desc0, stage * T::kKVBytes + t * 16 * T::kRowBytes);
+    if constexpr (T::kFp8) return smem_offset(v_desc0, stage * T::kVBytes + (t / 4) * T::kVtPanelBytes + (t % 4) * 32);
+    return smem_offset(v_desc0, stage * T::kVBytes + t * 16 * T::kRowBytes);
   }
   __device__ __forceinline__ uint64_t p_desc(int t) const {
     return smem_offset(p_desc0, (t / 4) * T::kPPanelBytes + (t % 4) * 32);

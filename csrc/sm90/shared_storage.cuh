@@ -17,7 +17,8 @@ struct SmemShape {
   int q_bytes;       // one Q tile (kBlockQ, D): head_dim / 64 swizzled panels of [rows][64]
   int q_buffers;     // 2: the next tile's Q lands while this one's is read; 1 where 227 KB do not allow two
   bool o_in_kv;      // O is staged in the tile's final K / V stage instead of a buffer of its own
-  int kv_bytes;      // one K or V stage (kBlockKV, D)
+  int k_bytes;       // one K stage (kBlockKV, D)
+  int v_bytes;       // one V stage (kBlockKV, D); FP8: V^T, (D, kBlockKV) in whole 128-key panels
   int stages;        // depth of the K/V ring
   int p_bytes;       // P of one consumer (64, kBlockKV) where P goes through shared memory, else 0
   int consumers;     // consumer warpgroups
@@ -69,8 +70,8 @@ template <SmemShape kS>
 struct SharedStorage {
   char q[kS.q_buffers][kS.q_bytes];                                   // [q_buffers] (kBlockQ, D)
   [[no_unique_address]] Bytes<kS.o_in_kv ? 0 : kS.o_bytes, OTag> o;   // (kBlockQ, D): O's own staging buffer
-  char k[kS.stages][kS.kv_bytes];                                     // [stages] (kBlockKV, D)
-  char v[kS.stages][kS.kv_bytes];                                     // [stages] (kBlockKV, D)
+  char k[kS.stages][kS.k_bytes];                                      // [stages] (kBlockKV, D)
+  char v[kS.stages][kS.v_bytes];                                      // [stages] (kBlockKV, D) or V^T
   [[no_unique_address]] Bytes<kS.consumers * kS.p_bytes, PTag> p;     // [consumers] (64, kBlockKV)
   [[no_unique_address]] Bytes<kS.vraw_bytes * kS.vraw_buffers, VRawTag> vraw;  // FP8: [vraw_buffers] (kBlockKV, D)
   // mbarriers
@@ -105,7 +106,7 @@ struct SmemOffsets {
   static constexpr int kO = kS.o_in_kv ? -1 : static_cast<int>(offsetof(S, o));
   static constexpr int kK = offsetof(S, k);
   static constexpr int kV = offsetof(S, v);
-  static constexpr int kP = kV + kS.stages * kS.kv_bytes;
+  static constexpr int kP = kV + kS.stages * kS.v_bytes;
   static constexpr int kVRaw = kP + kS.consumers * kS.p_bytes;
   static constexpr int kVRawState = offsetof(S, vraw_state);
   static constexpr int kQFull = offsetof(S, q_full);
@@ -133,8 +134,8 @@ struct SmemView {
 
   __device__ __forceinline__ char* q(int buffer) const { return base + Off::kQ + buffer * T::kQBytes; }
   __device__ __forceinline__ char* o() const { return base + Off::kO; }
-  __device__ __forceinline__ char* k(int stage) const { return base + Off::kK + stage * T::kKVBytes; }
-  __device__ __forceinline__ char* v(int stage) const { return base + Off::kV + stage * T::kKVBytes; }
+  __device__ __forceinline__ char* k(int stage) const { return base + Off::kK + stage * T::kKBytes; }
+  __device__ __forceinline__ char* v(int stage) const { return base + Off::kV + stage * T::kVBytes; }
   __device__ __forceinline__ char* p(int consumer) const { return base + Off::kP + consumer * T::kPBytes; }
   __device__ __forceinline__ char* vraw(int buffer) const { return base + Off::kVRaw + buffer * T::kVRawBytes; }
   // mbarriers

@@ -148,7 +148,6 @@ struct Traits {
   // and descriptors of their own.
   static constexpr int kVtPanels = (kBlockKV + 127) / 128;
   static constexpr int kVBytes = kFp8 ? kVtPanels * kVtPanelBytes : kKBytes;  // one V stage's bytes
-  static constexpr int kKVBytes = kKBytes > kVBytes ? kKBytes : kVBytes;     // a K or V stage's stride
   static constexpr int kOPanels = kHeadDim / 64;
   static constexpr int kOPanelBytes = kQPanelBytes;
   static constexpr int kOBytes = kOPanelBytes * kOPanels;  // (kBlockQ, D) of OutElement
@@ -164,7 +163,7 @@ struct Traits {
   static constexpr int kVRawBytes = kFp8 ? kKBytes : 0;
   static constexpr int kVRawBuffers = kFp8 ? 2 : 0;
   static constexpr int kMaxSmemBytes = 227 * 1024;  // opt-in dynamic shared memory per block on sm_90
-  static constexpr SmemShape kShape1{kQBytes, 1,          false,     kKVBytes, kStages,
+  static constexpr SmemShape kShape1{kQBytes, 1,          false,      kKBytes, kVBytes,    kStages,
                                      kPBytes, kConsumers, kSplitTail, kOBytes, kVRawBytes, kVRawBuffers};
   // Where even one Q buffer and a separate O buffer do not fit (head dim 256: Q and O are 64 KB each), each consumer
   // stages its 64 rows of O in the stage of the tile's final key block, consumer 0 in its K and consumer 1 in its V
@@ -181,7 +180,6 @@ struct Traits {
   static_assert(kSmemBytes <= kMaxSmemBytes, "sm90 config does not fit in 227 KB of shared memory");
   static_assert(!kOInKV || (kConsumers == 2 && kKBytes >= kOBytes / 2 && kVBytes >= kOBytes / 2),
                 "O staged in K / V: two consumers, each one's 64 rows of O no larger than a K or V stage");
-  static_assert(!(kFp8 && kOInKV), "FP8: O has a buffer of its own (the V stages hold V^T)");
   static_assert(!(kSplitTail && kOInKV),
                 "a split tile's partial leaves before the epilogue that releases the last K / V stage");
 
