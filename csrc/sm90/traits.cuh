@@ -61,7 +61,7 @@ struct Traits {
   static constexpr int kDSteps = kHeadDim / kStepElems;   // k steps of Q K^T
   static_assert(!kFp8 || ((kHeadDim == 128 || kHeadDim == 256) && kBlockKV % 64 == 0 && kConsumers == 2),
                 "sm90 FP8: head_dim 128 or 256 (rows of 128 one-byte elements), block_kv a multiple of 64 (V^T "
-                "panels of 128 keys, the last one's second half unread at 192), two consumers");
+                "panels of 128 keys, the last one's second half unread at 64 and 192), two consumers");
 
   // ---- schedule: choices every variant of this config shares --------------------------------------------------
   // A second ring of turns on the exponentials, so the two consumers' MUFU phases do not coincide: D = 64 -4 to -6%
@@ -165,15 +165,21 @@ struct Traits {
   static constexpr int kMaxSmemBytes = 227 * 1024;  // opt-in dynamic shared memory per block on sm_90
   static constexpr SmemShape kShape1{kQBytes, 1,          false,      kKBytes, kVBytes,    kStages,
                                      kPBytes, kConsumers, kSplitTail, kOBytes, kVRawBytes, kVRawBuffers};
-  // Where even one Q buffer and a separate O buffer do not fit (head dim 256: Q and O are 64 KB each), each consumer
-  // stages its 64 rows of O in the stage of the tile's final key block, consumer 0 in its K and consumer 1 in its V
-  // (epilogue.cuh), and that K / V is released once the TMA store has read them. Q is released at the tile's last
-  // Q K^T as everywhere else, so the next tile's Q loads under the last P V and the epilogue (staged in the Q
-  // buffer, O held Q until the store had read it and the next tile waited for the whole load).
+  // Where even one Q buffer and a separate O buffer do not fit (head dim 256: Q and O are 64 KB each; FP8 at head
+  // dim 256 with 128-key blocks, whose raw V buffers take the room), each consumer stages its 64 rows of O in the
+  // stage of the tile's final key block, consumer 0 in its K and consumer 1 in its V (FP8: its V^T stage, which the
+  // transposing warps refill only after its release), and that K / V is released once the TMA store has read them.
+  // Q is released at the tile's last Q K^T as everywhere else, so the next tile's Q loads under the last P V and the
+  // epilogue (staged in the Q buffer, O held Q until the store had read it and the next tile waited for the whole
+  // load).
   static constexpr bool kOInKV = kSmemBytesOf<kShape1> > kMaxSmemBytes;
   // Q is double-buffered where it fits beside O's buffer (the producer loads the next tile's Q while the consumers
-  // still read this one's: D = 128 with 128-key blocks fits with 1.9 KB to spare).
-  static constexpr int kQBuffers = !kOInKV && kSmemBytesOf<with_q_buffers(kShape1, 2, false)> <= kMaxSmemBytes ? 2 : 1;
+  // still read this one's: D = 128 with 128-key blocks fits with 1.9 KB to spare). Not FP8's 192-key blocks, where
+  // two fit beside the raw V buffers: H200, one against two, TFLOP/s at 2048 / 4096 / 16384 keys 741 / 785 / 835
+  // against 702 / 770 / 825 non-causal and 613 / 708 / 786 against 600 / 697 / 760 causal, one round each (the same
+  // 128-key kernel at 1024 keys read 677 against 648 in that order, so part of it is the order).
+  static constexpr int kQBuffers =
+      !kOInKV && !(kFp8 && kBlockKV > 128) && kSmemBytesOf<with_q_buffers(kShape1, 2, false)> <= kMaxSmemBytes ? 2 : 1;
   static constexpr SmemShape kShape = with_q_buffers(kShape1, kQBuffers, kOInKV);
   using Storage = SharedStorage<kShape>;
   static constexpr int kSmemBytes = kSmemBytesOf<kShape>;
