@@ -78,8 +78,8 @@ def attention(q, k, v, cfg: KernelConfig | None = None, *, causal: bool = False,
         per batch row and head, as the bias's).
       q_descale, k_descale, v_descale: float8_e4m3fn inputs only: float32 (batch, heads_k) factors (None: 1); the
         call computes attention of q * q_descale, k * k_descale, v * v_descale, each kv head's factor applying to
-        its group's query heads; positive (jax_flash/fp8.py). On Hopper at head dim 128 the FP8 kernel runs the call
-        (forward only); other GPU calls run the 16-bit kernels on inputs dequantised to bfloat16.
+        its group's query heads; positive (jax_flash/fp8.py). On Hopper at head dims 128 and 256 the FP8 kernel runs
+        the call (forward only); other GPU calls run the 16-bit kernels on inputs dequantised to bfloat16.
       out_dtype: float8_e4m3fn inputs only: the output's dtype, bfloat16 (default), float16 or float32.
 
     Returns:
