@@ -6,11 +6,11 @@ The CPU path computes it in float32 with the scales folded where they cost nothi
 q (the scores are linear in both), v_descale multiplies the output (linear in v), so k and v are only widened, never
 rescaled (a paged pool's page may belong to any sequence).
 
-On a GPU, the sm90 FP8 kernel (Hopper, head dims 128 and 256; jax_flash/_fp8_primitive.py) takes contiguous calls with causal,
-window and length masks: e4m3 wgmma for both products, P rounded to e4m3, the descales folded into the softmax's
-scale and the output, each V block transposed in shared memory. Every other FP8 call on a GPU (other head dims or
-devices, paged K/V, segment ids, bias / mask tensors, softcap, a scale <= 0) runs the 16-bit kernels on bfloat16
-inputs dequantised by XLA (q * q_descale * k_descale, k; the output times v_descale).
+On a GPU, the sm90 FP8 kernel (Hopper, head dims 128 and 256; jax_flash/_fp8_primitive.py) takes contiguous calls
+with causal, window and length masks: e4m3 wgmma for both products, P rounded to e4m3, the descales folded into the
+softmax's scale and the output, each V block transposed in shared memory. Every other FP8 call on a GPU (other head
+dims or devices, paged K/V, segment ids, bias / mask tensors, softcap, a scale <= 0) runs the 16-bit kernels on
+bfloat16 inputs dequantised by XLA (q * q_descale * k_descale, k; the output times v_descale).
 """
 
 from __future__ import annotations
@@ -107,8 +107,8 @@ def on_gpu(q, traced: bool) -> bool:
 
 def kernel_refusal(q, k, cfg, kwargs) -> str | None:
     """Why the sm90 FP8 kernel does not take this (checked) GPU call, or None when it does: a Hopper device, head
-    dim 128 or 256, cfg None or an sm90 config, contiguous K / V, no segment ids, bias / mask tensors, ALiBi slopes or
-    softcap, softmax_scale > 0."""
+    dim 128 or 256, cfg None or an sm90 config, contiguous K / V, no segment ids, bias / mask tensors, ALiBi slopes
+    or softcap, softmax_scale > 0."""
     if q.shape[3] not in FP8_CONFIGS:
         return f"head_dim {q.shape[3]} (the FP8 kernel has {sorted(FP8_CONFIGS)})"
     if cfg is not None and cfg.family != "sm90":
