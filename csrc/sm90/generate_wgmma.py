@@ -18,7 +18,7 @@ TYPES = {"__half": "f16", "__nv_bfloat16": "bf16"}
 # FP8 (e4m3, k32; both operands K-major: FP8 wgmma has no transpose): S = Q K^T with N = block_kv (from shared memory
 # or Q from registers), O += P V^T with N = head_dim.
 FP8_SS_N_VALUES = (64, 128, 192)
-FP8_RS_K_N_VALUES = (128, 192, 256)
+FP8_RS_K_N_VALUES = (64, 128, 192, 256)
 
 
 def _acc_list(n: int) -> str:
