@@ -504,27 +504,28 @@ def shipped_kernels() -> Iterator[tuple[str, int, KernelConfig]]:
 # config per head dim an FP8 call on Hopper runs with cfg=None (fp8_config); an sm90 cfg picks another compiled one
 # (the candidates: build with -DJAX_FLASH_CONFIG_SET=sweep_fp8).
 FP8_DTYPE, FP8_DTYPE_VALUE = "float8_e4m3fn", 2
-# Head dim 256 below FP8_LONG_KEYS: 64-key blocks (Q 32 KB, O 64 KB, two K stages of 16 KB, two V^T stages of one
-# 32 KB panel of 128 key positions, half of it unread, two raw V buffers of 16 KB: 230,656 bytes).
+# Head dim 256 at every key length: 64-key blocks with Q in registers (Q 32 KB, O 64 KB, two K stages of 16 KB, two
+# V^T stages of one 32 KB panel of 128 key positions, half of it unread, two raw V buffers of 16 KB: 230,656 bytes).
+# H200, against 128-key blocks (O staged in K / V^T, 48 bytes spilled; FP8_SWEEP_CONFIGS), interleaved, 512 / 1024
+# / 2048 / 4096 / 8192 / 16384 keys: non-causal +2 / +1 / -0.5 / +1 / +2 / +1.5%, causal +5 / +4.5 / +2 / +2 / +2.5 /
+# +3% (without Q in registers the 64-key blocks ran 1-4% behind from 1024 keys).
 FP8_CONFIGS = {128: KernelConfig.sm90(block_kv=128, stages=2, consumer_warpgroups=2, pingpong=True),
                256: KernelConfig.sm90(block_kv=64, stages=2, consumer_warpgroups=2, pingpong=True)}
 # From FP8_LONG_KEYS keys, 192-key blocks (FlashAttention-3 takes 192-224 for FP8 at head dim 128): each block's
 # row maxima, barriers and waits cover 1.5x the products and exponentials. H200, against 128-key blocks: causal
 # 2048 / 4096 / 16384 keys +2 / +6 / +7%, non-causal 4096 / 16384 +1 / +4%, but 1024 keys -10% (non-causal) and -4%.
-# Head dim 256: 128-key blocks, with O staged in the K / V^T stages of the tile's last key block (no room for a
-# buffer of its own; 48 bytes spilled). H200, against 64-key blocks: non-causal 1024 / 2048 / 4096 / 8192 / 16384
-# keys +4 / +4 / +4 / +3 / +0.5%, causal -0.5 / +0.5 / +2 / +3 / +2%, 512 keys -1% / -4%.
-FP8_LONG_CONFIGS = {128: KernelConfig.sm90(block_kv=192, stages=2, consumer_warpgroups=2, pingpong=True),
-                    256: KernelConfig.sm90(block_kv=128, stages=2, consumer_warpgroups=2, pingpong=True)}
+FP8_LONG_CONFIGS = {128: KernelConfig.sm90(block_kv=192, stages=2, consumer_warpgroups=2, pingpong=True)}
 FP8_LONG_KEYS = 2048
 FP8_SWEEP_CONFIGS: dict[int, tuple[KernelConfig, ...]] = {
     128: (KernelConfig.sm90(block_kv=128, pingpong=False), KernelConfig.sm90(block_kv=128, stages=3),
           KernelConfig.sm90(block_kv=128, overlap=False)),
+    256: (KernelConfig.sm90(block_kv=128),),
 }
 
 
 def fp8_config(head_dim: int, seq_k: int) -> KernelConfig:
-    """The config an FP8 call of this head dim (a key of FP8_CONFIGS) and key length runs with cfg=None."""
+    """The config an FP8 call of this head dim (a key of FP8_CONFIGS) and key length runs with cfg=None (the
+    FP8_LONG_CONFIGS one from FP8_LONG_KEYS keys where it has one)."""
     if seq_k >= FP8_LONG_KEYS and head_dim in FP8_LONG_CONFIGS:
         return FP8_LONG_CONFIGS[head_dim]
     return FP8_CONFIGS[head_dim]

@@ -92,8 +92,7 @@ FP8_SHIPPED = [(head_dim, cfg) for table in (jax_flash.config.FP8_CONFIGS, jax_f
 def test_gpu_fp8_each_shipped_config_with_lengths_and_a_window(head_dim, cfg):
     """Every FP8 config cfg=None picks by head dim and key length (FP8_CONFIGS, FP8_LONG_CONFIGS: 192-key blocks,
     whose V^T stage, written in shared memory, is one and a half 128-key panels; head dim 256's 64-key blocks, half
-    a panel, and 128-key blocks, which stage O in the last K / V^T stage), forced on lengths that end inside a key
-    block, with and without masks."""
+    a panel, with Q in registers), forced on lengths that end inside a key block, with and without masks."""
     q, k, v, qd, kd, vd = _inputs(11, 3, 200, 1000, 4, 2, head_dim=head_dim)
     _check(q, k, v, qd, kd, vd, cfg=cfg)
     _check(q, k, v, qd, kd, vd, cfg=cfg, causal=True, window=(300, -1), q_lengths=jnp.array([200, 33, 0], jnp.int32),
