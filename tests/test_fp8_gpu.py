@@ -113,6 +113,15 @@ def test_gpu_fp8_split_tail_of_a_partial_last_wave(seq_k):
 
 
 @requires_hopper
+@pytest.mark.parametrize("seq_k,causal", [(4100, False), (3072, True)], ids=["masked", "causal"])
+def test_gpu_fp8_head_dim_256_many_tiles_per_block(seq_k, causal):
+    """Head dim 256 (64-key blocks, Q read into registers once per tile, one Q buffer): 3 heads x 66 query blocks =
+    198 tiles, more than the SMs of any Hopper, so thread blocks run several tiles each and the next tile's Q lands
+    in the buffer the last one left, over up to 48 (causal) or 65 key blocks."""
+    _check(*_inputs(14, 1, 8448, seq_k, 3, 3, head_dim=256), causal=causal)
+
+
+@requires_hopper
 @pytest.mark.parametrize("head_dim", [128, 256])
 def test_gpu_fp8_kernel_long_rows_and_vmap(head_dim):
     """Many key blocks per row (the online rescale over 16384 keys), and vmap folding into the batch."""
