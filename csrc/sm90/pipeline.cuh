@@ -23,6 +23,11 @@ struct Pipeline {
   __device__ __forceinline__ static uint32_t q_parity_of(int t) {
     return static_cast<uint32_t>((t / T::kQBuffers) & 1);
   }
+  // FP8: the raw V buffer of key-block step `step` (v_transpose.cuh), used in turn, and the phase of its barriers
+  __device__ __forceinline__ static int vraw_buffer_of(int step) { return step % T::kVRawBuffers; }
+  __device__ __forceinline__ static uint32_t vraw_parity_of(int step) {
+    return static_cast<uint32_t>((step / T::kVRawBuffers) & 1);
+  }
 };
 
 }  // namespace jax_flash::sm90

@@ -206,8 +206,8 @@ struct Producer {
   __device__ __forceinline__ void load_v(const TileWork& w, int j, int step) {
     if constexpr (T::kFp8) {  // V as loaded, into a raw buffer that v_transpose.cuh writes the stage's V^T from
       VRawState* const raw = s.vraw_state();
-      const int b = step % T::kVRawBuffers, use = step / T::kVRawBuffers;
-      mbarrier_wait(&raw->empty[b], (use & 1) ^ 1);  // the buffer's block before is transposed
+      const int b = P::vraw_buffer_of(step);
+      mbarrier_wait(&raw->empty[b], P::vraw_parity_of(step) ^ 1);  // the buffer's block before is transposed
       trace(kTraceProducerV, j);
       mbarrier_arrive_expect_tx(&raw->full[b], T::kKBytes);
 #pragma unroll
@@ -344,10 +344,10 @@ struct Producer {
       // every buffer's last block transposed first: the transposing warps read `done` after each wait
       VRawState* const raw = s.vraw_state();
       for (int k = it; k < it + T::kVRawBuffers; ++k) {
-        mbarrier_wait(&raw->empty[k % T::kVRawBuffers], ((k / T::kVRawBuffers) & 1) ^ 1);
+        mbarrier_wait(&raw->empty[P::vraw_buffer_of(k)], P::vraw_parity_of(k) ^ 1);
       }
       raw->done = 1;
-      mbarrier_arrive(&raw->full[it % T::kVRawBuffers]);
+      mbarrier_arrive(&raw->full[P::vraw_buffer_of(it)]);
     }
   }
 };

@@ -87,8 +87,8 @@ struct VTransposer {
     const int warp = t / 32, lane = t % 32;
     VRawState* const raw = s.vraw_state();
     for (int step = 0;; ++step) {
-      const int b = step % T::kVRawBuffers, use = step / T::kVRawBuffers;
-      mbarrier_wait(&raw->full[b], use & 1);
+      const int b = P::vraw_buffer_of(step);
+      mbarrier_wait(&raw->full[b], P::vraw_parity_of(step));
       if (*reinterpret_cast<volatile int*>(&raw->done) != 0) return;
       const int stage = P::stage_of(step);
       mbarrier_wait(s.v_empty(stage), P::parity_of(step) ^ 1);  // the consumers are done with the stage's last V^T
