@@ -522,6 +522,40 @@ __device__ __forceinline__ void store_dk_dv(const float (&acc_dk)[T::kOutCols / 
   if ((!kDeterministic && tid % 128 == 0) || tid == 0) bulk_wait_group_read<0>();
 }
 
+// An item's dQ shares (this warpgroup's 64 x 64; kSwapDQ: dQ^T, 64 columns x kBlockQ rows = K^T dS^T) = dS K, then
+// dK += dS^T Q behind them. Returns once dQ's products are done, and with them dV's (committed before) and its reads
+// of P^T's registers; dK's run on while dQ is added into dq_accum.
+template <class T>
+__device__ __forceinline__ void issue_dq_and_dk_products(float (&acc_dq)[T::kDQAccRegs],
+                                                         float (&acc_dk)[T::kOutCols / 2],
+                                                         float (&acc_dv)[T::kOutCols / 2],
+                                                         uint32_t (&rP)[T::kBlockQ / 16][4],
+                                                         const uint32_t (&rdS)[T::kBlockQ / 16][4], uint64_t ds_desc0,
+                                                         uint64_t kmn_desc0, uint64_t q_mn0) {
+  using Element = typename T::Element;
+  constexpr int kBlockQ = T::kBlockQ;
+  wgmma_fence();
+#pragma unroll
+  for (int t = 0; t < T::kBlockKV / 16; ++t) {
+    if constexpr (T::kSwapDQ) {
+      wgmma_ss_ta<Element, kBlockQ>(acc_dq, smem_offset(kmn_desc0, t * 2048),
+                                    smem_offset(ds_desc0, k_major_step(t, T::kScorePanelBytes)), t > 0);
+    } else {
+      wgmma_ss_tt<Element, 64>(acc_dq, smem_offset(ds_desc0, t * 2048), smem_offset(kmn_desc0, t * 2048), t > 0);
+    }
+  }
+  wgmma_commit();
+#pragma unroll
+  for (int t = 0; t < kBlockQ / 16; ++t) {
+    wgmma_rs<Element, T::kOutCols>(acc_dk, rdS[t], smem_offset(q_mn0, t * 2048), 1);
+  }
+  wgmma_commit();
+  wgmma_wait<1>();
+  fence_registers(acc_dq);
+  fence_registers(acc_dv);
+  fence_registers(*reinterpret_cast<uint32_t(*)[kBlockQ / 4]>(&rP[0][0]));
+}
+
 // An item's dQ (this warpgroup's shares, acc_dq: the first share's product done) added into dq_accum: kSplitD through
 // the warpgroup's column panels of the item's dO and Q in buffer buf (add_split_dq, which computes the second
 // share), the deterministic variant in its turn by float2 read-modify-writes, else through the warpgroup's stage of
@@ -794,26 +828,8 @@ __global__ void __launch_bounds__(T::kNumThreads, 1)
     }
 
     // ---- dQ (this warpgroup's 64 x 64 shares) = dS K, added into dq_accum while dK's products run ------------------
-    // (kSwapDQ: dQ^T, 64 columns x kBlockQ rows = K^T dS^T)
     float acc_dq[T::kDQAccRegs];
-    wgmma_fence();
-#pragma unroll
-    for (int t = 0; t < kBlockKV / 16; ++t) {
-      if constexpr (T::kSwapDQ) {
-        wgmma_ss_ta<Element, kBlockQ>(acc_dq, smem_offset(kmn_desc0, t * 2048),
-                                      smem_offset(ds_desc0, k_major_step(t, T::kScorePanelBytes)), t > 0);
-      } else {
-        wgmma_ss_tt<Element, 64>(acc_dq, smem_offset(ds_desc0, t * 2048), smem_offset(kmn_desc0, t * 2048), t > 0);
-      }
-    }
-    wgmma_commit();
-#pragma unroll
-    for (int t = 0; t < kBlockQ / 16; ++t) wgmma_rs<Element, kOut>(acc_dk, rdS[t], smem_offset(q_mn0, t * 2048), 1);
-    wgmma_commit();
-    wgmma_wait<1>();
-    fence_registers(acc_dq);
-    fence_registers(acc_dv);
-    fence_registers(*reinterpret_cast<uint32_t(*)[kBlockQ / 4]>(&rP[0][0]));
+    issue_dq_and_dk_products<T>(acc_dq, acc_dk, acc_dv, rP, rdS, ds_desc0, kmn_desc0, q_mn0);
 
     add_item_dq<T, kDeterministic>(bp, len, acc_dq, ds_desc0, kmn_desc0, &tma_dq, smem + (sQ - sK), smem + (sdO - sK),
                                    sdQ_ptr, buf, batch, kv_head * group + at.head, q0, kv_block, wg, tid);
