@@ -98,6 +98,15 @@ def test_rows_that_see_no_key_have_zero_gradients():
     assert (np.asarray(dq)[1, :24] == 0).all()  # rows 0..23 see no key (bottom-right: row i sees keys <= i - 24)
 
 
+@pytest.fixture
+def cpu_default():
+    """jax's default device set to the CPU for the test: its jits without arguments and the float32 arrays made
+    inside it (tangents, jax.test_util's perturbations) run the CPU path, also where a GPU is the default device."""
+    with jax.default_device(CPU):
+        yield
+
+
+@pytest.mark.usefixtures("cpu_default")
 def test_check_grads_fp32():
     """jax.test_util.check_grads: forward and reverse mode against finite differences, first and second order
     forward (jvp of the jnp linearisation)."""
@@ -118,6 +127,7 @@ SECOND_ORDER = {
 }
 
 
+@pytest.mark.usefixtures("cpu_default")
 @pytest.mark.parametrize("feature", SECOND_ORDER)
 def test_second_order_matches_reference(feature):
     """Hessian-vector products (jax.jvp of jax.grad) and grad of grad against attention_reference's, fp32: the
@@ -153,6 +163,7 @@ def test_second_order_matches_reference(feature):
         np.testing.assert_allclose(np.asarray(a), np.asarray(r), atol=2e-5 * float(np.abs(r).max()), err_msg=name)
 
 
+@pytest.mark.usefixtures("cpu_default")
 @pytest.mark.parametrize("order", ["rev_rev", "fwd_rev", "rev_fwd", "fwd_fwd"])
 def test_hessian_in_every_mode_order(order):
     """jax.hessian (forward over reverse) and the other three nestings: the JVP of the backward primitive and of the
@@ -168,6 +179,7 @@ def test_hessian_in_every_mode_order(order):
     np.testing.assert_allclose(np.asarray(ours), np.asarray(expected), atol=1e-5)
 
 
+@pytest.mark.usefixtures("cpu_default")
 def test_check_grads_second_order():
     q, k, v = random_qkv(1, 1, 3, 5, 1, 1, 4, jnp.float32, CPU)
     f = lambda q, k, v: jax_flash.attention(q, k, v, causal=True, softcap=3.0)  # noqa: E731

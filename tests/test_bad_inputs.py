@@ -5,6 +5,7 @@ sizes past the int32 limit, the CPU path's scratch memory, and a stopped gradien
 from __future__ import annotations
 
 import math
+import os
 import subprocess
 import sys
 import textwrap
@@ -248,8 +249,9 @@ def test_aot_compile_and_the_persistent_compilation_cache(tmp_path):
         entries = len(list(pathlib.Path({str(tmp_path / "cache")!r}).iterdir()))
         np.save({str(tmp_path)!r} + f"/out_{{sys.argv[1]}}_{{entries}}.npy", np.asarray(out))
     """)
+    env = {**os.environ, "JAX_PLATFORMS": "cpu"}  # (float32: the CPU path, also where a GPU is the default)
     for run in range(2):
-        subprocess.run([sys.executable, "-c", script, str(run)], check=True, cwd=tmp_path, timeout=300)
+        subprocess.run([sys.executable, "-c", script, str(run)], check=True, cwd=tmp_path, timeout=300, env=env)
     saved = sorted(p.name for p in tmp_path.glob("out_*.npy"))
     entries = [int(name[:-4].split("_")[2]) for name in saved]
     assert entries[0] >= 1, f"the first run wrote no persistent cache entry: {saved}"

@@ -37,6 +37,19 @@ def _devices(platform, n):
     return devices[:n]
 
 
+@pytest.fixture(autouse=True)
+def cpu_default_off_gpu_meshes(request):
+    """jax's default device is the CPU for every test but those on GPU meshes: the CPU tests make float32 inputs
+    uncommitted and compute their one-device results eagerly, which would otherwise run on a GPU where it is the
+    default device (and float32 runs on the CPU path only)."""
+    callspec = getattr(request.node, "callspec", None)
+    if callspec is not None and callspec.params.get("devices", ("cpu",))[0] == "gpu":
+        yield
+        return
+    with jax.default_device(jax.devices("cpu")[0]):
+        yield
+
+
 @pytest.fixture(params=[("cpu", 4), ("cpu", 8), ("gpu", 2), ("gpu", 4)], ids=lambda p: f"{p[0]}{p[1]}")
 def devices(request):
     return _devices(*request.param)
