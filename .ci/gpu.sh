@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # One call on the GPU machine (the device tool): build, GPU tests, benchmark; a short table last.
 #   bash .ci/gpu.sh [pytest -k expression] [benchmark args...]
-#   PYTEST_FILES="tests/test_decode.py tests/test_api.py" bash .ci/gpu.sh ...   (test files; default: tests/)
+#   PYTEST_FILES="tests/test_decode.py tests/test_api.py" bash .ci/gpu.sh ...   (test files; default: tests/, which
+#                                    takes longer than one 10-minute call on one GPU: split it over calls)
+#   PYTEST_WORKERS=8 (default; pytest-xdist workers sharing the GPU)
 #   BUILD_ARGS="-Ccmake.define.JAX_FLASH_CONFIG_SET=sweep" bash .ci/gpu.sh ...   (extra pip build arguments)
 #   HARNESS=1 bash .ci/gpu.sh ...   (also the standalone kernel harness under compute-sanitizer: .ci/harness.sh;
 #                                    HARNESS_OUT=dir keeps its logs out of $OUT, SANITIZER_TOOLS picks the tools)
@@ -36,7 +38,7 @@ awk 'NR > 1 && $NF > 0' "$OUT/sass.txt" | head -5
 cd /tmp
 start=$(date +%s)
 TEST_PATHS=$(for f in ${PYTEST_FILES:-tests}; do echo "$REPO/$f"; done)
-timeout ${PYTEST_TIMEOUT:-420} python3 -m pytest -q -rfE --tb=short --maxfail=20 -p no:cacheprovider ${K_EXPR:+-k "$K_EXPR"} $TEST_PATHS > "$OUT/pytest.log" 2>&1
+timeout ${PYTEST_TIMEOUT:-420} python3 -m pytest -q -n ${PYTEST_WORKERS:-8} -rfE --tb=short --maxfail=20 -p no:cacheprovider ${K_EXPR:+-k "$K_EXPR"} $TEST_PATHS > "$OUT/pytest.log" 2>&1
 echo "pytest: exit $? in $(( $(date +%s) - start )) s"
 grep -E "^(FAILED|ERROR)" "$OUT/pytest.log" | head -20
 tail -3 "$OUT/pytest.log"
