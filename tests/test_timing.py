@@ -249,8 +249,10 @@ def test_packed_suite_gives_pallas_the_same_problem(monkeypatch):
     ids = np.repeat(np.arange(4, dtype=np.int32), [20, 50, 30, 28])  # 128 tokens: Pallas's default 128-row blocks
     impls = benchmark_packed._implementations(ids, 32, on_gpu=True)
     assert {"packed", "unpacked", "cudnn", "xla", "pallas"} <= set(impls)
-    q, k, v = (jax.random.normal(key, (1, 128, 2, 64), jnp.float32) for key in jax.random.split(jax.random.PRNGKey(3), 3))
-    np.testing.assert_allclose(impls["pallas"](q, k, v), impls["packed"](q, k, v), atol=2e-5)
+    with jax.default_device(jax.devices("cpu")[0]):  # (float32: the CPU path, also where a GPU is the default)
+        q, k, v = (jax.random.normal(key, (1, 128, 2, 64), jnp.float32)
+                   for key in jax.random.split(jax.random.PRNGKey(3), 3))
+        np.testing.assert_allclose(impls["pallas"](q, k, v), impls["packed"](q, k, v), atol=2e-5)
 
 
 def test_packed_suite_counts_visible_pairs(tmp_path, capsys):
@@ -292,10 +294,11 @@ def test_tensors_suite_times_alibi_slopes_beside_the_bias_they_stand_for(tmp_pat
     from jax_flash import benchmark_tensors
 
     cases = {name: impls for name, _, impls in benchmark_tensors._cases(64, 2, on_gpu=False)}
-    q, k, v = (jax.random.normal(key, (2, 64, benchmark_tensors.HEADS, 32), jnp.float32)
-               for key in jax.random.split(jax.random.PRNGKey(4), 3))
-    np.testing.assert_allclose(np.asarray(cases["ALiBi alibi_slopes (N,)"]["jax_flash"](q, k, v)),
-                               np.asarray(cases["ALiBi bias (1, N, T, S)"]["jax_flash"](q, k, v)), atol=1e-5)
+    with jax.default_device(jax.devices("cpu")[0]):  # (float32: the CPU path, also where a GPU is the default)
+        q, k, v = (jax.random.normal(key, (2, 64, benchmark_tensors.HEADS, 32), jnp.float32)
+                   for key in jax.random.split(jax.random.PRNGKey(4), 3))
+        np.testing.assert_allclose(np.asarray(cases["ALiBi alibi_slopes (N,)"]["jax_flash"](q, k, v)),
+                                   np.asarray(cases["ALiBi bias (1, N, T, S)"]["jax_flash"](q, k, v)), atol=1e-5)
     path = tmp_path / "tensors.json"
     dtype = "bf16" if jax.default_backend() == "gpu" else "fp32"
     assert benchmark.main(["--suite", "tensors", "--dtypes", dtype, "--tensor-seqs", "64", "--tokens", "128",
