@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import math
 
 import jax
 import jax.numpy as jnp
@@ -70,12 +71,34 @@ def _jvp(primals, tangents, **params):
     out, lse = (checkpoint_name(x, name) for x, name in zip(attention_p.bind(*primals, **fwd_params),
                                                             CHECKPOINT_NAMES))
     q_dot, k_dot, v_dot, bias_dot = (ad.instantiate_zeros(t) for t in (*tangents[:3], tangents[8]))
-    out_dot, lse_dot = attention_lin_p.bind(q_dot, k_dot, v_dot, bias_dot, *primals[:3], out, lse, *primals[3:],
-                                            **params)
+    out_dot, lse_dot = _bind_lin(q_dot, k_dot, v_dot, bias_dot, *primals[:3], out, lse, *primals[3:], **params)
     return (out, lse), (out_dot, lse_dot)
 
 
 ad.primitive_jvps[attention_p] = _jvp
+
+
+# attention_lin_p's operands from _OPTIONAL on (lengths, page table, segment ids, bias, mask) are zero-size
+# placeholders when absent. Bound as operands, they would be residuals of the derivative, and inside shard_map jax
+# 0.11's Shardy import crashes compiling a backward that reads a zero-size residual (a segmentation fault). So
+# attention_lin_p is bound without them, their (position, shape, dtype) in the parameter `absent`, and each rule
+# recreates them: a zero-size array is its shape and dtype.
+_OPTIONAL = 9
+
+
+def _bind_lin(*operands, **params):
+    absent = tuple((i, tuple(x.shape), np.dtype(x.dtype)) for i, x in enumerate(operands)
+                   if i >= _OPTIONAL and math.prod(x.shape) == 0)
+    skipped = {i for i, _, _ in absent}
+    return attention_lin_p.bind(*(x for i, x in enumerate(operands) if i not in skipped), absent=absent, **params)
+
+
+def _with_absent(operands, absent):
+    """The operands with the zero-size placeholders _bind_lin left out put back in their places."""
+    full = list(operands)
+    for i, shape, dtype in absent:  # (ascending positions)
+        full.insert(i, jnp.zeros(shape, dtype))
+    return full
 
 
 # ---- attention_lin_p: forward mode in jnp, transposed to the backward custom call --------------------------------
@@ -351,16 +374,41 @@ def _lin_batch_rule(args, dims, **params):
         raise NotImplementedError("jax.vmap of a forward-mode derivative of paged attention is not supported; "
                                   + _PAGED)
     folded, size, batch = _fold(args, dims, tensors=(3, 14, 15))
-    out_dot, lse_dot = attention_lin_p.bind(*folded, **params)
+    out_dot, lse_dot = _bind_lin(*folded, **params)
     return (_unfold(out_dot, size, batch), _unfold(lse_dot, size, batch)), (0, 0)
 
 
-attention_lin_p.def_abstract_eval(_lin_abstract_eval)
-attention_lin_p.def_impl(_lin_impl)
-mlir.register_lowering(attention_lin_p, mlir.lower_fun(_lin_impl, multiple_results=True))
-ad.primitive_transposes[attention_lin_p] = _lin_transpose
-ad.primitive_jvps[attention_lin_p] = _lin_jvp
-batching.primitive_batchers[attention_lin_p] = _lin_batch_rule
+def _restored_impl(*operands, absent, **params):
+    return _lin_impl(*_with_absent(operands, absent), **params)
+
+
+def _restored_transpose(cts, *operands, absent, **params):
+    skipped = {i for i, _, _ in absent}
+    cts_in = _lin_transpose(cts, *_with_absent(operands, absent), **params)
+    return [ct for i, ct in enumerate(cts_in) if i not in skipped]
+
+
+def _restored_jvp(primals, tangents, *, absent, **params):
+    full_tangents = list(tangents)
+    for i, shape, dtype in absent:  # (a placeholder's tangent is a symbolic zero)
+        tangent_dtype = dtype if jnp.issubdtype(dtype, jnp.inexact) else jax.dtypes.float0
+        full_tangents.insert(i, ad.Zero(ShapedArray(shape, tangent_dtype)))
+    return _lin_jvp(_with_absent(primals, absent), full_tangents, **params)
+
+
+def _restored_batch_rule(args, dims, *, absent, **params):
+    full_dims = list(dims)
+    for i, _, _ in absent:
+        full_dims.insert(i, None)
+    return _lin_batch_rule(_with_absent(args, absent), full_dims, **params)
+
+
+attention_lin_p.def_abstract_eval(lambda *operands, absent, **params: _lin_abstract_eval(*operands, **params))
+attention_lin_p.def_impl(_restored_impl)
+mlir.register_lowering(attention_lin_p, mlir.lower_fun(_restored_impl, multiple_results=True))
+ad.primitive_transposes[attention_lin_p] = _restored_transpose
+ad.primitive_jvps[attention_lin_p] = _restored_jvp
+batching.primitive_batchers[attention_lin_p] = _restored_batch_rule
 
 
 # ---- attention_bwd_p: the backward custom call -------------------------------------------------------------------

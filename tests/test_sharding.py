@@ -242,6 +242,33 @@ def test_gradients_under_batch_and_head_sharding_equal_one_device(devices, split
     assert 'custom_call_target="jax_flash_attention_bwd"' in hlo
 
 
+@pytest.mark.parametrize("extras", ["none", "kv_lengths", "mask"])
+def test_gradients_inside_shard_map_equal_one_device(devices, extras):
+    """jax.grad through the call inside shard_map: the absent operands' zero-size placeholders are no residuals of
+    the derivative (a backward reading one crashed jax 0.11's Shardy import while compiling)."""
+    mesh = _mesh(devices)
+    q, k, v = _inputs(devices)
+    lengths = jnp.array([80, 33, 0, 71], jnp.int32)
+    mask = jax.random.bernoulli(jax.random.PRNGKey(3), 0.7, (4, 1, q.shape[1], k.shape[1]))
+
+    def loss(q, k, v, lengths, mask):
+        kwargs = {"none": {}, "kv_lengths": {"kv_lengths": lengths}, "mask": {"mask": mask}}[extras]
+        out = jax_flash.attention(q, k, v, causal=True, **kwargs)
+        return jnp.sum(out.astype(jnp.float32) * jnp.cos(jnp.arange(out.shape[1]))[:, None, None])
+
+    spec = P("data", None, "model", None)
+    local_loss = shard_map(lambda *a: jax.lax.psum(loss(*a), ("data", "model")), mesh=mesh,
+                           in_specs=(spec, spec, spec, P("data"), P("data")), out_specs=P())
+    grad = jax.grad(loss, argnums=(0, 1, 2))
+    expected = _single_device(devices, grad, q, k, v, lengths, mask)
+    args = [jax.device_put(x, NamedSharding(mesh, spec)) for x in (q, k, v)] + \
+        [jax.device_put(x, NamedSharding(mesh, P("data"))) for x in (lengths, mask)]
+    tol = dict(rtol=1e-5, atol=1e-5) if devices[0].platform == "cpu" else dict(rtol=2e-2, atol=2e-2)
+    for name, actual, want in zip("qkv", jax.jit(jax.grad(local_loss, argnums=(0, 1, 2)))(*args), expected):
+        np.testing.assert_allclose(np.asarray(actual.astype(jnp.float32)), np.asarray(want.astype(jnp.float32)),
+                                   err_msg=name, **tol)
+
+
 def _fp8_inputs(devices, heads_q, heads_k):
     """q, k, v as float8_e4m3fn with their (batch, heads_k) descales (head dim 128: the FP8 kernel's)."""
     if devices[0].platform != "cpu" and not fp8._on_hopper():
