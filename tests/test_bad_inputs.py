@@ -198,8 +198,11 @@ def test_cpu_scratch_is_proportional_to_the_work():
         jax_flash.attention(big, big, big).block_until_ready()
         print((resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before) // 1024)
     """)
-    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, cwd="/",
-                            env={"JAX_PLATFORMS": "cpu", "PATH": "/usr/bin:/bin"})
+    # (a clean environment, so no XLA flag of the parent's grows the process; PYTHONPATH kept for a package installed
+    # with pip --target)
+    env = {"JAX_PLATFORMS": "cpu", "PATH": "/usr/bin:/bin", **{k: os.environ[k] for k in ("PYTHONPATH",)
+                                                                 if k in os.environ}}
+    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, cwd="/", env=env)
     assert result.returncode == 0, result.stderr[-2000:]
     grown_mb = int(result.stdout.strip().splitlines()[-1])
     assert grown_mb < 200, f"peak RSS grew by {grown_mb} MB for 12 MB of inputs"
