@@ -44,8 +44,8 @@ except ImportError:  # moved out of the public jax.core in newer releases
     from jax._src.core import ShapedArray
 
 # Operands: q_dot, k_dot, v_dot, bias_dot (linear), then q, k, v, out, lse, q_lengths, kv_lengths, page_table,
-# q_segment_ids, kv_segment_ids, bias, mask (attention_p's operands and results); params: attention_p's. Results:
-# out_dot, lse_dot.
+# q_segment_ids, kv_segment_ids, bias, mask (attention_p's operands and results), less the zero-size ones from
+# q_lengths on (bound by _bind_lin); params: attention_p's and `absent`. Results: out_dot, lse_dot.
 attention_lin_p = Primitive("jax_flash_attention_lin")
 attention_lin_p.multiple_results = True
 # Operands: q, k, v, out, lse, d_out, d_lse, q_lengths, kv_lengths, q_segment_ids, kv_segment_ids ((B, 0) each
