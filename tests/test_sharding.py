@@ -269,6 +269,28 @@ def test_gradients_inside_shard_map_equal_one_device(devices, extras):
                                    err_msg=name, **tol)
 
 
+def test_second_order_inside_shard_map_equals_one_device():
+    """Grad of grad through the call inside shard_map (the backward's JVP, its placeholders recreated), CPU float32."""
+    devices = _platform_devices("cpu")
+    mesh = _mesh(devices, split="batch")
+    q, k, v = (x[:, :16, :, :32] for x in _inputs(devices, heads_q=4, heads_k=2))
+    lengths = jnp.array([16, 9, 0, 12], jnp.int32)
+
+    def loss(q, k, v, lengths):
+        return jnp.sum(jnp.sin(jax_flash.attention(q, k, v, causal=True, kv_lengths=lengths)))
+
+    def grad_norm(loss):
+        return lambda *a: jnp.sum(jax.grad(loss)(*a) ** 2)
+
+    spec = P("data")
+    local_loss = shard_map(lambda *a: jax.lax.psum(loss(*a), "data"), mesh=mesh, in_specs=(spec,) * 4,
+                           out_specs=P())
+    expected = _single_device(devices, jax.grad(grad_norm(loss)), q, k, v, lengths)
+    args = [jax.device_put(x, NamedSharding(mesh, spec)) for x in (q, k, v, lengths)]
+    actual = jax.jit(jax.grad(grad_norm(local_loss)))(*args)
+    np.testing.assert_allclose(np.asarray(actual), np.asarray(expected), rtol=1e-5, atol=1e-5)
+
+
 def _fp8_inputs(devices, heads_q, heads_k):
     """q, k, v as float8_e4m3fn with their (batch, heads_k) descales (head dim 128: the FP8 kernel's)."""
     if devices[0].platform != "cpu" and not fp8._on_hopper():
