@@ -93,11 +93,12 @@ def _bind_lin(*operands, **params):
     return attention_lin_p.bind(*(x for i, x in enumerate(operands) if i not in skipped), absent=absent, **params)
 
 
-def _with_absent(operands, absent):
-    """The operands with the zero-size placeholders _bind_lin left out put back in their places."""
-    full = list(operands)
+def _with_absent(items, absent, fill=jnp.zeros):
+    """items (operands, or their tangents or batch dims) with fill(shape, dtype) put back where _bind_lin left out a
+    zero-size placeholder."""
+    full = list(items)
     for i, shape, dtype in absent:  # (ascending positions)
-        full.insert(i, jnp.zeros(shape, dtype))
+        full.insert(i, fill(shape, dtype))
     return full
 
 
@@ -389,18 +390,15 @@ def _restored_transpose(cts, *operands, absent, **params):
 
 
 def _restored_jvp(primals, tangents, *, absent, **params):
-    full_tangents = list(tangents)
-    for i, shape, dtype in absent:  # (a placeholder's tangent is a symbolic zero)
-        tangent_dtype = dtype if jnp.issubdtype(dtype, jnp.inexact) else jax.dtypes.float0
-        full_tangents.insert(i, ad.Zero(ShapedArray(shape, tangent_dtype)))
-    return _lin_jvp(_with_absent(primals, absent), full_tangents, **params)
+    def symbolic_zero(shape, dtype):  # (a placeholder's tangent)
+        return ad.Zero(ShapedArray(shape, dtype if jnp.issubdtype(dtype, jnp.inexact) else jax.dtypes.float0))
+
+    return _lin_jvp(_with_absent(primals, absent), _with_absent(tangents, absent, symbolic_zero), **params)
 
 
 def _restored_batch_rule(args, dims, *, absent, **params):
-    full_dims = list(dims)
-    for i, _, _ in absent:
-        full_dims.insert(i, None)
-    return _lin_batch_rule(_with_absent(args, absent), full_dims, **params)
+    return _lin_batch_rule(_with_absent(args, absent), _with_absent(dims, absent, lambda shape, dtype: None),
+                           **params)
 
 
 attention_lin_p.def_abstract_eval(lambda *operands, absent, **params: _lin_abstract_eval(*operands, **params))

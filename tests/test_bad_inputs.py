@@ -200,8 +200,9 @@ def test_cpu_scratch_is_proportional_to_the_work():
     """)
     # (a clean environment, so no XLA flag of the parent's grows the process; PYTHONPATH kept for a package installed
     # with pip --target)
-    env = {"JAX_PLATFORMS": "cpu", "PATH": "/usr/bin:/bin", **{k: os.environ[k] for k in ("PYTHONPATH",)
-                                                                 if k in os.environ}}
+    env = {"JAX_PLATFORMS": "cpu", "PATH": "/usr/bin:/bin"}
+    if "PYTHONPATH" in os.environ:
+        env["PYTHONPATH"] = os.environ["PYTHONPATH"]
     result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, cwd="/", env=env)
     assert result.returncode == 0, result.stderr[-2000:]
     grown_mb = int(result.stdout.strip().splitlines()[-1])

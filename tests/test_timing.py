@@ -313,9 +313,7 @@ def test_tensors_suite_times_alibi_slopes_beside_the_bias_they_stand_for(tmp_pat
 def test_tensors_suite_times_the_backward(tmp_path):
     path = tmp_path / "tensors_bwd.json"
     on_gpu = jax.default_backend() == "gpu"
-    # (repetitions of 5 ms at least, as in the packed suite's test: one call of each at these sizes can leave forward +
-    # backward less forward at or below zero on a loaded machine, dropping the row's entry. On a GPU shared by test
-    # workers, calls of a few microseconds do so too: there the backward of 16 x 1024 tokens takes hundreds.)
+    # (repetitions of 5 ms at least and, on a GPU, calls of hundreds of microseconds: as in the packed suite's test)
     seq, tokens = ("1024", "16384") if on_gpu else ("64", "128")
     assert benchmark.main(["--suite", "tensors", "--dtypes", "bf16" if on_gpu else "fp32", "--tensor-seqs", seq,
                            "--tokens", tokens, "--pass", "backward", "--iters", "1", "--reps", "3", "--min-rep-ms",
