@@ -522,11 +522,12 @@ def test_sm90_runs_paged_prefill(head_dim):
 
 @requires_hopper
 @pytest.mark.parametrize("head_dim,cfg", SM90_CASES, ids=SM90_IDS)
-@pytest.mark.parametrize("group,seq_q", [(2, 100), (4, 37), (8, 16), (32, 8), (64, 3)])
+@pytest.mark.parametrize("group,seq_q", [(2, 100), (4, 37), (8, 16), (32, 8), (64, 3), (32, 1), (32, 2)])
 def test_sm90_packed_gqa(head_dim, cfg, group, seq_q):
     """Every shipped sm90 config packed (pack_gqa=True): causal with a window, softcap and both lengths (rows past
-    q_lengths, a tile's last position split across tiles), split and unsplit, contiguous and paged; the output and
-    lse equal the unpacked call's, and plain (unmasked) packed attention is right too."""
+    q_lengths, a tile's last position split across tiles, tiles whose second consumer has no valid row: MQA with
+    one or two rows), split and unsplit, contiguous and paged; the output and lse equal the unpacked call's, and
+    plain (unmasked) packed attention is right too."""
     gpu = GPU_DEVICES[0]
     heads_k = 2 if group < 32 else 1
     q, k, v = random_qkv(group + seq_q + head_dim, 2, seq_q, 1000, group * heads_k, heads_k, head_dim, jnp.bfloat16,
