@@ -135,6 +135,33 @@ def test_gpu_fp8_kernel_long_rows_and_vmap(head_dim):
     assert "jax_flash_attention_fp8" in hlo
 
 
+def _sink_inputs(device, head_dim, sink_at, seq_k=16384, gap=10.0):
+    """Four query rows that see one key (sink_at) about `gap` nats above the other keys, whose scores lie within
+    0.2 nats of 0 (an attention sink over a long context: the flat tail holds about 40% of the mass at 10 nats), the
+    tail's values near 1 and the sink's -3, so the output shows how much of the tail survives P's rounding. Unit
+    descales."""
+    keys = jax.random.split(jax.random.PRNGKey(sink_at + head_dim), 3)
+    q = jnp.zeros((1, 4, 2, head_dim), jnp.float32).at[..., 0].set(16.0)
+    k = jax.random.normal(keys[0], (1, seq_k, 2, head_dim))
+    k = k.at[..., 0].multiply(0.1).at[:, sink_at, :, 0].set(gap * np.sqrt(head_dim) / 16.0)
+    v = (1.0 + 0.5 * jax.random.normal(keys[1], (1, seq_k, 2, head_dim))).at[:, sink_at].set(-3.0)
+    ones = jnp.ones((1, 2), jnp.float32)
+    return [jax.device_put(x, device) for x in (*(t.astype(jnp.float8_e4m3fn) for t in (q, k, v)), ones, ones, ones)]
+
+
+@pytest.mark.parametrize("device", ["cpu", pytest.param("hopper", marks=requires_hopper)])
+@pytest.mark.parametrize("head_dim", [128, 256])
+@pytest.mark.parametrize("sink_at", [0, 8197], ids=["first", "middle"])
+def test_fp8_keeps_the_tail_behind_an_attention_sink(device, head_dim, sink_at):
+    """The tail's probabilities, about 2^-14 of the sink's each, are not lost to e4m3's range: P is rounded at 2^8
+    times the running maximum, and the running maximum is the row's own once the sink has been seen (moving it
+    lazily, with P's scale lowered to make room, flushed the tail and put the output 17-33% off in a numpy model:
+    tools/fp8_p_rounding.py). The CPU path computes FP8 in float32 (no P rounding), so there it checks the inputs'
+    construction against the same bound."""
+    where = jax.devices("cpu")[0] if device == "cpu" else HOPPER[0]
+    _check(*_sink_inputs(where, head_dim, sink_at))
+
+
 @requires_hopper
 def test_gpu_fp8_calls_the_kernel_does_not_take():
     """Head dim 64 and a softcap run the 16-bit kernels on the dequantised inputs; the result is the same
