@@ -16,10 +16,12 @@ namespace jax_flash::ab {
 
 inline constexpr int kBf16 = static_cast<int>(DType::kBFloat16);
 inline constexpr int kFp16 = static_cast<int>(DType::kFloat16);
-inline const char* dtype_short(int dtype) { return dtype == kBf16 ? "bf16" : "fp16"; }
+inline constexpr int kFp8 = static_cast<int>(DType::kFloat8E4M3);
+inline const char* dtype_short(int dtype) { return dtype == kBf16 ? "bf16" : dtype == kFp8 ? "fp8" : "fp16"; }
 
-// harness [--check] [--dtype bf16|fp16] [--softcap CAP] [D [S [causal]]]: check first; time one dtype, or one head
-// dim, or one shape; --softcap: the timed shapes soft-capped (the backward harness).
+// harness [--check] [--dtype bf16|fp16|fp8] [--softcap CAP] [D [S [causal]]]: check first; time one dtype, or one
+// head dim, or one shape; --softcap: the checked and timed shapes soft-capped; fp8: the forward harness's e4m3
+// kernels (launch_fp8.cuh), not part of the default dtypes.
 struct Args {
   bool check = false, only_causal = false;
   std::vector<int> dtypes = {kBf16, kFp16};
@@ -36,7 +38,8 @@ inline Args parse_args(int argc, char** argv) {
     if (arg == "--check") {
       out.check = true;
     } else if (arg == "--dtype" && i + 1 < argc) {
-      out.dtypes = {std::string(argv[++i]) == "fp16" ? kFp16 : kBf16};
+      const std::string name = argv[++i];
+      out.dtypes = {name == "fp16" ? kFp16 : name == "fp8" ? kFp8 : kBf16};
     } else if (arg == "--softcap" && i + 1 < argc) {
       out.softcap = static_cast<float>(std::atof(argv[++i]));
     } else if (arg == "--lse") {

@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # A/B comparison on the GPU machine of binaries built by tools/ab/build.sh (carry build/ab):
-#   [HARNESS=sm90_bwd_ab] NAMES="base new" [DIMS="128 64"] [DTYPE=bf16] [ROUNDS=2] [TIME_ARGS="--softcap 30"] \
+#   [HARNESS=sm90_bwd_ab] NAMES="base new" [DIMS="128 64"] [DTYPE=bf16|fp16|fp8] [ROUNDS=2] [TIME_ARGS="--softcap 30"] \
 #     [CHECK=0] [NCU_SHAPES="128 2048;64 1024 causal"] [TRACE_NAME=t] \
 #     OUT=$OUT bash tools/ab/run.sh
-# Each binary's correctness check (bf16; CHECK=0 skips it, for probes whose results are wrong by design), ROUNDS
+# Each binary's correctness check (DTYPE, bf16 by default, with TIME_ARGS; CHECK=0 skips it, for probes whose
+# results are wrong by design; DTYPE=fp8 with DIMS="128 256": the forward harness's FP8 kernels), ROUNDS
 # rounds of the head dims' shapes (the first binary rotating from round to round, so a drift of clock or temperature
 # reaches all alike), the median TFLOP/s per binary and shape; then
 # Nsight Compute durations at its locked clock (NCU_SHAPES: "D S [causal]" entries) and, for a -DJAX_FLASH_TRACE
@@ -18,7 +19,7 @@ read -ra NAME_LIST <<< "${NAMES:?}"
 nvidia-smi --query-gpu=name,driver_version,clocks.max.sm --format=csv,noheader
 for v in "${NAME_LIST[@]}"; do
   [ "${CHECK:-1}" = 0 ] && break
-  timeout 300 "$BIN/${H}_$v" --check 64 1024 --dtype bf16 > "$OUT/ab_check_$v.txt" 2>&1
+  timeout 300 "$BIN/${H}_$v" --check --dtype "${DTYPE:-bf16}" ${TIME_ARGS:-} 64 1024 > "$OUT/ab_check_$v.txt" 2>&1
   echo "$v check: exit $? ($(grep -c ' ok$' "$OUT/ab_check_$v.txt") ok, $(grep -c FAIL "$OUT/ab_check_$v.txt") FAIL)"
 done
 for round in $(seq "${ROUNDS:-2}"); do
