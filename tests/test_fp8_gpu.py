@@ -162,6 +162,29 @@ def test_fp8_keeps_the_tail_behind_an_attention_sink(device, head_dim, sink_at):
     _check(*_sink_inputs(where, head_dim, sink_at))
 
 
+def _flat_inputs(device, head_dim, seq_k):
+    """Four query rows whose scores lie within about 0.4 nats of each other over `seq_k` keys, values 1 + N(0, 0.5^2):
+    every product P V of a row is about the same size and sign, so its O grows about seq_k times above each one."""
+    keys = jax.random.split(jax.random.PRNGKey(seq_k + head_dim), 2)
+    q = jnp.zeros((1, 4, 2, head_dim), jnp.float32).at[..., 0].set(16.0)
+    k = jax.random.normal(keys[0], (1, seq_k, 2, head_dim)).at[..., 0].multiply(0.1)
+    v = 1.0 + 0.5 * jax.random.normal(keys[1], (1, seq_k, 2, head_dim))
+    ones = jnp.ones((1, 2), jnp.float32)
+    return [jax.device_put(x, device) for x in (*(t.astype(jnp.float8_e4m3fn) for t in (q, k, v)), ones, ones, ones)]
+
+
+@pytest.mark.parametrize("device", ["cpu", pytest.param("hopper", marks=requires_hopper)])
+@pytest.mark.parametrize("head_dim", [128, 256])
+@pytest.mark.parametrize("seq_k", [1000, 16384])
+def test_fp8_long_flat_rows_keep_their_sum(device, head_dim, seq_k):
+    """A long row of like products: the FP8 wgmma's accumulator keeps about 13-14 bits aligned to its largest
+    term, so O summed there over every key block loses the products once O is far above them (28% of O at 16384
+    keys, H200). The kernel sums each key block's P V apart and adds the blocks in fp32 (csrc/sm90/mainloop.cuh,
+    fold_pv)."""
+    where = jax.devices("cpu")[0] if device == "cpu" else HOPPER[0]
+    _check(*_flat_inputs(where, head_dim, seq_k))
+
+
 @requires_hopper
 def test_gpu_fp8_calls_the_kernel_does_not_take():
     """Head dim 64 and a softcap run the 16-bit kernels on the dequantised inputs; the result is the same

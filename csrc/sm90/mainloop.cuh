@@ -51,6 +51,8 @@ __device__ __forceinline__ float softcap_tanh(float s, float scale_over_softcap)
 template <class T, class V>
 struct ConsumerRegisters {
   float acc_o[1][T::kOTiles][4];               // O (16 rows of this warp, D): the wgmma m64nD fragment
+  // FP8: O over the finished key blocks, while acc_o takes one block's P V (Mainloop::fold_pv)
+  float acc_o_sum[1][T::kFp8 ? T::kOTiles : 1][4];
   float acc_s[1][T::kSTiles][4];               // S of the current key block
   uint32_t rP[T::kKVSteps][4];                 // P of the previous key block as wgmma A fragments
   uint32_t rQ[V::kQRegs ? T::kDSteps : 1][4];  // V::kQRegs: this consumer's 64 rows of Q as wgmma A fragments
@@ -79,6 +81,7 @@ struct Mainloop {
   int it = 0;              // the pipeline step of the next key block (pipeline.cuh)
   int tiles_done = 0;      // tiles whose Q this consumer has taken
   float (&acc_o)[1][T::kOTiles][4];
+  float (&acc_o_sum)[1][T::kFp8 ? T::kOTiles : 1][4];
   float (&acc_s)[1][T::kSTiles][4];
   uint32_t (&rP)[T::kKVSteps][4];
   uint32_t (&rQ)[V::kQRegs ? T::kDSteps : 1][4];
@@ -125,7 +128,8 @@ struct Mainloop {
       : p(p_), s(s_), turns{consumer_}, trace(trace_), consumer(consumer_), warp_in_wg(warp_in_wg_), lane(lane_),
         warp_row0(64 * consumer_ + 16 * warp_in_wg_),
         max_growth(T::kFp8 ? 0.0f : lazy_rescale_threshold(p_.scale_log2)),
-        acc_o(r.acc_o), acc_s(r.acc_s), rP(r.rP), rQ(r.rQ), alpha(r.alpha), softmax(r.softmax) {}
+        acc_o(r.acc_o), acc_o_sum(r.acc_o_sum), acc_s(r.acc_s), rP(r.rP), rQ(r.rQ), alpha(r.alpha),
+        softmax(r.softmax) {}
 
   // the accumulators and P as flat arrays (the wgmma operand lists)
   __device__ __forceinline__ auto& acc_o_flat() {
@@ -178,8 +182,8 @@ struct Mainloop {
     wgmma_fence();
 #pragma unroll
     for (int t = 0; t < kKeys / T::kStepElems; ++t) {
-      if constexpr (T::kFp8) {
-        wgmma_rs_k<Element, T::kHeadDim>(acc_o_flat(), rP[t], v_desc(stage, t), 1);
+      if constexpr (T::kFp8) {  // a fresh sum per key block (fold_pv)
+        wgmma_rs_k<Element, T::kHeadDim>(acc_o_flat(), rP[t], v_desc(stage, t), t > 0);
       } else if constexpr (V::kPSmem) {
         wgmma_ss_tb<Element, T::kHeadDim>(acc_o_flat(), p_desc(t), v_desc(stage, t), 1);
       } else {
@@ -187,6 +191,34 @@ struct Mainloop {
       }
     }
     wgmma_commit();
+  }
+
+  // ---- O's two-level sum (FP8)
+  // The FP8 wgmma does not accumulate in full fp32: it aligns the products to the largest exponent among them and
+  // the accumulator and keeps about 13-14 bits, truncating. Accumulated over a long row, O grows far above each
+  // product and they are cut away: a flat row of 16384 keys over values near 1 lost 28% of its O (H200), so each
+  // key block's P V goes into a fresh acc_o, added here into acc_o_sum in fp32 (FlashAttention-3's FP8 fix in vLLM,
+  // SageAttention 2); the rescale moves to acc_o_sum. 16-bit products accumulate in fp32: O stays in acc_o.
+  // fold_pv: the last P V (done) into the sum, and the sum rescaled by alpha if the row maxima moved.
+  __device__ __forceinline__ void fold_pv(bool rescale_o) {
+    if constexpr (T::kFp8) {
+#pragma unroll
+      for (int n = 0; n < T::kOTiles; ++n)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) acc_o_sum[0][n][e] += acc_o[0][n][e];
+      if (rescale_o) Softmax::rescale(acc_o_sum, alpha);
+    } else {
+      if (rescale_o) Softmax::rescale(acc_o, alpha);
+    }
+  }
+  // The tile's last P V (done): O complete in acc_o, where the epilogue and the split tail read it.
+  __device__ __forceinline__ void fold_last_pv() {
+    if constexpr (T::kFp8) {
+#pragma unroll
+      for (int n = 0; n < T::kOTiles; ++n)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) acc_o[0][n][e] += acc_o_sum[0][n][e];
+    }
   }
 
   // ---- the softmax steps
@@ -533,6 +565,12 @@ struct Mainloop {
     for (int n = 0; n < T::kOTiles; ++n)
 #pragma unroll
       for (int e = 0; e < 4; ++e) acc_o[0][n][e] = 0.0f;
+    if constexpr (T::kFp8) {
+#pragma unroll
+      for (int n = 0; n < T::kOTiles; ++n)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) acc_o_sum[0][n][e] = 0.0f;
+    }
     softmax = Softmax{};
     const int diag_offset = t.len.kv_len - t.len.q_len;
     lo_off = p.window_left >= kUnbounded ? -kUnbounded : diag_offset - p.window_left;
@@ -598,7 +636,11 @@ struct Mainloop {
       const bool rescale_o = scores_to_max(j);
       turns.wait();
       softmax.exponentiate(acc_s, scale_log2());
-      if (rescale_o) Softmax::rescale(acc_o, alpha);
+      if constexpr (T::kFp8) {
+        if (rescale_o) Softmax::rescale(acc_o_sum, alpha);
+      } else {
+        if (rescale_o) Softmax::rescale(acc_o, alpha);
+      }
       pack_probabilities();
       turns.pass();
       mbarrier_wait(s.v_full(P::stage_of(it)), P::parity_of(it));
@@ -607,6 +649,11 @@ struct Mainloop {
       fence_registers(acc_o_flat());
       fence_p();
       release_v(j, P::stage_of(it));
+      if (j < my_end - 1) {
+        fold_pv(false);
+      } else {
+        fold_last_pv();
+      }
     }
   }
 
@@ -702,7 +749,7 @@ struct Mainloop {
       mbarrier_arrive(s.v_empty(P::stage_of(it - 1)));
       exponentiate_packed();
       trace(kTraceSoftmaxDone, j);
-      if (rescale_o) Softmax::rescale(acc_o, alpha);
+      fold_pv(rescale_o);
     } else {
       exponentiate_in_turn();
       trace(kTraceSoftmaxDone, j);
@@ -711,7 +758,7 @@ struct Mainloop {
       fence_p();
       trace(kTracePVDone, j);
       mbarrier_arrive(s.v_empty(P::stage_of(it - 1)));
-      if (rescale_o) Softmax::rescale(acc_o, alpha);
+      fold_pv(rescale_o);
       pack_probabilities();
     }
     ++it;
@@ -730,6 +777,7 @@ struct Mainloop {
     fence_p();
     trace(kTracePVDone, -1);
     release_v(last_j, P::stage_of(it - 1));
+    fold_last_pv();
   }
 };
 
