@@ -58,7 +58,7 @@ attention_fp8_p.def_impl(lambda *args, **params: _jitted_bind(tuple(sorted(param
 def _lower_cuda(ctx, *args, cfg, **params):
     """The custom call (V is transposed in shared memory by the kernel, csrc/sm90/v_transpose.cuh)."""
     k_aval = ctx.avals_in[1]  # (fp8.py sends only FP8_CONFIGS' head dims)
-    cfg = fp8_config(k_aval.shape[3], k_aval.shape[1]) if cfg is None else cfg
+    cfg = fp8_config(k_aval.shape[3]) if cfg is None else cfg
     attrs = {name: np.int64(value) for name, value in cfg.to_attrs().items()}
     attrs.update(pack_gqa=np.int64(0), num_splits=np.int64(1))
     call = {"softcap": 0.0, "paged": False, "deterministic": False, "alibi": False, **params}

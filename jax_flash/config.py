@@ -504,38 +504,33 @@ def shipped_kernels() -> Iterator[tuple[str, int, KernelConfig]]:
 # config per head dim an FP8 call on Hopper runs with cfg=None (fp8_config); an sm90 cfg picks another compiled one
 # (the candidates: build with -DJAX_FLASH_CONFIG_SET=sweep_fp8).
 FP8_DTYPE, FP8_DTYPE_VALUE = "float8_e4m3fn", 2
-# Head dim 256 at every key length: 64-key blocks with Q in registers (Q 32 KB, O 64 KB, two K stages of 16 KB, two
-# V^T stages of one 32 KB panel of 128 key positions, half of it unread, two raw V buffers of 16 KB: 230,656 bytes).
-# H200, against 128-key blocks (O staged in K / V^T, 48 bytes spilled; FP8_SWEEP_CONFIGS), interleaved, 512 / 1024
-# / 2048 / 4096 / 8192 / 16384 keys: non-causal +2 / +1 / -0.5 / +1 / +2 / +1.5%, causal +5 / +4.5 / +2 / +2 / +2.5 /
-# +3% (without Q in registers the 64-key blocks ran 1-4% behind from 1024 keys).
+# One config per head dim at every key length; O += P V runs in 64-column parts, each into a fresh fp32
+# accumulator (csrc/sm90/traits.cuh, kPvParts). Head dim 128: 128-key blocks with Q in registers and the
+# intra-warpgroup overlap, spill-free. Head dim 256: 128-key blocks without the overlap (Q, two K stages, two V^T
+# stages and two raw V buffers of 32 KB each, O staged in the last key block's K / V^T; 48 bytes spilled masked,
+# none unmasked). H200, A/B harness, against 64-key blocks without the overlap, 512 / 1024 / 2048 / 4096 / 8192 /
+# 16384 keys: non-causal +9 / +13 / +13 / +14 / +13 / +14%, causal +0 / +8 / +11 / +15 / +14 / +14%.
 FP8_CONFIGS = {128: KernelConfig.sm90(block_kv=128, stages=2, consumer_warpgroups=2, pingpong=True),
-               256: KernelConfig.sm90(block_kv=64, stages=2, consumer_warpgroups=2, pingpong=True)}
-# From FP8_LONG_KEYS keys, 192-key blocks (FlashAttention-3 takes 192-224 for FP8 at head dim 128): each block's
-# row maxima, barriers and waits cover 1.5x the products and exponentials. H200, against 128-key blocks: causal
-# 2048 / 4096 / 16384 keys +2 / +6 / +7%, non-causal 4096 / 16384 +1 / +4%, but 1024 keys -10% (non-causal) and -4%.
-FP8_LONG_CONFIGS = {128: KernelConfig.sm90(block_kv=192, stages=2, consumer_warpgroups=2, pingpong=True)}
-FP8_LONG_KEYS = 2048
-# (No 128-key candidate without the intra-warpgroup overlap: with O's two-level sum it failed the A/B harness's
-# check, max |gpu - cpu| 2.59 at 1000 keys, H200.)
+               256: KernelConfig.sm90(block_kv=128, stages=2, consumer_warpgroups=2, pingpong=True, overlap=False)}
+# (Not among them: 192-key blocks at head dim 128 with the overlap spill 316 bytes and ran at 0.72-0.81x the
+# 128-key ones; without it they gain up to 6% causal and lose up to 3% non-causal. Without the overlap, whole 128-column
+# parts at head dim 128 fail the A/B harness's check, max |gpu - cpu| 2.59 at 1000 keys (H200), where 64-column
+# parts pass it: not understood, so head dim 128 keeps the overlap.)
 FP8_SWEEP_CONFIGS: dict[int, tuple[KernelConfig, ...]] = {
-    128: (KernelConfig.sm90(block_kv=128, pingpong=False), KernelConfig.sm90(block_kv=128, stages=3)),
-    256: (KernelConfig.sm90(block_kv=128),),
+    128: (KernelConfig.sm90(block_kv=192, overlap=False), KernelConfig.sm90(block_kv=128, stages=3)),
+    256: (KernelConfig.sm90(block_kv=64, overlap=False),),
 }
 
 
-def fp8_config(head_dim: int, seq_k: int) -> KernelConfig:
-    """The config an FP8 call of this head dim (a key of FP8_CONFIGS) and key length runs with cfg=None (the
-    FP8_LONG_CONFIGS one from FP8_LONG_KEYS keys where it has one)."""
-    if seq_k >= FP8_LONG_KEYS and head_dim in FP8_LONG_CONFIGS:
-        return FP8_LONG_CONFIGS[head_dim]
+def fp8_config(head_dim: int) -> KernelConfig:
+    """The config an FP8 call of this head dim (a key of FP8_CONFIGS) runs with cfg=None."""
     return FP8_CONFIGS[head_dim]
 
 
 def fp8_kernels(name: str) -> list[tuple[int, KernelConfig]]:
-    """(head_dim, config) of the FP8 kernels of kernel set `name`: FP8_CONFIGS and FP8_LONG_CONFIGS, plus
-    FP8_SWEEP_CONFIGS for "sweep_fp8"."""
-    kernels = list(FP8_CONFIGS.items()) + list(FP8_LONG_CONFIGS.items())
+    """(head_dim, config) of the FP8 kernels of kernel set `name`: FP8_CONFIGS, plus FP8_SWEEP_CONFIGS for
+    "sweep_fp8"."""
+    kernels = list(FP8_CONFIGS.items())
     if name == "sweep_fp8":
         kernels += [(hd, cfg) for hd, cfgs in FP8_SWEEP_CONFIGS.items() for cfg in cfgs]
     return kernels

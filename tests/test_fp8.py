@@ -138,21 +138,20 @@ def test_fp8_on_hopper_lowers_to_the_fp8_kernel(monkeypatch):
 
 
 def test_fp8_kernel_config_comes_from_cfg(monkeypatch):
-    """cfg=None lowers FP8_CONFIGS' config, or FP8_LONG_CONFIGS' from FP8_LONG_KEYS keys; an sm90 cfg its own (the
-    handler finds it among the compiled FP8 kernels or says which are); an sm80 cfg runs the 16-bit kernels."""
+    """cfg=None lowers FP8_CONFIGS' config of the head dim at any key length; an sm90 cfg its own (the handler finds
+    it among the compiled FP8 kernels or says which are); an sm80 cfg runs the 16-bit kernels."""
     q, k, v, _ = _fp8_inputs(10, head_dim=128)
     _as_on_gpu(monkeypatch)
     lower = lambda cfg, *qkv: jax.jit(lambda *a: jax_flash.attention(*a, cfg=cfg)).trace(*(qkv or (q, k, v))).lower(
         lowering_platforms=("cuda",)).as_text()
     assert "stages = 2 : i64" in lower(None) and "stages = 3 : i64" in lower(jax_flash.KernelConfig.sm90(stages=3))
-    assert "block_kv = 128 : i64" in lower(None)
-    for seq_k, block_kv in ((jax_flash.config.FP8_LONG_KEYS - 1, 128), (jax_flash.config.FP8_LONG_KEYS, 192)):
-        kv = jax.ShapeDtypeStruct((2, seq_k, 2, 128), jnp.float8_e4m3fn)
-        assert f"block_kv = {block_kv} : i64" in lower(None, q, kv, kv)
-    q256 = jax.ShapeDtypeStruct((2, 64, 4, 256), jnp.float8_e4m3fn)  # head dim 256: 64-key blocks at any length
-    for seq_k in (jax_flash.config.FP8_LONG_KEYS - 1, jax_flash.config.FP8_LONG_KEYS):
-        kv = jax.ShapeDtypeStruct((2, seq_k, 2, 256), jnp.float8_e4m3fn)
-        assert "block_kv = 64 : i64" in lower(None, q256, kv, kv)
+    for head_dim in (128, 256):
+        q_d = jax.ShapeDtypeStruct((2, 64, 4, head_dim), jnp.float8_e4m3fn)
+        for seq_k in (1000, 20000):
+            kv = jax.ShapeDtypeStruct((2, seq_k, 2, head_dim), jnp.float8_e4m3fn)
+            text = lower(None, q_d, kv, kv)
+            assert "block_kv = 128 : i64" in text
+            assert f"overlap = {int(head_dim == 128)} : i64" in text
     jaxpr = jax.make_jaxpr(lambda *a: jax_flash.attention(*a, cfg=jax_flash.KernelConfig()))(q, k, v)
     assert [e.primitive.name for e in jaxpr.eqns if e.primitive.name.startswith("jax_flash")] == ["jax_flash_attention"]
 

@@ -83,16 +83,15 @@ def test_gpu_fp8_kernel_with_lengths_and_a_window(head_dim):
     _check(q, k, v, qd, kd, vd, **mask)
 
 
-FP8_SHIPPED = [(head_dim, cfg) for table in (jax_flash.config.FP8_CONFIGS, jax_flash.config.FP8_LONG_CONFIGS)
-               for head_dim, cfg in table.items()]
+FP8_SHIPPED = list(jax_flash.config.FP8_CONFIGS.items())
 
 
 @requires_hopper
 @pytest.mark.parametrize("head_dim,cfg", FP8_SHIPPED, ids=[f"d{d}_kv{c.block_kv}" for d, c in FP8_SHIPPED])
 def test_gpu_fp8_each_shipped_config_with_lengths_and_a_window(head_dim, cfg):
-    """Every FP8 config cfg=None picks by head dim and key length (FP8_CONFIGS, FP8_LONG_CONFIGS: 192-key blocks,
-    whose V^T stage, written in shared memory, is one and a half 128-key panels; head dim 256's 64-key blocks, half
-    a panel, with Q in registers), forced on lengths that end inside a key block, with and without masks."""
+    """Every FP8 config cfg=None picks by head dim (FP8_CONFIGS: head dim 128 on 128-key blocks with the
+    intra-warpgroup overlap, head dim 256 on 128-key blocks without it; P V in 64-column parts), forced on lengths
+    that end inside a key block, with and without masks."""
     q, k, v, qd, kd, vd = _inputs(11, 3, 200, 1000, 4, 2, head_dim=head_dim)
     _check(q, k, v, qd, kd, vd, cfg=cfg)
     _check(q, k, v, qd, kd, vd, cfg=cfg, causal=True, window=(300, -1), q_lengths=jnp.array([200, 33, 0], jnp.int32),

@@ -51,8 +51,8 @@ __device__ __forceinline__ float softcap_tanh(float s, float scale_over_softcap)
 template <class T, class V>
 struct ConsumerRegisters {
   float acc_o[1][T::kOTiles][4];               // O (16 rows of this warp, D): the wgmma m64nD fragment
-  // FP8: O over the finished key blocks, while acc_o takes one block's P V (Mainloop::fold_pv)
-  float acc_o_sum[1][T::kFp8 ? T::kOTiles : 1][4];
+  // FP8: one key block's P V over D / kPvParts columns, added into acc_o in fp32 (Mainloop::fold_pv)
+  float acc_pv[1][T::kFp8 ? T::kOTiles / T::kPvParts : 1][4];
   float acc_s[1][T::kSTiles][4];               // S of the current key block
   uint32_t rP[T::kKVSteps][4];                 // P of the previous key block as wgmma A fragments
   uint32_t rQ[V::kQRegs ? T::kDSteps : 1][4];  // V::kQRegs: this consumer's 64 rows of Q as wgmma A fragments
@@ -77,11 +77,11 @@ struct Mainloop {
   const int warp_in_wg;  // this warp's 16 of them
   const int lane;
   const int warp_row0;     // 64 * consumer + 16 * warp_in_wg
-  const float max_growth;  // the lazy rescale's threshold (common/row_reduce.cuh); 0 for FP8 (traits.cuh)
+  float max_growth;  // the lazy rescale's threshold (common/row_reduce.cuh); FP8's is set per tile (begin_tile)
   int it = 0;              // the pipeline step of the next key block (pipeline.cuh)
   int tiles_done = 0;      // tiles whose Q this consumer has taken
   float (&acc_o)[1][T::kOTiles][4];
-  float (&acc_o_sum)[1][T::kFp8 ? T::kOTiles : 1][4];
+  float (&acc_pv)[1][T::kFp8 ? T::kOTiles / T::kPvParts : 1][4];
   float (&acc_s)[1][T::kSTiles][4];
   uint32_t (&rP)[T::kKVSteps][4];
   uint32_t (&rQ)[V::kQRegs ? T::kDSteps : 1][4];
@@ -128,12 +128,20 @@ struct Mainloop {
       : p(p_), s(s_), turns{consumer_}, trace(trace_), consumer(consumer_), warp_in_wg(warp_in_wg_), lane(lane_),
         warp_row0(64 * consumer_ + 16 * warp_in_wg_),
         max_growth(T::kFp8 ? 0.0f : lazy_rescale_threshold(p_.scale_log2)),
-        acc_o(r.acc_o), acc_o_sum(r.acc_o_sum), acc_s(r.acc_s), rP(r.rP), rQ(r.rQ), alpha(r.alpha),
+        acc_o(r.acc_o), acc_pv(r.acc_pv), acc_s(r.acc_s), rP(r.rP), rQ(r.rQ), alpha(r.alpha),
         softmax(r.softmax) {}
 
   // the accumulators and P as flat arrays (the wgmma operand lists)
   __device__ __forceinline__ auto& acc_o_flat() {
     return *reinterpret_cast<float(*)[T::kHeadDim / 2]>(&acc_o[0][0][0]);
+  }
+  // the accumulator P V's wgmma writes: FP8's one-block part, else O
+  __device__ __forceinline__ auto& pv_flat() {
+    if constexpr (T::kFp8) {
+      return *reinterpret_cast<float(*)[T::kHeadDim / T::kPvParts / 2]>(&acc_pv[0][0][0]);
+    } else {
+      return acc_o_flat();
+    }
   }
   __device__ __forceinline__ auto& acc_s_flat() {
     return *reinterpret_cast<float(*)[T::kBlockKV / 2]>(&acc_s[0][0][0]);
@@ -177,13 +185,15 @@ struct Mainloop {
     }
     wgmma_commit();
   }
+  // O += P V; FP8: acc_pv = P V over columns [part, part + 1) * D / kPvParts (V^T's rows, 128 bytes each)
   template <int kKeys = T::kBlockKV>
-  __device__ __forceinline__ void issue_pv(int stage) {  // O += P V
+  __device__ __forceinline__ void issue_pv(int stage, int part = 0) {
     wgmma_fence();
 #pragma unroll
     for (int t = 0; t < kKeys / T::kStepElems; ++t) {
-      if constexpr (T::kFp8) {  // a fresh sum per key block (fold_pv)
-        wgmma_rs_k<Element, T::kHeadDim>(acc_o_flat(), rP[t], v_desc(stage, t), t > 0);
+      if constexpr (T::kFp8) {  // a fresh sum per key block and part (fold_pv)
+        constexpr int kCols = T::kHeadDim / T::kPvParts;
+        wgmma_rs_k<Element, kCols>(pv_flat(), rP[t], smem_offset(v_desc(stage, t), part * kCols * 128), t > 0);
       } else if constexpr (V::kPSmem) {
         wgmma_ss_tb<Element, T::kHeadDim>(acc_o_flat(), p_desc(t), v_desc(stage, t), 1);
       } else {
@@ -197,29 +207,44 @@ struct Mainloop {
   // The FP8 wgmma does not accumulate in full fp32: it aligns the products to the largest exponent among them and
   // the accumulator and keeps about 13-14 bits, truncating. Accumulated over a long row, O grows far above each
   // product and they are cut away: a flat row of 16384 keys over values near 1 lost 28% of its O (H200), so each
-  // key block's P V goes into a fresh acc_o, added here into acc_o_sum in fp32 (FlashAttention-3's FP8 fix in vLLM,
-  // SageAttention 2); the rescale moves to acc_o_sum. 16-bit products accumulate in fp32: O stays in acc_o.
-  // fold_pv: the last P V (done) into the sum, and the sum rescaled by alpha if the row maxima moved.
-  __device__ __forceinline__ void fold_pv(bool rescale_o) {
+  // key block's P V goes into a fresh acc_pv, added here into O in fp32 (FlashAttention-3's FP8 fix in vLLM,
+  // SageAttention 2). acc_pv covers D / kPvParts columns (traits.cuh): part 0 is issued with the key loop's
+  // products, the others here, each while the part before it is added. 16-bit products accumulate in fp32 in O.
+  // fold_pv: part 0 of P V (done) and the other parts into O, then O rescaled by alpha if the row maxima moved.
+  template <int kKeys = T::kBlockKV>
+  __device__ __forceinline__ void fold_pv(int stage, bool rescale_o) {
     if constexpr (T::kFp8) {
+      constexpr int kPartTiles = T::kOTiles / T::kPvParts;
 #pragma unroll
-      for (int n = 0; n < T::kOTiles; ++n)
+      for (int part = 0; part < T::kPvParts; ++part) {
+        if (part > 0) {
+          issue_pv<kKeys>(stage, part);
+          if (rescale_o) rescale_o_part(part - 1);  // while the part's product runs
+          wgmma_wait<0>();
+          fence_registers(pv_flat());
+        }
 #pragma unroll
-        for (int e = 0; e < 4; ++e) acc_o_sum[0][n][e] += acc_o[0][n][e];
-      if (rescale_o) Softmax::rescale(acc_o_sum, alpha);
+        for (int n = 0; n < kPartTiles; ++n)
+#pragma unroll
+          for (int e = 0; e < 4; ++e) acc_o[0][part * kPartTiles + n][e] += acc_pv[0][n][e];
+      }
+      if (rescale_o) rescale_o_part(T::kPvParts - 1);
     } else {
       if (rescale_o) Softmax::rescale(acc_o, alpha);
     }
   }
-  // The tile's last P V (done): O complete in acc_o, where the epilogue and the split tail read it.
-  __device__ __forceinline__ void fold_last_pv() {
-    if constexpr (T::kFp8) {
+  __device__ __forceinline__ void rescale_o_part(int part) {
+    constexpr int kPartTiles = T::kOTiles / T::kPvParts;
 #pragma unroll
-      for (int n = 0; n < T::kOTiles; ++n)
-#pragma unroll
-        for (int e = 0; e < 4; ++e) acc_o[0][n][e] += acc_o_sum[0][n][e];
+    for (int n = part * kPartTiles; n < (part + 1) * kPartTiles; ++n) {
+      acc_o[0][n][0] *= alpha[0];
+      acc_o[0][n][1] *= alpha[0];
+      acc_o[0][n][2] *= alpha[1];
+      acc_o[0][n][3] *= alpha[1];
     }
   }
+  // FP8 with several parts: they all read P's fragments and V's stage, so they are folded before either is let go.
+  static constexpr bool kFoldBeforeRelease = T::kFp8 && T::kPvParts > 1;
 
   // ---- the softmax steps
   // softcap, mask and the running max of S_j; sets alpha for the O rescale and returns whether it is needed
@@ -565,12 +590,6 @@ struct Mainloop {
     for (int n = 0; n < T::kOTiles; ++n)
 #pragma unroll
       for (int e = 0; e < 4; ++e) acc_o[0][n][e] = 0.0f;
-    if constexpr (T::kFp8) {
-#pragma unroll
-      for (int n = 0; n < T::kOTiles; ++n)
-#pragma unroll
-        for (int e = 0; e < 4; ++e) acc_o_sum[0][n][e] = 0.0f;
-    }
     softmax = Softmax{};
     const int diag_offset = t.len.kv_len - t.len.q_len;
     lo_off = p.window_left >= kUnbounded ? -kUnbounded : diag_offset - p.window_left;
@@ -606,6 +625,9 @@ struct Mainloop {
       fp8_scale = qk > 0.0f ? p.scale * qk : __int_as_float(0x7fffffff);
       fp8_scale_log2 = qk > 0.0f ? p.scale_log2 * qk : __int_as_float(0x7fffffff);
       fp8_v_descale = __ldg(p.v_descale + pair);
+      // a factor 2^0.75 after exp2 (traits.cuh, kPOffsetLog2): O rescaled on 19% of the key blocks of a 16384-key
+      // row instead of 40% (tools/fp8_p_rounding.py), P's e4m3 rounding no coarser
+      max_growth = 0.75f / fp8_scale_log2;
     }
     qb = P::q_buffer_of(tiles_done);
     sQ_addr = smem_address(s.q(qb)) + consumer * 64 * T::kRowBytes;
@@ -636,24 +658,16 @@ struct Mainloop {
       const bool rescale_o = scores_to_max(j);
       turns.wait();
       softmax.exponentiate(acc_s, scale_log2());
-      if constexpr (T::kFp8) {
-        if (rescale_o) Softmax::rescale(acc_o_sum, alpha);
-      } else {
-        if (rescale_o) Softmax::rescale(acc_o, alpha);
-      }
+      if (rescale_o) Softmax::rescale(acc_o, alpha);
       pack_probabilities();
       turns.pass();
       mbarrier_wait(s.v_full(P::stage_of(it)), P::parity_of(it));
       issue_pv(P::stage_of(it));
       wgmma_wait<0>();
-      fence_registers(acc_o_flat());
+      fence_registers(pv_flat());
+      fold_pv(P::stage_of(it), false);
       fence_p();
       release_v(j, P::stage_of(it));
-      if (j < my_end - 1) {
-        fold_pv(false);
-      } else {
-        fold_last_pv();
-      }
     }
   }
 
@@ -743,22 +757,24 @@ struct Mainloop {
     }
     if constexpr (V::kPackInExp) {
       wgmma_wait<0>();  // P_prev V_prev is done: its P fragments may be rewritten as the exponentials go
-      fence_registers(acc_o_flat());
+      fence_registers(pv_flat());
+      if constexpr (kFoldBeforeRelease) fold_pv<kPrevKeys>(P::stage_of(it - 1), rescale_o);
       fence_p();
       trace(kTracePVDone, j);
       mbarrier_arrive(s.v_empty(P::stage_of(it - 1)));
       exponentiate_packed();
       trace(kTraceSoftmaxDone, j);
-      fold_pv(rescale_o);
+      if constexpr (!kFoldBeforeRelease) fold_pv<kPrevKeys>(P::stage_of(it - 1), rescale_o);
     } else {
       exponentiate_in_turn();
       trace(kTraceSoftmaxDone, j);
       wgmma_wait<0>();  // P_prev V_prev is done: O and the P fragments may change
-      fence_registers(acc_o_flat());
+      fence_registers(pv_flat());
+      if constexpr (kFoldBeforeRelease) fold_pv<kPrevKeys>(P::stage_of(it - 1), rescale_o);
       fence_p();
       trace(kTracePVDone, j);
       mbarrier_arrive(s.v_empty(P::stage_of(it - 1)));
-      fold_pv(rescale_o);
+      if constexpr (!kFoldBeforeRelease) fold_pv<kPrevKeys>(P::stage_of(it - 1), rescale_o);
       pack_probabilities();
     }
     ++it;
@@ -773,11 +789,11 @@ struct Mainloop {
     issue_pv<kKeys>(P::stage_of(it - 1));
     turns.pass();
     wgmma_wait<0>();
-    fence_registers(acc_o_flat());
+    fence_registers(pv_flat());
+    fold_pv<kKeys>(P::stage_of(it - 1), false);
     fence_p();
     trace(kTracePVDone, -1);
     release_v(last_j, P::stage_of(it - 1));
-    fold_last_pv();
   }
 };
 

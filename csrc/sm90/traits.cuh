@@ -27,8 +27,8 @@ struct Traits {
                                      std::conditional_t<kKey.dtype == static_cast<int>(DType::kBFloat16),
                                                         __nv_bfloat16, __half>>;
   using OutElement = std::conditional_t<kFp8, __nv_bfloat16, Element>;  // O's element
-  // FP8: P's largest entry is 2^8 (softmax.cuh, kPOffsetLog2), and O is rescaled whenever a row maximum grows (no
-  // lazy rescale, whose P may reach 2^8 times that, past e4m3's 448).
+  // FP8: P's largest entry is 2^8 (softmax.cuh, kPOffsetLog2) against the running maximum, which moves once a row
+  // has grown by 2^0.75 (the lazy rescale's threshold, mainloop.cuh): P <= 2^8.75 < e4m3's 448.
   static constexpr int kPOffsetLog2 = kFp8 ? 8 : 0;
   static constexpr int kElementBytes = static_cast<int>(sizeof(Element));
 
@@ -59,6 +59,10 @@ struct Traits {
   static constexpr int kStepElems = 32 / kElementBytes;
   static constexpr int kKVSteps = kBlockKV / kStepElems;  // k steps of P V
   static constexpr int kDSteps = kHeadDim / kStepElems;   // k steps of Q K^T
+  // FP8: O += P V in 64-column parts, each into a fresh fp32 accumulator added into O (mainloop.cuh, fold_pv): 32
+  // registers beside O's D / 2. Whole, that accumulator took D / 2 more and the consumers spilled 132-2160 bytes
+  // per thread, which cost 2-10x the time (H200).
+  static constexpr int kPvParts = kFp8 ? kHeadDim / 64 : 1;
   static_assert(!kFp8 || ((kHeadDim == 128 || kHeadDim == 256) && kBlockKV % 64 == 0 && kConsumers == 2),
                 "sm90 FP8: head_dim 128 or 256 (rows of 128 one-byte elements), block_kv a multiple of 64 (V^T "
                 "panels of 128 keys, the last one's second half unread at 64 and 192), two consumers");

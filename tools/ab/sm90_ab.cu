@@ -66,16 +66,40 @@ std::string run_config(const AttentionParams& p, int head_dim, bool causal, cuda
   }
 }
 
-// cfg=None's FP8 choice (jax_flash/config.py, fp8_config): pingpong, head dim 128 on 192-key blocks from 2048 keys
-// (128 below), head dim 256 on 64-key blocks.
+// cfg=None's FP8 choice (jax_flash/config.py, FP8_CONFIGS): pingpong, head dim 128 on 128-key blocks, head dim 256
+// on 128-key blocks without the intra-warpgroup overlap. A candidate builds with -DAB_FP8_D128_LONG_KV=... (from 2048
+// keys), -DAB_FP8_D128_SHORT_KV=..., -DAB_FP8_D256_KV=..., -DAB_FP8_D128_OVERLAP=0 / 1, -DAB_FP8_D256_OVERLAP=0 / 1.
+#ifndef AB_FP8_D128_LONG_KV
+#define AB_FP8_D128_LONG_KV 128
+#endif
+#ifndef AB_FP8_D128_SHORT_KV
+#define AB_FP8_D128_SHORT_KV 128
+#endif
+#ifndef AB_FP8_D256_KV
+#define AB_FP8_D256_KV 128
+#endif
+#ifndef AB_FP8_D128_OVERLAP
+#define AB_FP8_D128_OVERLAP 1
+#endif
+#ifndef AB_FP8_D256_OVERLAP
+#define AB_FP8_D256_OVERLAP 0
+#endif
+constexpr KernelKey fp8_key(int head_dim, int block_kv, bool overlap) {
+  KernelKey key = sm90_key(kFp8, head_dim, block_kv, true, 2);
+  key.overlap = overlap;
+  return key;
+}
 std::string run_fp8_config(const AttentionParams& p, int head_dim, cudaStream_t stream) {
-  if (head_dim == 256) return sm90::run_attention_sm90_fp8<sm90_key(kFp8, 256, 64, true, 2)>(p, stream);
-  return p.seqlen_k >= 2048 ? sm90::run_attention_sm90_fp8<sm90_key(kFp8, 128, 192, true, 2)>(p, stream)
-                            : sm90::run_attention_sm90_fp8<sm90_key(kFp8, 128, 128, true, 2)>(p, stream);
+  if (head_dim == 256) {
+    return sm90::run_attention_sm90_fp8<fp8_key(256, AB_FP8_D256_KV, AB_FP8_D256_OVERLAP)>(p, stream);
+  }
+  return p.seqlen_k >= 2048
+             ? sm90::run_attention_sm90_fp8<fp8_key(128, AB_FP8_D128_LONG_KV, AB_FP8_D128_OVERLAP)>(p, stream)
+             : sm90::run_attention_sm90_fp8<fp8_key(128, AB_FP8_D128_SHORT_KV, AB_FP8_D128_OVERLAP)>(p, stream);
 }
 
 const char* config_name(int dtype, int head_dim, int seq, bool causal) {
-  if (dtype == kFp8) return head_dim == 256 ? "kv64 wg2 pp1" : seq >= 2048 ? "kv192 wg2 pp1" : "kv128 wg2 pp1";
+  if (dtype == kFp8) return head_dim == 256 ? "fp8 d256" : seq >= 2048 ? "fp8 d128 long" : "fp8 d128 short";
   if (head_dim == 64) return "kv128 wg3";
   if (head_dim == 128) return causal ? "kv128 wg2 pp0" : "kv128 wg2 pp1";
   return causal ? "kv80 wg2 pp0" : "kv80 wg2 pp1";
