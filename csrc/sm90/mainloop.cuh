@@ -77,7 +77,7 @@ struct Mainloop {
   const int warp_in_wg;  // this warp's 16 of them
   const int lane;
   const int warp_row0;     // 64 * consumer + 16 * warp_in_wg
-  float max_growth;  // the lazy rescale's threshold (common/row_reduce.cuh); FP8's is set per tile (begin_tile)
+  float max_growth;        // the lazy rescale's threshold (common/row_reduce.cuh); FP8's is set per tile (begin_tile)
   int it = 0;              // the pipeline step of the next key block (pipeline.cuh)
   int tiles_done = 0;      // tiles whose Q this consumer has taken
   float (&acc_o)[1][T::kOTiles][4];
@@ -185,7 +185,7 @@ struct Mainloop {
     }
     wgmma_commit();
   }
-  // O += P V; FP8: acc_pv = P V over columns [part, part + 1) * D / kPvParts (V^T's rows, 128 bytes each)
+  // O += P V; FP8: acc_pv = P V over columns [part, part + 1) * D / kPvParts (V^T's rows, kRowBytes each)
   template <int kKeys = T::kBlockKV>
   __device__ __forceinline__ void issue_pv(int stage, int part = 0) {
     wgmma_fence();
@@ -193,7 +193,7 @@ struct Mainloop {
     for (int t = 0; t < kKeys / T::kStepElems; ++t) {
       if constexpr (T::kFp8) {  // a fresh sum per key block and part (fold_pv)
         constexpr int kCols = T::kHeadDim / T::kPvParts;
-        wgmma_rs_k<Element, kCols>(pv_flat(), rP[t], smem_offset(v_desc(stage, t), part * kCols * 128), t > 0);
+        wgmma_rs_k<Element, kCols>(pv_flat(), rP[t], smem_offset(v_desc(stage, t), part * kCols * T::kRowBytes), t > 0);
       } else if constexpr (V::kPSmem) {
         wgmma_ss_tb<Element, T::kHeadDim>(acc_o_flat(), p_desc(t), v_desc(stage, t), 1);
       } else {
