@@ -99,8 +99,8 @@ struct Traits {
   // shared-memory traffic per S product; +1.1 / +1.3 / +2.7% at non-causal D = 128 1024 / 4096 / 16384 keys. Not
   // causal (-1.0% at 512 keys), not three consumers (96-144 bytes spilled), not D = 256 (64 more registers). FP8 at
   // D = 256 with 64-key blocks (32 registers; 12 bytes spilled unmasked): 16 of the 48 KB a consumer read from
-  // shared memory per key block; +3-5% (H200, 1024-16384 keys, two machine starts), which put it ahead of 128-key
-  // blocks.
+  // shared memory per key block; +3-5% (H200, 1024-16384 keys, two machine starts). (FP8 at D = 256 now runs
+  // 128-key blocks without the overlap, Q in shared memory: jax_flash/config.py, FP8_CONFIGS.)
   static constexpr bool kQInRegs = (kHeadDim == 128 || (kFp8 && kBlockKV == 64)) && kPingpong && kConsumers == 2;
   // The split tail (split_tail.cuh): a partial last wave of equal-cost tiles is cut into equal key-block shares and
   // merged; through the package (H200, 2048 tiles over 132 SMs) bf16 non-causal 2048 / 4096 / 16384 keys +2.0-2.5 /
