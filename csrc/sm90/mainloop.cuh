@@ -243,8 +243,9 @@ struct Mainloop {
       acc_o[0][n][3] *= alpha[1];
     }
   }
-  // FP8 with several parts: they all read P's fragments and V's stage, so they are folded before either is let go.
-  static constexpr bool kFoldBeforeRelease = T::kFp8 && T::kPvParts > 1;
+  // FP8: the later parts read P's fragments and V's stage (kPvParts >= 2: head dims 128 and 256), so they are
+  // folded before either is let go.
+  static constexpr bool kFoldBeforeRelease = T::kFp8;
 
   // ---- the softmax steps
   // softcap, mask and the running max of S_j; sets alpha for the O rescale and returns whether it is needed
