@@ -513,9 +513,9 @@ FP8_DTYPE, FP8_DTYPE_VALUE = "float8_e4m3fn", 2
 FP8_CONFIGS = {128: KernelConfig.sm90(block_kv=128, stages=2, consumer_warpgroups=2, pingpong=True),
                256: KernelConfig.sm90(block_kv=128, stages=2, consumer_warpgroups=2, pingpong=True, overlap=False)}
 # (Not among them: 192-key blocks at head dim 128 with the overlap spill 316 bytes and ran at 0.72-0.81x the
-# 128-key ones; without it they gain up to 6% causal and lose up to 3% non-causal. Without the overlap, whole 128-column
-# parts at head dim 128 fail the A/B harness's check, max |gpu - cpu| 2.59 at 1000 keys (H200), where 64-column
-# parts pass it: not understood, so head dim 128 keeps the overlap.)
+# 128-key ones; without it they gain up to 6% causal and lose up to 3% non-causal. Without the overlap, whole
+# 128-column parts at head dim 128 run at 0.96-1.02x the shipped kernel once Q is read into registers per key block
+# (held across the key loop, ptxas gives P the live Q fragments' registers: docs/PERFORMANCE.md, FP8 v9).)
 FP8_SWEEP_CONFIGS: dict[int, tuple[KernelConfig, ...]] = {
     128: (KernelConfig.sm90(block_kv=192, overlap=False), KernelConfig.sm90(block_kv=128, stages=3)),
     256: (KernelConfig.sm90(block_kv=64, overlap=False),),
