@@ -504,9 +504,9 @@ def shipped_kernels() -> Iterator[tuple[str, int, KernelConfig]]:
 # config per head dim an FP8 call on Hopper runs with cfg=None (fp8_config); an sm90 cfg picks another compiled one
 # (the candidates: build with -DJAX_FLASH_CONFIG_SET=sweep_fp8).
 FP8_DTYPE, FP8_DTYPE_VALUE = "float8_e4m3fn", 2
-# One config per head dim at every key length; O += P V runs in 64-column parts, each into a fresh fp32
-# accumulator (csrc/sm90/traits.cuh, kPvParts). Head dim 128: 128-key blocks with Q in registers and the
-# intra-warpgroup overlap, spill-free. Head dim 256: 128-key blocks without the overlap (Q, two K stages, two V^T
+# One config per head dim at every key length; O += P V runs in parts, each into a fresh fp32 accumulator
+# (csrc/sm90/traits.cuh, kPvParts). Head dim 128: 128-key blocks with the intra-warpgroup overlap, P V whole, Q
+# read from shared memory (8-16 bytes spilled). Head dim 256: 128-key blocks without the overlap (Q, two K stages, two V^T
 # stages and two raw V buffers of 32 KB each, O staged in the last key block's K / V^T; 48 bytes spilled masked,
 # none unmasked). H200, A/B harness, against 64-key blocks without the overlap, 512 / 1024 / 2048 / 4096 / 8192 /
 # 16384 keys: non-causal +9 / +13 / +13 / +14 / +13 / +14%, causal +0 / +8 / +11 / +15 / +14 / +14%.

@@ -243,8 +243,8 @@ struct Mainloop {
       acc_o[0][n][3] *= alpha[1];
     }
   }
-  // FP8: the later parts read P's fragments and V's stage (kPvParts >= 2: head dims 128 and 256), so they are
-  // folded before either is let go.
+  // FP8: the later parts read P's fragments and V's stage, so they are folded before either is let go (one part,
+  // head dim 128 with the overlap: the order it was measured in).
   static constexpr bool kFoldBeforeRelease = T::kFp8;
 
   // ---- the softmax steps

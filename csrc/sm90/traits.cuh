@@ -59,10 +59,13 @@ struct Traits {
   static constexpr int kStepElems = 32 / kElementBytes;
   static constexpr int kKVSteps = kBlockKV / kStepElems;  // k steps of P V
   static constexpr int kDSteps = kHeadDim / kStepElems;   // k steps of Q K^T
-  // FP8: O += P V in 64-column parts, each into a fresh fp32 accumulator added into O (mainloop.cuh, fold_pv): 32
-  // registers beside O's D / 2. Whole, that accumulator took D / 2 more and the consumers spilled 132-2160 bytes
-  // per thread, which cost 2-10x the time (H200).
-  static constexpr int kPvParts = kFp8 ? kHeadDim / 64 : 1;
+  // FP8: O += P V in parts, each into a fresh fp32 accumulator added into O (mainloop.cuh, fold_pv). 64-column
+  // parts take 32 registers beside O's D / 2; whole, the accumulator took D / 2 more and the consumers spilled
+  // 132-2160 bytes per thread, 2-10x the time (H200). Head dim 128 with the overlap runs one part of 128 columns
+  // with Q from shared memory (kQInRegs), 8-16 bytes spilled: no second product to wait for after the key loop's
+  // own. H200, A/B harness, three rounds, against two parts with Q in registers, 512-16384 keys: +0.0 to +6.5%
+  // non-causal, +0.9 to +5.2% causal (two parts with Q from shared memory: -1.5 to +1.3%).
+  static constexpr int kPvParts = kFp8 ? (kHeadDim == 128 && kOverlap ? 1 : kHeadDim / 64) : 1;
   static_assert(!kFp8 || ((kHeadDim == 128 || kHeadDim == 256) && kBlockKV % 64 == 0 && kConsumers == 2),
                 "sm90 FP8: head_dim 128 or 256 (rows of 128 one-byte elements), block_kv a multiple of 64 (V^T "
                 "panels of 128 keys, the last one's second half unread at 64 and 192), two consumers");
@@ -100,8 +103,10 @@ struct Traits {
   // causal (-1.0% at 512 keys), not three consumers (96-144 bytes spilled), not D = 256 (64 more registers). FP8 at
   // D = 256 with 64-key blocks (32 registers; 12 bytes spilled unmasked): 16 of the 48 KB a consumer read from
   // shared memory per key block; +3-5% (H200, 1024-16384 keys, two machine starts). (FP8 at D = 256 now runs
-  // 128-key blocks without the overlap, Q in shared memory: jax_flash/config.py, FP8_CONFIGS.)
-  static constexpr bool kQInRegs = (kHeadDim == 128 || (kFp8 && kBlockKV == 64)) && kPingpong && kConsumers == 2;
+  // 128-key blocks without the overlap, Q in shared memory: jax_flash/config.py, FP8_CONFIGS.) Not FP8 at D = 128
+  // with the overlap, whose registers hold P V whole (kPvParts).
+  static constexpr bool kQInRegs =
+      ((kHeadDim == 128 && !(kFp8 && kOverlap)) || (kFp8 && kBlockKV == 64)) && kPingpong && kConsumers == 2;
   // The split tail (split_tail.cuh): a partial last wave of equal-cost tiles is cut into equal key-block shares and
   // merged; through the package (H200, 2048 tiles over 132 SMs) bf16 non-causal 2048 / 4096 / 16384 keys +2.0-2.5 /
   // +1.0-2.2 / +0.9-1.6%, FP8 16384 keys +1.6-2.4%.
