@@ -506,15 +506,15 @@ def shipped_kernels() -> Iterator[tuple[str, int, KernelConfig]]:
 FP8_DTYPE, FP8_DTYPE_VALUE = "float8_e4m3fn", 2
 # One config per head dim at every key length; O += P V runs in parts, each into a fresh fp32 accumulator
 # (csrc/sm90/traits.cuh, kPvParts). Head dim 128: 128-key blocks with the intra-warpgroup overlap, P V whole, Q
-# read from shared memory (8-16 bytes spilled). Head dim 256: 128-key blocks without the overlap (Q, two K stages, two V^T
-# stages and two raw V buffers of 32 KB each, O staged in the last key block's K / V^T; 48 bytes spilled masked,
-# none unmasked). H200, A/B harness, against 64-key blocks without the overlap, 512 / 1024 / 2048 / 4096 / 8192 /
+# read from shared memory (8-16 bytes spilled). Head dim 256: 128-key blocks without the overlap (Q, two K stages,
+# two V^T stages and two raw V buffers of 32 KB each, O staged in the last key block's K / V^T; 48 bytes spilled
+# masked, none unmasked). H200, A/B harness, against 64-key blocks without the overlap, 512 / 1024 / 2048 / 4096 / 8192 /
 # 16384 keys: non-causal +9 / +13 / +13 / +14 / +13 / +14%, causal +0 / +8 / +11 / +15 / +14 / +14%.
 FP8_CONFIGS = {128: KernelConfig.sm90(block_kv=128, stages=2, consumer_warpgroups=2, pingpong=True),
                256: KernelConfig.sm90(block_kv=128, stages=2, consumer_warpgroups=2, pingpong=True, overlap=False)}
 # (Not among them: 192-key blocks at head dim 128 with the overlap spill 316 bytes and ran at 0.72-0.81x the
 # 128-key ones; without it they gain up to 6% causal and lose up to 3% non-causal. Without the overlap, whole
-# 128-column parts at head dim 128 run at 0.96-1.02x the shipped kernel once Q is read into registers per key block
+# 128-column parts at head dim 128 run at 0.96-1.02x FP8 v9's kernel once Q is read into registers per key block
 # (held across the key loop, ptxas gives P the live Q fragments' registers: docs/PERFORMANCE.md, FP8 v9).)
 FP8_SWEEP_CONFIGS: dict[int, tuple[KernelConfig, ...]] = {
     128: (KernelConfig.sm90(block_kv=192, overlap=False), KernelConfig.sm90(block_kv=128, stages=3)),
